@@ -1,0 +1,5 @@
+"""Tensor-in, tensor-out operations: masks, block-sparse attention backends, mask prediction."""
+from .attention import BACKENDS, block_sparse_attention
+from .mask import SparseMask, num_blocks, random_block_mask
+
+__all__ = ["BACKENDS", "SparseMask", "block_sparse_attention", "num_blocks", "random_block_mask"]

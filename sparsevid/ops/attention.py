@@ -1,0 +1,180 @@
+"""``block_sparse_attention``: the public op, its input checks and its backends.
+
+Backends:
+    "triton"     fused Triton kernels (CUDA; on the CPU only under ``TRITON_INTERPRET=1``),
+                 registered as ``torch.ops.sparsevid.block_sparse_attn`` so ``torch.compile`` traces it;
+    "flex"       the same mask through PyTorch's FlexAttention;
+    "reference"  plain PyTorch, chunked over query blocks, on any device;
+    "auto"       "triton" on CUDA, "reference" elsewhere.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from .mask import SparseMask
+from .reference import reference_block_sparse_attention
+
+BACKENDS = ("auto", "triton", "flex", "reference")
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_TRITON_HEAD_DIM = 256
+
+
+# --------------------------------------------------------------------------- triton op (custom op + autograd)
+
+@torch.library.custom_op("sparsevid::block_sparse_attn", mutates_args=())
+def _triton_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
+                 kv_index: torch.Tensor, q_count: torch.Tensor, q_index: torch.Tensor, block_q: int,
+                 block_k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    from .triton_attention import triton_forward
+
+    return triton_forward(q, k, v, kv_count, kv_index, block_q, block_k, scale)
+
+
+@_triton_attn.register_fake
+def _(q, k, v, kv_count, kv_index, q_count, q_index, block_q, block_k, scale):
+    b, h, n, _ = q.shape
+    return torch.empty_like(q), q.new_empty((b, h, n), dtype=torch.float32)
+
+
+@torch.library.custom_op("sparsevid::block_sparse_attn_backward", mutates_args=())
+def _triton_attn_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: torch.Tensor,
+                          k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                          kv_count: torch.Tensor, kv_index: torch.Tensor, q_count: torch.Tensor,
+                          q_index: torch.Tensor, block_q: int, block_k: int,
+                          scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .triton_attention import triton_backward
+
+    return triton_backward(grad_out, grad_lse, q, k, v, out, lse, kv_count, kv_index, q_count, q_index,
+                           block_q, block_k, scale)
+
+
+@_triton_attn_backward.register_fake
+def _(grad_out, grad_lse, q, k, v, out, lse, kv_count, kv_index, q_count, q_index, block_q, block_k, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, kv_count, kv_index, q_count, q_index, block_q, block_k, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, kv_count, kv_index, q_count, q_index)
+    ctx.block_q, ctx.block_k, ctx.scale = block_q, block_k, scale
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, kv_count, kv_index, q_count, q_index = ctx.saved_tensors
+    dq, dk, dv = _triton_attn_backward(grad_out, grad_lse, q, k, v, out, lse, kv_count, kv_index, q_count,
+                                       q_index, ctx.block_q, ctx.block_k, ctx.scale)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_triton_attn.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _triton_backend(q, k, v, mask: SparseMask, scale: float):
+    return _triton_attn(q, k, v, mask.kv_count, mask.kv_index, mask.q_count, mask.q_index, mask.block_q,
+                        mask.block_k, scale)
+
+
+# --------------------------------------------------------------------------- flex backend
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex_backend(q, k, v, mask: SparseMask, scale: float):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    attend = _compiled_flex() if q.is_cuda else flex_attention
+    out, aux = attend(q, k, v, block_mask=mask.to_flex(), scale=scale, return_aux=_lse_request())
+    return out, aux.lse
+
+
+@functools.lru_cache(maxsize=None)
+def _lse_request():
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    return AuxRequest(lse=True)
+
+
+# --------------------------------------------------------------------------- public op
+
+def _triton_available_for(t: torch.Tensor) -> bool:
+    return t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+def _check_inputs(q, k, v, mask, scale, backend) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape [B, H, T, D], got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if not isinstance(mask, SparseMask):
+        raise TypeError(f"mask must be a sparsevid.SparseMask, got {type(mask).__name__}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    b, h, n, d = q.shape
+    if k.shape[:2] != (b, h) or v.shape[:2] != (b, h):
+        raise ValueError(f"q, k, v must share [B, H]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[-1] != d:
+        raise ValueError(f"q and k must share the head dim D, got {d} and {k.shape[-1]}")
+    if n == 0 or k.shape[2] == 0 or d == 0:
+        raise ValueError(f"q, k, v must have non-empty T and D, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    mask.check_compatible(b, h, n, k.shape[2], q.device)
+    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
+        raise ValueError(f"scale must be None or a positive number, got {scale!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "triton":
+        if not _triton_available_for(q):
+            raise ValueError(f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU); q is on {q.device}")
+        if q.dtype not in TRITON_DTYPES:
+            raise TypeError(f"backend='triton' supports dtypes {TRITON_DTYPES}, got {q.dtype}")
+        if d > MAX_TRITON_HEAD_DIM:
+            raise ValueError(f"backend='triton' supports head dims up to {MAX_TRITON_HEAD_DIM}, got {d}")
+
+
+def resolve_backend(backend: str, q: torch.Tensor) -> str:
+    """The backend "auto" stands for on q's device (others unchanged)."""
+    if backend != "auto":
+        return backend
+    return "triton" if q.is_cuda and q.dtype in TRITON_DTYPES and q.shape[-1] <= MAX_TRITON_HEAD_DIM else "reference"
+
+
+def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask,
+                           scale: float | None = None, return_lse: bool = False, backend: str = "auto"):
+    """softmax(scale * q k^T restricted to the mask's kept tiles) @ v.
+
+    Args:
+        q: [B, H, N, D]; k, v: [B, H, M, D] (same layout as ``scaled_dot_product_attention``; strided views
+            such as a transposed [B, N, H, D] tensor are read without a copy).
+        mask: a :class:`SparseMask` for lengths (N, M), broadcastable over B and H.
+        scale: softmax scale, default ``D ** -0.5``.
+        return_lse: also return the row log-sum-exp (natural log), float32 [B, H, N].
+        backend: "auto" | "triton" | "flex" | "reference".
+
+    Returns:
+        out [B, H, N, D] in q's dtype, and lse when ``return_lse``. A row with no kept tile outputs zeros
+        and lse = -inf. Differentiable with respect to q, k and v on every backend.
+    """
+    _check_inputs(q, k, v, mask, scale, backend)
+    scale = float(scale) if scale is not None else q.shape[-1] ** -0.5
+    backend = resolve_backend(backend, q)
+    if backend == "triton":
+        out, lse = _triton_backend(q, k, v, mask, scale)
+    elif backend == "flex":
+        out, lse = _flex_backend(q, k, v, mask, scale)
+    else:
+        out, lse = reference_block_sparse_attention(q, k, v, mask, scale)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,349 @@
+"""Triton kernels for block-sparse attention: forward (online softmax in base 2) and backward (dQ; dK, dV).
+
+Each program owns one tile row (forward, dQ: a query block; dK/dV: a key block) and visits only the kept
+tiles listed in the mask's index tables, so skipped tiles cost nothing. Inputs may be any strided
+[B, H, T, D] views; index tables may broadcast over batch and head (stride 0).
+
+Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on the CPU (tests).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _configs(warps: tuple[int, ...], stages: tuple[int, ...]) -> list[triton.Config]:
+    if _INTERPRET:
+        return [triton.Config({}, num_warps=4, num_stages=1)]
+    return [triton.Config({}, num_warps=w, num_stages=s) for w in warps for s in stages]
+
+
+_TUNE_KEY = ["HEAD_DIM", "BLOCK_M", "BLOCK_N"]
+
+
+@triton.jit
+def _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, kv_block, stride_kn, stride_vn, o_n, o_d, M,
+              scale_log2, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+              MASK_COLS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One kept tile of the forward pass: update the running max, sum and output accumulator."""
+    o_cols = kv_block * BLOCK_N + o_n
+    m_d = o_d < HEAD_DIM
+    if MASK_COLS:
+        m_cols = o_cols < M
+        b_kt = tl.load(p_k + o_cols[None, :].to(tl.int64) * stride_kn, mask=m_cols[None, :] & m_d[:, None], other=0.0)
+        b_v = tl.load(p_v + o_cols[:, None].to(tl.int64) * stride_vn, mask=m_cols[:, None] & m_d[None, :], other=0.0)
+    else:
+        if HEAD_DIM == BLOCK_D:
+            b_kt = tl.load(p_k + o_cols[None, :].to(tl.int64) * stride_kn)
+            b_v = tl.load(p_v + o_cols[:, None].to(tl.int64) * stride_vn)
+        else:
+            b_kt = tl.load(p_k + o_cols[None, :].to(tl.int64) * stride_kn, mask=m_d[:, None], other=0.0)
+            b_v = tl.load(p_v + o_cols[:, None].to(tl.int64) * stride_vn, mask=m_d[None, :], other=0.0)
+    b_s = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
+    if MASK_COLS:
+        b_s = tl.where(m_cols[None, :], b_s, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * scale_log2)
+    b_p = tl.math.exp2(b_s * scale_log2 - b_m_new[:, None])
+    b_alpha = tl.math.exp2(b_m - b_m_new)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_acc = b_acc * b_alpha[:, None]
+    b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc, input_precision=DOT_PRECISION)
+    return b_acc, b_m_new, b_l
+
+
+@triton.autotune(configs=_configs((4, 8), (2, 3, 4)), key=_TUNE_KEY)
+@triton.jit
+def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex,
+                    stride_qb, stride_qh, stride_qn, stride_qd,
+                    stride_kb, stride_kh, stride_kn, stride_kd,
+                    stride_vb, stride_vh, stride_vn, stride_vd,
+                    stride_ob, stride_oh, stride_on, stride_od,
+                    stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
+                    H, N, M, NUM_KV_BLOCKS, scale_log2,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
+    o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_n = tl.arange(0, BLOCK_N)
+    o_d = tl.arange(0, BLOCK_D)
+    m_rows = o_m < N
+    m_d = o_d < HEAD_DIM
+
+    p_q = Q + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :] * stride_qd
+    b_q = tl.load(p_q, mask=m_rows[:, None] & m_d[None, :], other=0.0)
+    p_k = K + i_b * stride_kb + i_h * stride_kh + o_d[:, None] * stride_kd
+    p_v = V + i_b * stride_vb + i_h * stride_vh + o_d[None, :] * stride_vd
+
+    count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + pid_m)
+    p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + pid_m * stride_ir
+    # Index tables are ascending, so only the last kept block can be the short last key block.
+    last_block = tl.load(p_index + tl.maximum(count - 1, 0))
+    ragged_tail = (count > 0) & (last_block == NUM_KV_BLOCKS - 1) & (M % BLOCK_N != 0)
+    num_even = count - ragged_tail.to(tl.int32)
+
+    b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    b_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for i in range(0, num_even):
+        kv_block = tl.load(p_index + i)
+        b_acc, b_m, b_l = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, kv_block, stride_kn, stride_vn, o_n, o_d, M,
+                                    scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, False, DOT_PRECISION)
+    if ragged_tail:
+        b_acc, b_m, b_l = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, last_block, stride_kn, stride_vn, o_n, o_d, M,
+                                    scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, True, DOT_PRECISION)
+
+    has_keys = b_l > 0.0
+    b_out = b_acc / tl.where(has_keys, b_l, 1.0)[:, None]
+    p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :] * stride_od
+    tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_rows[:, None] & m_d[None, :])
+    b_lse = tl.where(has_keys, (b_m + tl.math.log2(tl.where(has_keys, b_l, 1.0))) * 0.6931471805599453,
+                     float("-inf"))
+    tl.store(Lse + pid_bh.to(tl.int64) * N + o_m, b_lse, mask=m_rows)
+
+
+@triton.jit
+def _bsa_bwd_delta_kernel(Out, dOut, dLse, Delta, stride_ob, stride_oh, stride_on, stride_od,
+                          stride_gb, stride_gh, stride_gn, stride_gd, H, N,
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                          HAS_DLSE: tl.constexpr):
+    """Delta = rowsum(dOut * Out) - dLse, float32 [B, H, N]."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
+    o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, BLOCK_D)
+    m_tile = (o_m < N)[:, None] & (o_d < HEAD_DIM)[None, :]
+    b_o = tl.load(Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on
+                  + o_d[None, :] * stride_od, mask=m_tile, other=0.0).to(tl.float32)
+    b_do = tl.load(dOut + i_b * stride_gb + i_h * stride_gh + o_m[:, None].to(tl.int64) * stride_gn
+                   + o_d[None, :] * stride_gd, mask=m_tile, other=0.0).to(tl.float32)
+    b_delta = tl.sum(b_o * b_do, 1)
+    p_row = pid_bh.to(tl.int64) * N + o_m
+    if HAS_DLSE:
+        b_delta -= tl.load(dLse + p_row, mask=o_m < N, other=0.0)
+    tl.store(Delta + p_row, b_delta, mask=o_m < N)
+
+
+@triton.jit
+def _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, kv_block, stride_kn, stride_vn, o_n, o_d, M,
+             scale_log2, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+             MASK_COLS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One kept tile of the dQ pass: recompute P and accumulate dS @ K."""
+    o_cols = kv_block * BLOCK_N + o_n
+    m_d = o_d < HEAD_DIM
+    m_cols = o_cols < M
+    if MASK_COLS or HEAD_DIM != BLOCK_D:
+        m_load = m_cols[None, :] & m_d[:, None] if MASK_COLS else m_d[:, None]
+        b_kt = tl.load(p_k + o_cols[None, :].to(tl.int64) * stride_kn, mask=m_load, other=0.0)
+        b_vt = tl.load(p_v + o_cols[None, :].to(tl.int64) * stride_vn, mask=m_load, other=0.0)
+    else:
+        b_kt = tl.load(p_k + o_cols[None, :].to(tl.int64) * stride_kn)
+        b_vt = tl.load(p_v + o_cols[None, :].to(tl.int64) * stride_vn)
+    b_s = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
+    b_p = tl.math.exp2(b_s * scale_log2 - b_lse2[:, None])
+    if MASK_COLS:
+        b_p = tl.where(m_cols[None, :], b_p, 0.0)
+    b_dp = tl.dot(b_do, b_vt, input_precision=DOT_PRECISION)
+    b_ds = b_p * (b_dp - b_delta[:, None])
+    b_dq = tl.dot(b_ds.to(b_kt.dtype), tl.trans(b_kt), b_dq, input_precision=DOT_PRECISION)
+    return b_dq
+
+
+@triton.autotune(configs=_configs((4, 8), (2, 3)), key=_TUNE_KEY)
+@triton.jit
+def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
+                       stride_qb, stride_qh, stride_qn, stride_qd,
+                       stride_kb, stride_kh, stride_kn, stride_kd,
+                       stride_vb, stride_vh, stride_vn, stride_vd,
+                       stride_gb, stride_gh, stride_gn, stride_gd,
+                       stride_db, stride_dh, stride_dn, stride_dd,
+                       stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
+                       H, N, M, NUM_KV_BLOCKS, scale, scale_log2,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
+    o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_n = tl.arange(0, BLOCK_N)
+    o_d = tl.arange(0, BLOCK_D)
+    m_rows = o_m < N
+    m_tile = m_rows[:, None] & (o_d < HEAD_DIM)[None, :]
+
+    o_rows = o_m[:, None].to(tl.int64)
+    b_q = tl.load(Q + i_b * stride_qb + i_h * stride_qh + o_rows * stride_qn + o_d[None, :] * stride_qd,
+                  mask=m_tile, other=0.0)
+    b_do = tl.load(dOut + i_b * stride_gb + i_h * stride_gh + o_rows * stride_gn + o_d[None, :] * stride_gd,
+                   mask=m_tile, other=0.0)
+    p_row = pid_bh.to(tl.int64) * N + o_m
+    # Padding rows read lse = +inf so that their probabilities are exactly zero.
+    b_lse2 = tl.load(Lse + p_row, mask=m_rows, other=float("inf")) * 1.4426950408889634
+    b_delta = tl.load(Delta + p_row, mask=m_rows, other=0.0)
+    p_k = K + i_b * stride_kb + i_h * stride_kh + o_d[:, None] * stride_kd
+    p_v = V + i_b * stride_vb + i_h * stride_vh + o_d[:, None] * stride_vd
+
+    count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + pid_m)
+    p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + pid_m * stride_ir
+    last_block = tl.load(p_index + tl.maximum(count - 1, 0))
+    ragged_tail = (count > 0) & (last_block == NUM_KV_BLOCKS - 1) & (M % BLOCK_N != 0)
+    num_even = count - ragged_tail.to(tl.int32)
+
+    b_dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for i in range(0, num_even):
+        kv_block = tl.load(p_index + i)
+        b_dq = _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, kv_block, stride_kn, stride_vn, o_n, o_d, M,
+                        scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, False, DOT_PRECISION)
+    if ragged_tail:
+        b_dq = _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, last_block, stride_kn, stride_vn, o_n, o_d, M,
+                        scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, True, DOT_PRECISION)
+    p_dq = dQ + i_b * stride_db + i_h * stride_dh + o_rows * stride_dn + o_d[None, :] * stride_dd
+    tl.store(p_dq, (b_dq * scale).to(dQ.dtype.element_ty), mask=m_tile)
+
+
+@triton.autotune(configs=_configs((4, 8), (2, 3)), key=_TUNE_KEY)
+@triton.jit
+def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
+                         stride_qb, stride_qh, stride_qn, stride_qd,
+                         stride_kb, stride_kh, stride_kn, stride_kd,
+                         stride_vb, stride_vh, stride_vn, stride_vd,
+                         stride_gb, stride_gh, stride_gn, stride_gd,
+                         stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                         stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                         stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
+                         H, N, M, scale, scale_log2,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
+    o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_m = tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    m_tile = (o_n < M)[:, None] & m_d[None, :]
+
+    o_cols = o_n[:, None].to(tl.int64)
+    b_k = tl.load(K + i_b * stride_kb + i_h * stride_kh + o_cols * stride_kn + o_d[None, :] * stride_kd,
+                  mask=m_tile, other=0.0)
+    b_v = tl.load(V + i_b * stride_vb + i_h * stride_vh + o_cols * stride_vn + o_d[None, :] * stride_vd,
+                  mask=m_tile, other=0.0)
+    p_q = Q + i_b * stride_qb + i_h * stride_qh + o_d[None, :] * stride_qd
+    p_do = dOut + i_b * stride_gb + i_h * stride_gh + o_d[None, :] * stride_gd
+    p_rows = pid_bh.to(tl.int64) * N
+
+    count = tl.load(QCount + i_b * stride_cb + i_h * stride_ch + pid_n)
+    p_index = QIndex + i_b * stride_ib + i_h * stride_ih + pid_n * stride_ir
+    b_dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    b_dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    for i in range(0, count):
+        q_block = tl.load(p_index + i)
+        o_rows = q_block * BLOCK_M + o_m
+        m_rows = o_rows < N
+        m_load = m_rows[:, None] & m_d[None, :]
+        b_q = tl.load(p_q + o_rows[:, None].to(tl.int64) * stride_qn, mask=m_load, other=0.0)
+        b_do = tl.load(p_do + o_rows[:, None].to(tl.int64) * stride_gn, mask=m_load, other=0.0)
+        b_lse2 = tl.load(Lse + p_rows + o_rows, mask=m_rows, other=float("inf")) * 1.4426950408889634
+        b_delta = tl.load(Delta + p_rows + o_rows, mask=m_rows, other=0.0)
+        # Transposed tile: rows are keys, columns are queries.
+        b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)
+        b_pt = tl.math.exp2(b_st * scale_log2 - b_lse2[None, :])
+        b_dv = tl.dot(b_pt.to(b_do.dtype), b_do, b_dv, input_precision=DOT_PRECISION)
+        b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PRECISION)
+        b_dst = b_pt * (b_dpt - b_delta[None, :])
+        b_dk = tl.dot(b_dst.to(b_q.dtype), b_q, b_dk, input_precision=DOT_PRECISION)
+    tl.store(dK + i_b * stride_dkb + i_h * stride_dkh + o_cols * stride_dkn + o_d[None, :] * stride_dkd,
+             (b_dk * scale).to(dK.dtype.element_ty), mask=m_tile)
+    tl.store(dV + i_b * stride_dvb + i_h * stride_dvh + o_cols * stride_dvn + o_d[None, :] * stride_dvd,
+             b_dv.to(dV.dtype.element_ty), mask=m_tile)
+
+
+# --------------------------------------------------------------------------- launchers
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs keep fp32 accuracy (like PyTorch's default matmul); half types use the tensor cores.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _table_strides(count: torch.Tensor, index: torch.Tensor, batch: int, heads: int) -> tuple[int, ...]:
+    """Strides (batch, head) of the count table and (batch, head, row) of the index table; 0 where broadcast."""
+    cb = count.stride(0) if count.shape[0] == batch and batch > 1 else 0
+    ch = count.stride(1) if count.shape[1] == heads and heads > 1 else 0
+    ib = index.stride(0) if index.shape[0] == batch and batch > 1 else 0
+    ih = index.stride(1) if index.shape[1] == heads and heads > 1 else 0
+    return cb, ch, ib, ih, index.stride(2)
+
+
+def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
+                   kv_index: torch.Tensor, block_q: int, block_k: int,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel. q: [B, H, N, D], k/v: [B, H, M, D] (any strides), tables from SparseMask.
+
+    Returns out (q's dtype, q's layout) and lse float32 [B, H, N] (natural log).
+    """
+    b, h, n, d = q.shape
+    m = k.shape[2]
+    out = torch.empty_like(q)
+    lse = torch.empty((b, h, n), device=q.device, dtype=torch.float32)
+    grid = (triton.cdiv(n, block_q), b * h)
+    _bsa_fwd_kernel[grid](
+        q, k, v, out, lse, kv_count, kv_index,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        *_table_strides(kv_count, kv_index, b, h),
+        h, n, m, kv_index.shape[-1], scale * LOG2E,
+        HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=block_q, BLOCK_N=block_k,
+        DOT_PRECISION=_dot_precision(q.dtype),
+    )
+    return out, lse
+
+
+def triton_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, kv_count: torch.Tensor,
+                    kv_index: torch.Tensor, q_count: torch.Tensor, q_index: torch.Tensor, block_q: int,
+                    block_k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward kernels. Returns dq, dk, dv in the dtypes and layouts of q, k, v."""
+    b, h, n, d = q.shape
+    m = k.shape[2]
+    block_d = _block_d(d)
+    precision = _dot_precision(q.dtype)
+    delta = torch.empty((b, h, n), device=q.device, dtype=torch.float32)
+    has_dlse = grad_lse is not None
+    _bsa_bwd_delta_kernel[(triton.cdiv(n, 128), b * h)](
+        out, grad_out, grad_lse.contiguous() if has_dlse else delta, delta,
+        *out.stride(), *grad_out.stride(), h, n,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=128, HAS_DLSE=has_dlse,
+    )
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    _bsa_bwd_dq_kernel[(triton.cdiv(n, block_q), b * h)](
+        q, k, v, grad_out, lse, delta, dq, kv_count, kv_index,
+        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
+        *_table_strides(kv_count, kv_index, b, h),
+        h, n, m, kv_index.shape[-1], scale, scale * LOG2E,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_q, BLOCK_N=block_k, DOT_PRECISION=precision,
+    )
+    _bsa_bwd_dkdv_kernel[(triton.cdiv(m, block_k), b * h)](
+        q, k, v, grad_out, lse, delta, dk, dv, q_count, q_index,
+        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
+        *_table_strides(q_count, q_index, b, h),
+        h, n, m, scale, scale * LOG2E,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_q, BLOCK_N=block_k, DOT_PRECISION=precision,
+    )
+    return dq, dk, dv
