@@ -1,0 +1,16 @@
+# The two commands: `make demo` (main job) and `make test` (test suite). Both set up .venv on first use.
+VENV_PY := .venv/bin/python
+
+.PHONY: setup demo test gpu-test
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(VENV_PY) -m sparsevid demo
+
+test: setup
+	$(VENV_PY) -m pytest -q tests
+
+gpu-test:
+	python3 -m pytest -q -m gpu tests

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Creates .venv (seeing any torch already installed on the system) and installs sparsevid with its extras.
+# If no torch is importable, installs torch 2.13.0 (on machines that ship its CPU wheel locally, that one).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv --system-site-packages .venv
+fi
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    .venv/bin/python -m pip install -q "torch==2.13.0"
+fi
+.venv/bin/python -m pip install -q -e ".[all]"
