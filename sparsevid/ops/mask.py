@@ -195,19 +195,30 @@ class SparseMask:
     def to_flex(self):
         """The same mask as a ``torch.nn.attention.flex_attention.BlockMask``.
 
-        Every kept tile is marked "full" (no per-element mask function is evaluated), so FlexAttention
-        runs its fastest path; FlexAttention itself bounds the last, short blocks.
+        Kept tiles are "full" blocks, so compiled FlexAttention evaluates no per-element mask on them;
+        the mask function (which reads the block map) serves FlexAttention's eager path. FlexAttention
+        itself bounds the last, short blocks. Built once per mask and cached.
         """
+        if "flex" not in self._tables:
+            self._tables["flex"] = self._build_flex()
+        return self._tables["flex"]
+
+    def _build_flex(self):
         from torch.nn.attention.flex_attention import BlockMask
 
-        kv_count, kv_index = self.kv_count, self.kv_index
-        empty_count = torch.zeros_like(kv_count)
+        keep, block_q, block_k = self.keep, self.block_q, self.block_k
+        per_batch, per_head = keep.shape[0] > 1, keep.shape[1] > 1
+
+        def kept_tile(b, h, q_idx, kv_idx):
+            return keep[b if per_batch else b * 0, h if per_head else h * 0, q_idx // block_q, kv_idx // block_k]
+
         return BlockMask.from_kv_blocks(
-            empty_count,
-            torch.zeros_like(kv_index),
-            full_kv_num_blocks=kv_count,
-            full_kv_indices=kv_index,
-            BLOCK_SIZE=(self.block_q, self.block_k),
+            torch.zeros_like(self.kv_count),
+            torch.zeros_like(self.kv_index),
+            full_kv_num_blocks=self.kv_count,
+            full_kv_indices=self.kv_index,
+            BLOCK_SIZE=(block_q, block_k),
+            mask_mod=kept_tile,
             seq_lengths=(self.q_len, self.kv_len),
         )
 

@@ -272,6 +272,14 @@ def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
 
 # --------------------------------------------------------------------------- launchers
 
+def _alloc(like: torch.Tensor, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None):
+    """Uninitialised kernel output: like's shape, dtype and layout, or a contiguous ``shape``/``dtype``
+    tensor on like's device. Every kernel output is allocated here (tests poison it with NaN)."""
+    if shape is None:
+        return torch.empty_like(like)
+    return torch.empty(shape, device=like.device, dtype=dtype)
+
+
 def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
@@ -299,8 +307,8 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
     """
     b, h, n, d = q.shape
     m = k.shape[2]
-    out = torch.empty_like(q)
-    lse = torch.empty((b, h, n), device=q.device, dtype=torch.float32)
+    out = _alloc(q)
+    lse = _alloc(q, (b, h, n), torch.float32)
     grid = (triton.cdiv(n, block_q), b * h)
     _bsa_fwd_kernel[grid](
         q, k, v, out, lse, kv_count, kv_index,
@@ -322,16 +330,14 @@ def triton_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
     m = k.shape[2]
     block_d = _block_d(d)
     precision = _dot_precision(q.dtype)
-    delta = torch.empty((b, h, n), device=q.device, dtype=torch.float32)
+    delta = _alloc(q, (b, h, n), torch.float32)
     has_dlse = grad_lse is not None
     _bsa_bwd_delta_kernel[(triton.cdiv(n, 128), b * h)](
         out, grad_out, grad_lse.contiguous() if has_dlse else delta, delta,
         *out.stride(), *grad_out.stride(), h, n,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=128, HAS_DLSE=has_dlse,
     )
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    dq, dk, dv = _alloc(q), _alloc(k), _alloc(v)
     _bsa_bwd_dq_kernel[(triton.cdiv(n, block_q), b * h)](
         q, k, v, grad_out, lse, delta, dq, kv_count, kv_index,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),

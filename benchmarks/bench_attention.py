@@ -1,0 +1,211 @@
+"""Block-sparse attention benchmark: sparsevid's Triton kernels vs dense SDPA (cuDNN, flash) and FlexAttention.
+
+For every shape, block size and sparsity the same random block mask (diagonal kept) is given to every
+sparse competitor. Correctness is checked in the same run before timing (relative error vs a float64
+reference on two heads, for out, lse and the three gradients). Writes results.json, results.csv and
+speedup.png under --out and prints a table.
+
+    python3 benchmarks/bench_attention.py --out results/attention
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import sparsevid as sv  # noqa: E402
+
+SHAPES = {"wan1.3b-480p": (1, 12, 32760, 128), "wan14b-720p": (1, 40, 75600, 128)}
+BLOCKS = {"128x128": (128, 128), "128x64": (128, 64)}
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       cwd=Path(__file__).parent).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def attention_flops(n: int, m: int, heads: int, batch: int, d: int, kept: float, backward: bool) -> float:
+    fwd = 4.0 * batch * heads * n * m * d * kept
+    return fwd * 3.5 if backward else fwd
+
+
+def bench(fn, grad_to_none=None) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=150, grad_to_none=grad_to_none, return_mode="median")
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a, ref = a.double(), ref.double()
+    finite = torch.isfinite(ref)
+    if not torch.equal(finite, torch.isfinite(a)):
+        return float("inf")
+    return float((a[finite] - ref[finite]).norm() / ref[finite].norm().clamp_min(1e-30))
+
+
+def check(mask_full: sv.SparseMask, shape, dtype, backends=("triton", "flex")) -> dict:
+    """Relative errors vs float64 on 2 heads of the real sequence length, for each backend."""
+    b, _, n, d = shape
+    heads = 2
+    keep = mask_full.keep[:, :heads]
+    mask = sv.SparseMask.from_dense(keep, n, n, mask_full.block_q, mask_full.block_k)
+    q, k, v = (torch.randn(b, heads, n, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(b, heads, n, d, device="cuda", dtype=dtype)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_out, ref_lse = sv.block_sparse_attention(q64, k64, v64, mask, return_lse=True, backend="reference")
+    ref_grads = torch.autograd.grad(ref_out, (q64, k64, v64), grad.double())
+    errors = {}
+    for backend in backends:
+        try:
+            out, lse = sv.block_sparse_attention(q, k, v, mask, return_lse=True, backend=backend)
+            grads = torch.autograd.grad(out, (q, k, v), grad)
+        except Exception as exc:  # noqa: BLE001 - a competitor failing to compile is a result, not a crash
+            errors[backend] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            continue
+        errors[backend] = {"out": rel_err(out, ref_out), "lse": rel_err(lse, ref_lse),
+                           **{f"d{name}": rel_err(g, r) for name, g, r in zip("qkv", grads, ref_grads)}}
+    return errors
+
+
+def time_variant(fn, backward: bool, inputs) -> float | str:
+    q, k, v, grad = inputs
+    try:
+        if backward:
+            def step():
+                fn(q, k, v).backward(grad)
+            step()
+            return bench(step, grad_to_none=[q, k, v])
+        fn(q, k, v)
+        return bench(lambda: fn(q, k, v))
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--blocks", default=",".join(BLOCKS))
+    parser.add_argument("--sparsities", default="0,0.5,0.8,0.9,0.95,0.97")
+    parser.add_argument("--backward-shapes", default="wan1.3b-480p", help="shapes timed forward+backward too")
+    parser.add_argument("--no-check", action="store_true")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_attention.py needs a CUDA GPU")
+    args.out.mkdir(parents=True, exist_ok=True)
+    dtype = torch.bfloat16
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "commit": git_commit(), "dtype": str(dtype)}
+    print(json.dumps(meta), flush=True)
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for shape_name in args.shapes.split(","):
+        b, h, n, d = SHAPES[shape_name]
+        with_backward = shape_name in args.backward_shapes.split(",")
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+        grad = torch.randn(b, h, n, d, device="cuda", dtype=dtype)
+        inputs = (q, k, v, grad)
+        dense = {}
+        for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+            def sdpa(q_, k_, v_, backend=backend):
+                with sdpa_kernel(backend):
+                    return torch.nn.functional.scaled_dot_product_attention(q_, k_, v_)
+            dense[name] = {"fwd": time_variant(sdpa, False, inputs),
+                           "fwdbwd": time_variant(sdpa, True, inputs) if with_backward else None}
+        print(f"{shape_name} dense: {dense}", flush=True)
+        for block_name in args.blocks.split(","):
+            block_q, block_k = BLOCKS[block_name]
+            for sparsity in (float(s) for s in args.sparsities.split(",")):
+                mask = sv.random_block_mask(b, h, n, n, sparsity, block_q, block_k, generator=gen, device="cuda")
+                kept = 1.0 - mask.sparsity
+                errors = {} if args.no_check else check(mask, (b, h, n, d), dtype)
+                times = {}
+                for backend in ("triton", "flex"):
+                    def attend(q_, k_, v_, backend=backend, mask=mask):
+                        return sv.block_sparse_attention(q_, k_, v_, mask, backend=backend)
+                    times[backend] = {"fwd": time_variant(attend, False, inputs),
+                                      "fwdbwd": time_variant(attend, True, inputs) if with_backward else None}
+                row = {**meta, "shape": shape_name, "B": b, "H": h, "N": n, "D": d, "block": block_name,
+                       "target_sparsity": sparsity, "sparsity": mask.sparsity, "errors": errors}
+                for phase in ("fwd", "fwdbwd"):
+                    for name, t in {**{k_: v_[phase] for k_, v_ in dense.items()},
+                                    **{k_: v_[phase] for k_, v_ in times.items()}}.items():
+                        row[f"{name}_{phase}_ms"] = t
+                    tri = times["triton"][phase]
+                    if isinstance(tri, float):
+                        row[f"triton_{phase}_tflops"] = attention_flops(n, n, h, b, d, kept, phase == "fwdbwd") / tri / 1e9
+                        for name in ("sdpa_cudnn", "sdpa_flash"):
+                            if isinstance(dense[name][phase], float):
+                                row[f"speedup_vs_{name}_{phase}"] = dense[name][phase] / tri
+                        if isinstance(times["flex"][phase], float):
+                            row[f"speedup_vs_flex_{phase}"] = times["flex"][phase] / tri
+                rows.append(row)
+                print(json.dumps({k_: v_ for k_, v_ in row.items() if k_ not in meta}), flush=True)
+                with open(args.out / "results.json", "w") as f:
+                    json.dump(rows, f, indent=1)
+    write_csv(rows, args.out / "results.csv")
+    plot(rows, args.out / "speedup.png")
+    print_table(rows)
+    return 0
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    keys = sorted({k for row in rows for k in row if k != "errors"})
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key in sorted({(r["shape"], r["block"]) for r in rows}):
+        for phase, style in (("fwd", "-o"), ("fwdbwd", "--s")):
+            pts = [(r["sparsity"], r.get(f"speedup_vs_sdpa_cudnn_{phase}")) for r in rows
+                   if (r["shape"], r["block"]) == key]
+            pts = [(s, v) for s, v in pts if isinstance(v, float)]
+            if pts:
+                ax.plot(*zip(*pts), style, label=f"{key[0]} {key[1]} {phase}")
+    ax.set_xlabel("sparsity (fraction of tiles skipped)")
+    ax.set_ylabel("speed-up vs dense cuDNN SDPA")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"sparsevid block-sparse attention, {rows[0]['gpu']}, bf16")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def fmt(value) -> str:
+    return f"{value:8.3f}" if isinstance(value, float) else f"{'fail' if value else '-':>8}"
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'shape':14} {'block':7} {'spars':>6} | {'tri fwd':>8} {'flex fwd':>8} {'cudnn':>8} {'x cudnn':>8} "
+          f"{'x flex':>8} | {'tri f+b':>8} {'flex f+b':>8} {'x cudnn':>8} {'x flex':>8} | max err")
+    for r in rows:
+        errs = [v for e in r["errors"].get("triton", {}).values() for v in ([e] if isinstance(e, float) else [])]
+        print(f"{r['shape']:14} {r['block']:7} {r['sparsity']:6.3f} | {fmt(r['triton_fwd_ms'])} {fmt(r['flex_fwd_ms'])} "
+              f"{fmt(r['sdpa_cudnn_fwd_ms'])} {fmt(r.get('speedup_vs_sdpa_cudnn_fwd'))} {fmt(r.get('speedup_vs_flex_fwd'))} | "
+              f"{fmt(r['triton_fwdbwd_ms'])} {fmt(r['flex_fwdbwd_ms'])} {fmt(r.get('speedup_vs_sdpa_cudnn_fwdbwd'))} "
+              f"{fmt(r.get('speedup_vs_flex_fwdbwd'))} | {max(errs) if errs else float('nan'):.2e}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
