@@ -9,6 +9,9 @@ import sparsevid as sv
 from sparsevid.ops import triton_attention
 from oracles import dense_masked_attention, rel_err
 
+# On a GPU machine these checks run on the GPU; elsewhere through Triton's interpreter.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 # (B, H, N, M, D, block_q, block_k): odd lengths, N < one block, N != M, B > 1, head dims 16..128.
 SHAPES = [
     pytest.param((1, 2, 200, 333, 64, 128, 64), id="N200-M333-d64-128x64"),
@@ -23,19 +26,19 @@ def make_mask(kind: str, b: int, h: int, n: int, m: int, block_q: int, block_k: 
     """Masks that break kernels: random, full, a single tile, rows with no kept tile, per-(b, h) maps."""
     qb, kb = -(-n // block_q), -(-m // block_k)
     if kind == "full":
-        return sv.SparseMask.full(n, m, block_q, block_k)
+        return sv.SparseMask.full(n, m, block_q, block_k, device=DEVICE)
     if kind == "single":
         keep = torch.zeros(1, 1, qb, kb, dtype=torch.bool)
         keep[0, 0, qb // 2, kb - 1] = True  # the short last key block
-        return sv.SparseMask.from_dense(keep, n, m, block_q, block_k)
+        return sv.SparseMask.from_dense(keep.to(DEVICE), n, m, block_q, block_k)
     keep = torch.rand(b, h, qb, kb) < 0.5
     if kind == "empty-rows":
         keep[..., 0, :] = False
-    return sv.SparseMask.from_dense(keep, n, m, block_q, block_k)
+    return sv.SparseMask.from_dense(keep.to(DEVICE), n, m, block_q, block_k)
 
 
 def rand_inputs(b, h, n, m, d, dtype, requires_grad=True):
-    return [torch.randn(b, h, t, d, dtype=dtype, requires_grad=requires_grad) for t in (n, m, m)]
+    return [torch.randn(b, h, t, d, dtype=dtype, device=DEVICE, requires_grad=requires_grad) for t in (n, m, m)]
 
 
 def run(q, k, v, mask, backend, grad_out):
@@ -50,7 +53,7 @@ def test_reference_matches_float64_oracle(shape, kind):
     b, h, n, m, d, block_q, block_k = shape
     mask = make_mask(kind, b, h, n, m, block_q, block_k)
     q, k, v = rand_inputs(b, h, n, m, d, torch.float64)
-    grad_out = torch.randn(b, h, n, d, dtype=torch.float64)
+    grad_out = torch.randn(b, h, n, d, dtype=torch.float64, device=DEVICE)
     out, lse, grads = run(q, k, v, mask, "reference", grad_out)
     ref_out, ref_lse = dense_masked_attention(q, k, v, mask)
     ref_grads = torch.autograd.grad(ref_out, (q, k, v), grad_out)
@@ -91,7 +94,7 @@ def test_triton_float32_matches_oracle(shape, kind, nan_poisoned_outputs):
     b, h, n, m, d, block_q, block_k = shape
     mask = make_mask(kind, b, h, n, m, block_q, block_k)
     q, k, v = rand_inputs(b, h, n, m, d, torch.float32)
-    grad_out = torch.randn(b, h, n, d)
+    grad_out = torch.randn(b, h, n, d, device=DEVICE)
     out, lse, grads = run(q, k, v, mask, "triton", grad_out)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref_out, ref_lse = dense_masked_attention(q64, k64, v64, mask)
@@ -109,7 +112,7 @@ def test_triton_float16_within_budget_of_plain_pytorch(shape, nan_poisoned_outpu
     b, h, n, m, d, block_q, block_k = shape
     mask = make_mask("random", b, h, n, m, block_q, block_k)
     q, k, v = (t.half().detach().requires_grad_() for t in rand_inputs(b, h, n, m, d, torch.float32))
-    grad_out = torch.randn(b, h, n, d).half()
+    grad_out = torch.randn(b, h, n, d, device=DEVICE).half()
     out, lse, grads = run(q, k, v, mask, "triton", grad_out)
 
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
@@ -127,12 +130,12 @@ def test_triton_float16_within_budget_of_plain_pytorch(shape, nan_poisoned_outpu
 
 def test_rows_without_tiles_give_zeros_and_zero_gradients(nan_poisoned_outputs):
     b, h, n, m, d = 1, 2, 300, 260, 64
-    keep = torch.rand(b, h, 3, 5) < 0.6
+    keep = torch.rand(b, h, 3, 5, device=DEVICE) < 0.6
     keep[:, :, 1, :] = False  # query block 1 attends nothing
     keep[:, :, :, 2] = False  # key block 2 is attended by nothing
     mask = sv.SparseMask.from_dense(keep, n, m, 128, 64)
     q, k, v = rand_inputs(b, h, n, m, d, torch.float32)
-    out, lse, (dq, dk, dv) = run(q, k, v, mask, "triton", torch.randn(b, h, n, d))
+    out, lse, (dq, dk, dv) = run(q, k, v, mask, "triton", torch.randn(b, h, n, d, device=DEVICE))
     assert torch.equal(out[:, :, 128:256], torch.zeros_like(out[:, :, 128:256]))
     assert torch.isneginf(lse[:, :, 128:256]).all()
     assert torch.isfinite(lse[:, :, :128]).all() == keep[:, :, 0].any()
@@ -145,7 +148,7 @@ def test_rows_without_tiles_give_zeros_and_zero_gradients(nan_poisoned_outputs):
 def test_full_mask_equals_dense_sdpa():
     b, h, n, d = 2, 2, 333, 64
     q, k, v = rand_inputs(b, h, n, n, d, torch.float32, requires_grad=False)
-    mask = sv.SparseMask.full(n, n, 128, 64)
+    mask = sv.SparseMask.full(n, n, 128, 64, device=DEVICE)
     expected = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
     for backend in ("reference", "triton"):
         assert rel_err(sv.block_sparse_attention(q, k, v, mask, backend=backend), expected) < 1e-5
@@ -154,7 +157,7 @@ def test_full_mask_equals_dense_sdpa():
 def test_strided_inputs_need_no_copy_and_keep_layout():
     """[B, N, H, D] tensors transposed to [B, H, N, D] are read in place; the output keeps that layout."""
     b, h, n, d = 2, 3, 200, 64
-    q, k, v = (torch.randn(b, n, h, d).transpose(1, 2) for _ in range(3))
+    q, k, v = (torch.randn(b, n, h, d, device=DEVICE).transpose(1, 2) for _ in range(3))
     mask = make_mask("random", b, h, n, n, 64, 64)
     out = sv.block_sparse_attention(q, k, v, mask, backend="triton")
     assert out.stride() == q.stride()
@@ -208,7 +211,7 @@ def test_torch_compile_traces_through_the_op():
     assert rel_err(compiled(q, k, v), layer(q, k, v)) < 1e-6
 
 
-def test_auto_backend_is_reference_on_cpu(monkeypatch):
+def test_auto_backend_is_reference_on_cpu():
     from sparsevid.ops import attention
 
     q = torch.randn(1, 1, 10, 16)
@@ -230,7 +233,8 @@ def _good():
     (lambda q, k, v, m: (q, k, v[..., :16], m), ValueError, "same shape"),
     (lambda q, k, v, m: (q[:, :, :90], k, v, m), ValueError, "q_len=100"),
     (lambda q, k, v, m: (q, k, v, m.keep), TypeError, "SparseMask"),
-    (lambda q, k, v, m: (q, k, v, sv.random_block_mask(3, 2, 100, 100, 0.5, 64, 64)), ValueError, "broadcast"),
+    (lambda q, k, v, m: (q, k, v, sv.random_block_mask(3, 2, 100, 100, 0.5, 64, 64, device=DEVICE)), ValueError,
+     "broadcast"),
     (lambda q, k, v, m: (q, k, v, m.to("meta")), ValueError, "mask is on meta"),
 ])
 def test_bad_inputs_raise_clear_errors(mutate, error, message):
