@@ -1,6 +1,11 @@
 """sparsevid: block-sparse attention for video diffusion transformers."""
 from .ops import SparseMask, block_sparse_attention, random_block_mask
+from .schedules import SparseConfig
+from .models import (apply_sparse_attention, attention_stats, denoising_step, is_sparse, remove_sparse_attention,
+                     reset_denoising_step, set_collect_stats, set_denoising_step)
 
 __version__ = "0.1.0"
 
-__all__ = ["SparseMask", "block_sparse_attention", "random_block_mask", "__version__"]
+__all__ = ["SparseMask", "block_sparse_attention", "random_block_mask", "__version__",
+           "SparseConfig", "apply_sparse_attention", "remove_sparse_attention", "attention_stats", "denoising_step",
+           "is_sparse", "reset_denoising_step", "set_collect_stats", "set_denoising_step"]

@@ -1,0 +1,9 @@
+"""diffusers integration: sparse attention processors and the one-line apply / remove switch.
+
+diffusers itself is imported only when a processor needs it.
+"""
+from .integration import (apply_sparse_attention, attention_stats, denoising_step, is_sparse,
+                          remove_sparse_attention, reset_denoising_step, set_collect_stats, set_denoising_step)
+
+__all__ = ["apply_sparse_attention", "attention_stats", "denoising_step", "is_sparse", "remove_sparse_attention",
+           "reset_denoising_step", "set_collect_stats", "set_denoising_step"]

@@ -1,0 +1,136 @@
+"""The one attention core every model processor shares: sparse video-to-video, dense everything else.
+
+A self-attention sequence holds ``video_len`` video tokens starting at ``video_start``; any other tokens
+are text (before or after the video). Video query rows attend video keys through a predicted block-sparse
+mask (in 3D-tiled token order when a token order is given) and text keys densely; the two partial results
+are merged exactly through their log-sum-exps. Text query rows attend every key densely.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..ops import SparseMask, block_sparse_attention
+from ..schedules import LayerPlan
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Where the video tokens sit in a joint sequence of ``total`` tokens (the rest are text)."""
+
+    video_start: int
+    video_len: int
+    total: int
+
+    @property
+    def video(self) -> slice:
+        return slice(self.video_start, self.video_start + self.video_len)
+
+    @property
+    def text(self) -> slice:
+        """The text tokens: all tokens before the video, or (if none) all after it."""
+        if self.video_start > 0:
+            return slice(0, self.video_start)
+        return slice(self.video_len, self.total)
+
+    @property
+    def text_len(self) -> int:
+        return self.total - self.video_len
+
+
+@dataclass(frozen=True)
+class TokenOrder:
+    """A permutation of the video tokens: ``x_tiled = x[..., perm, :]``, ``x = x_tiled[..., inverse, :]``."""
+
+    perm: torch.Tensor
+    inverse: torch.Tensor
+
+
+def text_key_sets(attn_mask: torch.Tensor | None, layout: TokenLayout, batch: int) -> list[torch.Tensor] | None:
+    """Valid text-key indices (relative to the text slice) per batch entry, from a key-padding mask.
+
+    attn_mask: bool, broadcastable to [B, 1, 1, N] (True = attend), or None (every key valid -> None).
+    Returns a list of B LongTensors. Reads the mask on the host (callers cache it per forward).
+    """
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype != torch.bool:
+        raise TypeError(f"sparse attention supports boolean key-padding attention masks only, got dtype {attn_mask.dtype}")
+    if attn_mask.dim() != 4 or attn_mask.shape[1] != 1 or attn_mask.shape[2] != 1 or attn_mask.shape[0] not in (1, batch) \
+            or attn_mask.shape[3] != layout.total:
+        raise ValueError(f"sparse attention supports key-padding attention masks of shape [B|1, 1, 1, N={layout.total}], "
+                         f"got {tuple(attn_mask.shape)}")
+    keys = attn_mask[:, 0, 0].expand(batch, layout.total)
+    if not bool(keys[:, layout.video].all()):
+        raise ValueError("sparse attention needs every video token to be a valid key; the attention mask hides some")
+    return [torch.nonzero(row[layout.text]).flatten() for row in keys]
+
+
+def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """Softmax over the union of two disjoint key sets from each set's output [B, H, n, D] and lse [B, H, n].
+
+    Computed in float32, returned in out_a's dtype. lse_b must be finite.
+    """
+    lse = torch.logaddexp(lse_a, lse_b)
+    weight_a = torch.exp(lse_a - lse).unsqueeze(-1)
+    weight_b = torch.exp(lse_b - lse).unsqueeze(-1)
+    return (out_a.float() * weight_a + out_b.float() * weight_b).to(out_a.dtype)
+
+
+def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch.Tensor,
+                      key_sets: list[torch.Tensor] | None, plan: LayerPlan, scale: float | None):
+    """Dense attention of video rows [B, H, Nv, D] over the valid text keys: (out [B, H, Nv, D], lse [B, H, Nv])."""
+    def attend(q, k, v):
+        full = SparseMask.full(q.shape[2], k.shape[2], plan.block_q, plan.block_k, device=q.device)
+        return block_sparse_attention(q, k, v, full, scale=scale, return_lse=True, backend=plan.backend)
+
+    if key_sets is None:
+        return attend(q_video, k_text, v_text)
+    if all(torch.equal(key_sets[0], s) for s in key_sets[1:]):
+        keys = key_sets[0]
+        return attend(q_video, k_text.index_select(2, keys), v_text.index_select(2, keys))
+    outs, lses = zip(*(attend(q_video[b:b + 1], k_text[b:b + 1].index_select(2, keys),
+                              v_text[b:b + 1].index_select(2, keys)) for b, keys in enumerate(key_sets)))
+    return torch.cat(outs), torch.cat(lses)
+
+
+def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout, plan: LayerPlan,
+                           predict, scale: float | None = None, order: TokenOrder | None = None,
+                           attn_mask: torch.Tensor | None = None, key_sets: list[torch.Tensor] | None = None):
+    """Attention with sparse video-to-video tiles and dense text rows and columns.
+
+    q, k, v: [B, H, N, D] (any strides), N = layout.total. predict: ``(q_video, k_video, plan, scale) -> SparseMask``
+    over the (tiled) video tokens. attn_mask: the key-padding mask the text rows use (as in SDPA);
+    key_sets: its valid text keys per batch entry (see :func:`text_key_sets`), None if all are valid.
+    Returns out [B, H, N, D] and the video mask.
+    """
+    batch, heads, total, dim = q.shape
+    if total != layout.total or k.shape[2] != layout.total:
+        raise ValueError(f"q and k must have {layout.total} tokens (video + text), got {total} and {k.shape[2]}")
+    video = layout.video
+    q_v, k_v, v_v = q[:, :, video], k[:, :, video], v[:, :, video]
+    if order is not None:
+        q_v, k_v, v_v = (t.index_select(2, order.perm) for t in (q_v, k_v, v_v))
+    mask = predict(q_v, k_v, plan, scale)
+    if layout.text_len == 0:
+        out_v = block_sparse_attention(q_v, k_v, v_v, mask, scale=scale, backend=plan.backend)
+        if order is None:
+            return out_v, mask
+    else:
+        out_vv, lse_vv = block_sparse_attention(q_v, k_v, v_v, mask, scale=scale, return_lse=True,
+                                                backend=plan.backend)
+        text = layout.text
+        out_vt, lse_vt = _attend_text_keys(q_v, k[:, :, text], v[:, :, text], key_sets, plan, scale)
+        out_v = merge_partials(out_vv, lse_vv, out_vt, lse_vt)
+
+    out = q.new_empty(batch, total, heads, dim).transpose(1, 2)
+    if order is not None:
+        out[:, :, video].index_copy_(2, order.perm, out_v)
+    else:
+        out[:, :, video] = out_v
+    if layout.text_len:
+        text = layout.text
+        out[:, :, text] = F.scaled_dot_product_attention(q[:, :, text], k, v, attn_mask=attn_mask, scale=scale)
+    return out, mask

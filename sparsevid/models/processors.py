@@ -1,0 +1,171 @@
+"""The sparse attention processor: diffusers' own processor, with its attention call made sparse.
+
+:class:`SparseAttnProcessor` wraps the model's original processor. Dense decisions call the original
+unchanged. Sparse decisions run a copy of it (pinned to diffusers' native attention backend) while a
+torch-function mode routes its one ``scaled_dot_product_attention`` call to
+:func:`~sparsevid.models.joint_attention.joint_sparse_attention`. Projections, norms, RoPE and output
+layers therefore stay diffusers' code, whatever the model or diffusers version.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from ..schedules import LayerPlan, SparseConfig
+from .adapters import ModelAdapter
+from .joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets
+from .stats import AttentionRecord, Clock
+from .step_context import StepContext
+
+
+class SDPAInterceptor(TorchFunctionMode):
+    """Inside ``with``, calls of ``F.scaled_dot_product_attention`` go to ``handler`` (same signature)."""
+
+    def __init__(self, handler):
+        super().__init__()
+        self.handler = handler
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            self.calls += 1
+            return self.handler(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _native_copy(processor):
+    """A shallow copy of ``processor`` whose diffusers attention dispatch uses the native (SDPA) backend."""
+    pinned = copy.copy(processor)
+    if hasattr(pinned, "_attention_backend"):
+        from diffusers.models.attention_dispatch import AttentionBackendName
+
+        pinned._attention_backend = AttentionBackendName.NATIVE
+    return pinned
+
+
+def predict_video_mask(q, k, plan: LayerPlan, scale):
+    """Block mask over video tokens q [B, H, Nv, D], k [B, H, Nv, D] by ``sparsevid.predict_mask``."""
+    from ..ops.predict import predict_mask
+
+    mask, _ = predict_mask(q, k, scale=scale, **plan.predict_kwargs())
+    return mask
+
+
+def tile_order(grid: tuple[int, int, int], tile, device: torch.device) -> TokenOrder:
+    """The 3D-tile order of a (T, H, W) token grid (``tile``: "auto" or (t, h, w))."""
+    from ..ops.tiling import tile_permutation
+
+    perm, inverse = tile_permutation(grid, tile=None if tile == "auto" else tile, device=device)
+    return TokenOrder(perm, inverse)
+
+
+class SparseAttnProcessor:
+    """Replaces the processor of one video self-attention module (see module docstring).
+
+    Args:
+        original: the processor it replaces (kept unmodified; ``remove_sparse_attention`` puts it back).
+        layer: index of this self-attention in the transformer.
+        config: the SparseConfig deciding dense/sparse per (layer, step).
+        context: the transformer's shared StepContext.
+        adapter: model-family facts (where text tokens sit).
+    """
+
+    def __init__(self, original, layer: int, config: SparseConfig, context: StepContext, adapter: ModelAdapter):
+        if getattr(original, "_parallel_config", None) is not None:
+            raise ValueError("sparse attention does not support context-parallel attention processors")
+        self.original = original
+        self.layer = layer
+        self.config = config
+        self.context = context
+        self.adapter = adapter
+        self._native = _native_copy(original)
+        self._signature = inspect.signature(original.__call__)
+        # diffusers' Attention.forward filters keyword arguments by the processor's signature: expose the original's.
+        self.__call__ = functools.wraps(original.__call__)(functools.partial(type(self).__call__, self))
+
+    def __call__(self, attn, *args, **kwargs):
+        context = self.context
+        plan = self.config.plan(self.layer, context.step)
+        if plan is None and not context.collect_stats:
+            return self.original(attn, *args, **kwargs)
+        bound = self._signature.bind(attn, *args, **kwargs).arguments
+        layout = self._layout(bound["hidden_states"], bound.get("encoder_hidden_states"))
+        record = None
+        if context.collect_stats:
+            record = AttentionRecord(self.layer, context.step, plan is None, layout.video_len, layout.text_len,
+                                     Clock(bound["hidden_states"].device))
+            context.records.append(record)
+        handler = functools.partial(self._attend, plan=plan, layout=layout, record=record)
+        with SDPAInterceptor(handler) as interceptor:
+            out = self._native(attn, *args, **kwargs)
+        if interceptor.calls != 1:
+            raise RuntimeError(f"expected the {type(self.original).__name__} processor to make exactly one "
+                               f"scaled_dot_product_attention call, saw {interceptor.calls}")
+        return out
+
+    def _layout(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None) -> TokenLayout:
+        video = hidden_states.shape[1]
+        text = 0 if encoder_hidden_states is None else encoder_hidden_states.shape[1]
+        start = text if self.adapter.text_first else 0
+        return TokenLayout(start, video, video + text)
+
+    def _token_order(self, plan: LayerPlan, layout: TokenLayout, device: torch.device) -> TokenOrder | None:
+        grid = self.context.grid
+        if plan.tile == "none" or grid is None:
+            return None
+        if grid[0] * grid[1] * grid[2] != layout.video_len:
+            raise ValueError(f"the latent grid {grid} has {grid[0] * grid[1] * grid[2]} tokens but the attention "
+                             f"sees {layout.video_len} video tokens")
+        key = ("order", grid, plan.tile, device)
+        if key not in self.context.forward_cache:
+            self.context.forward_cache[key] = tile_order(grid, plan.tile, device)
+        return self.context.forward_cache[key]
+
+    def _key_sets(self, attn_mask, layout: TokenLayout, batch: int):
+        if attn_mask is None or layout.text_len == 0:
+            return None
+        cached = self.context.forward_cache.get("key_sets")
+        if cached is None or cached[0] is not attn_mask:
+            cached = (attn_mask, text_key_sets(attn_mask, layout, batch))
+            self.context.forward_cache["key_sets"] = cached
+        return cached[1]
+
+    def _attend(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                enable_gqa=False, *, plan: LayerPlan | None, layout: TokenLayout, record: AttentionRecord | None):
+        """Stands in for ``F.scaled_dot_product_attention`` (q, k, v [B, H, N, D]) inside the processor."""
+        if record is not None:
+            record.clock.mark("start")
+        if plan is None:
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        else:
+            if dropout_p or is_causal:
+                raise ValueError("sparse attention supports dropout_p=0 and is_causal=False only")
+            if key.shape[1] != query.shape[1]:
+                raise ValueError(f"sparse attention needs as many key heads as query heads, got {key.shape[1]} "
+                                 f"and {query.shape[1]}")
+            if attn_mask is not None and layout.text_len == 0:
+                raise ValueError("sparse attention does not support an attention mask over video tokens")
+            predict = predict_video_mask if record is None else functools.partial(self._timed_predict, record)
+            out, mask = joint_sparse_attention(
+                query, key, value, layout, plan, predict, scale=scale,
+                order=self._token_order(plan, layout, query.device), attn_mask=attn_mask,
+                key_sets=self._key_sets(attn_mask, layout, query.shape[0]))
+            if record is not None:
+                record.sparsity = mask.sparsity_per_head().mean()
+        if record is not None:
+            record.clock.mark("end")
+        return out
+
+    @staticmethod
+    def _timed_predict(record: AttentionRecord, q, k, plan: LayerPlan, scale):
+        record.clock.mark("reordered")
+        mask = predict_video_mask(q, k, plan, scale)
+        record.clock.mark("predicted")
+        return mask

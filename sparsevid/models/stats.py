@@ -1,0 +1,64 @@
+"""Per-layer attention statistics, recorded without host syncs and read on request.
+
+Timings use CUDA events on CUDA tensors (resolved when the stats are read) and ``time.perf_counter``
+elsewhere; the sparsity stays a device tensor until read.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+class Clock:
+    """Named time marks on one device; :meth:`elapsed_ms` reads two of them (syncs on CUDA)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: dict[str, object] = {}
+
+    def mark(self, name: str) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks[name] = event
+        else:
+            self.marks[name] = time.perf_counter()
+
+    def elapsed_ms(self, start: str, end: str) -> float | None:
+        if start not in self.marks or end not in self.marks:
+            return None
+        if self.cuda:
+            self.marks[end].synchronize()
+            return float(self.marks[start].elapsed_time(self.marks[end]))
+        return (self.marks[end] - self.marks[start]) * 1e3
+
+
+@dataclass
+class AttentionRecord:
+    """One self-attention call: layer, step, whether it ran dense, its video-to-video sparsity, timings."""
+
+    layer: int
+    step: int | None
+    dense: bool
+    video_tokens: int
+    text_tokens: int
+    clock: Clock
+    sparsity: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        """Plain numbers (reads device values: call after the forward, not inside it)."""
+        return {
+            "layer": self.layer,
+            "step": self.step,
+            "dense": self.dense,
+            "video_tokens": self.video_tokens,
+            "text_tokens": self.text_tokens,
+            "sparsity": 0.0 if self.sparsity is None else float(self.sparsity),
+            "attention_ms": self.clock.elapsed_ms("start", "end"),
+            "reorder_ms": self.clock.elapsed_ms("start", "reordered"),
+            "predict_ms": self.clock.elapsed_ms("reordered", "predicted"),
+            **self.extra,
+        }

@@ -1,0 +1,71 @@
+"""Per-transformer runtime state: the denoising step, the latent grid and per-forward caches.
+
+A forward pre-hook on the transformer (installed by ``apply_sparse_attention``) calls
+:meth:`StepContext.begin_forward` with the ``timestep`` argument and the latent grid. The step index
+counts distinct timesteps of one generation: a timestep equal to the previous one is the same step
+(e.g. the unconditional pass of classifier-free guidance), a smaller one the next step, a larger one
+the start of a new generation (step 0). :meth:`reset` or :meth:`set_step` override the counting.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class StepContext:
+    """Mutable state shared by the sparse processors of one transformer.
+
+    Attributes:
+        step: denoising step of the current forward (None before the first forward).
+        timestep: the timestep value of the current forward (largest entry of the ``timestep`` tensor).
+        grid: (T, H, W) latent token grid of the current forward after patching, or None.
+        forward_cache: values computed once per forward (token orders, text-key lengths), cleared by
+            every forward.
+        collect_stats: record per-layer stats (see ``attention_stats``).
+        records: the stats records of the last forward.
+    """
+
+    step: int | None = None
+    timestep: float | None = None
+    grid: tuple[int, int, int] | None = None
+    forward_cache: dict = field(default_factory=dict)
+    collect_stats: bool = False
+    records: list = field(default_factory=list)
+    _pinned_step: int | None = None
+
+    def begin_forward(self, timestep, grid: tuple[int, int, int] | None) -> None:
+        """Advance the step counter from ``timestep`` (tensor or number; one host read) and set the grid."""
+        if isinstance(timestep, torch.Tensor):
+            value = float(timestep.detach().max()) if timestep.numel() else None
+        elif timestep is not None:
+            value = float(timestep)
+        else:
+            value = None
+        if self._pinned_step is not None:
+            self.step = self._pinned_step
+        elif value is None:
+            self.step = None
+        elif self.timestep is None or self.step is None or value > self.timestep:
+            self.step = 0
+        elif value < self.timestep:
+            self.step += 1
+        self.timestep = value
+        self.grid = grid
+        self.forward_cache.clear()
+        self.records = []
+
+    def reset(self) -> None:
+        """Forget the step count: the next forward is step 0 of a new generation."""
+        self.step = None
+        self.timestep = None
+        self._pinned_step = None
+
+    def set_step(self, step: int | None) -> None:
+        """Pin the step index used by every following forward (None resumes automatic counting)."""
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+            raise ValueError(f"step must be None or an int >= 0, got {step!r}")
+        self._pinned_step = step
+        if step is not None:
+            self.step = step
