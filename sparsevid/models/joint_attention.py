@@ -71,12 +71,13 @@ def text_key_sets(attn_mask: torch.Tensor | None, layout: TokenLayout, batch: in
 def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
     """Softmax over the union of two disjoint key sets from each set's output [B, H, n, D] and lse [B, H, n].
 
-    Computed in float32, returned in out_a's dtype. lse_b must be finite.
+    Computed in float32 (float64 for float64 inputs), returned in out_a's dtype. lse_b must be finite.
     """
+    compute = torch.promote_types(out_a.dtype, torch.float32)
     lse = torch.logaddexp(lse_a, lse_b)
     weight_a = torch.exp(lse_a - lse).unsqueeze(-1)
     weight_b = torch.exp(lse_b - lse).unsqueeze(-1)
-    return (out_a.float() * weight_a + out_b.float() * weight_b).to(out_a.dtype)
+    return (out_a.to(compute) * weight_a + out_b.to(compute) * weight_b).to(out_a.dtype)
 
 
 def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch.Tensor,

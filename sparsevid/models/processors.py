@@ -49,11 +49,15 @@ def _native_copy(processor):
     return pinned
 
 
+# The mask predictor's backend for each attention backend (the predictor has a triton and a torch path).
+_PREDICT_BACKEND = {"auto": "auto", "triton": "triton", "flex": "auto", "reference": "torch"}
+
+
 def predict_video_mask(q, k, plan: LayerPlan, scale):
     """Block mask over video tokens q [B, H, Nv, D], k [B, H, Nv, D] by ``sparsevid.predict_mask``."""
     from ..ops.predict import predict_mask
 
-    mask, _ = predict_mask(q, k, scale=scale, **plan.predict_kwargs())
+    mask, _ = predict_mask(q, k, scale=scale, backend=_PREDICT_BACKEND[plan.backend], **plan.predict_kwargs())
     return mask
 
 

@@ -1,0 +1,199 @@
+"""apply / remove on tiny Wan, HunyuanVideo and CogVideoX transformers built from configs (float32, CPU)."""
+import pytest
+import torch
+
+import sparsevid as sv
+from sparsevid.models.adapters import adapter_for
+from sparsevid.models.joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets
+from sparsevid.ops import random_block_mask
+from sparsevid.ops.mask import expand_block_mask
+
+diffusers = pytest.importorskip("diffusers")
+
+SMALL_BLOCKS = {"block_q": 64, "block_k": 64}
+
+
+def _wan():
+    model = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+        text_dim=16, freq_dim=32, ffn_dim=32, num_layers=3, cross_attn_norm=True, rope_max_seq_len=32)
+    inputs = {"hidden_states": torch.randn(1, 4, 4, 16, 20), "timestep": torch.tensor([700]),
+              "encoder_hidden_states": torch.randn(1, 12, 16)}
+    return model, inputs
+
+
+def _hunyuan():
+    model = diffusers.HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=2,
+        num_single_layers=2, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
+        text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4))
+    text_mask = torch.ones(2, 12, dtype=torch.long)
+    text_mask[0, 7:] = 0  # different padding per batch entry
+    text_mask[1, 10:] = 0
+    inputs = {"hidden_states": torch.randn(2, 4, 3, 10, 10), "timestep": torch.tensor([700, 700]),
+              "encoder_hidden_states": torch.randn(2, 12, 16), "encoder_attention_mask": text_mask,
+              "pooled_projections": torch.randn(2, 8), "guidance": torch.tensor([3000.0, 3000.0])}
+    return model, inputs
+
+
+def _cogvideox():
+    model = diffusers.CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=2,
+        text_embed_dim=8, num_layers=2, sample_width=20, sample_height=16, sample_frames=13, patch_size=2,
+        temporal_compression_ratio=4, max_text_seq_length=8, use_rotary_positional_embeddings=True)
+    frames, height, width = 4, 8, 10  # latent grid after 2x2 patching
+    angles = torch.randn(frames * height * width, 4).repeat_interleave(2, dim=-1)  # [N, head_dim]
+    inputs = {"hidden_states": torch.randn(1, frames, 4, 2 * height, 2 * width), "timestep": torch.tensor([700]),
+              "encoder_hidden_states": torch.randn(1, 8, 8), "image_rotary_emb": (angles.cos(), angles.sin())}
+    return model, inputs
+
+
+MODELS = {"wan": _wan, "hunyuan_video": _hunyuan, "cogvideox": _cogvideox}
+VIDEO_TOKENS = {"wan": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10}
+
+
+def _build(name):
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    return model.eval(), inputs
+
+
+@torch.no_grad()
+def _run(model, inputs):
+    return model(**inputs, return_dict=False)[0]
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def _processors(model):
+    return [attn.processor for attn in adapter_for(model).self_attentions(model)]
+
+
+@pytest.mark.parametrize("tile", ["auto", "none"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_keeping_every_tile_matches_the_original(name, tile):
+    model, inputs = _build(name)
+    ref = _run(model, inputs)
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=1.0, tile=tile, **SMALL_BLOCKS),
+                              collect_stats=True)
+    out = _run(model, inputs)
+    stats = sv.attention_stats(model)
+    assert len(stats) == len(adapter_for(model).self_attentions(model))
+    assert all(not s["dense"] and s["sparsity"] == 0.0 for s in stats)
+    assert torch.isfinite(out).all()
+    assert _rel(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_remove_restores_the_same_processors_and_outputs(name):
+    model, inputs = _build(name)
+    before = _processors(model)
+    ref = _run(model, inputs)
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.3, **SMALL_BLOCKS))
+    assert sv.is_sparse(model)
+    assert all(type(p).__name__ == "SparseAttnProcessor" for p in _processors(model))
+    sparse = _run(model, inputs)
+    sv.remove_sparse_attention(model)
+    assert not sv.is_sparse(model)
+    assert all(a is b for a, b in zip(_processors(model), before))
+    assert not model._forward_pre_hooks
+    assert torch.equal(_run(model, inputs), ref)
+    assert _rel(sparse, ref) > 1e-3
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_sparse_run_reports_sparsity_and_timings(name):
+    model, inputs = _build(name)
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.3, **SMALL_BLOCKS), collect_stats=True)
+    out = _run(model, inputs)
+    assert torch.isfinite(out).all()
+    stats = sv.attention_stats(model)
+    assert [s["layer"] for s in stats] == list(range(len(stats)))
+    for s in stats:
+        assert 0.3 < s["sparsity"] < 1.0
+        assert s["attention_ms"] > 0 and s["predict_ms"] >= 0
+        assert s["video_tokens"] == VIDEO_TOKENS[name]
+
+
+def test_dense_layers_and_dense_steps_follow_the_denoising_step():
+    model, inputs = _build("wan")
+    ref = _run(model, inputs)
+    cfg = sv.SparseConfig(rule="topk", topk=0.3, dense_layers=(0,), dense_steps=1, **SMALL_BLOCKS)
+    sv.apply_sparse_attention(model, cfg, collect_stats=True)
+    first = _run(model, inputs)  # step 0: dense warm-up, exactly the original
+    assert sv.denoising_step(model) == 0
+    assert [s["dense"] for s in sv.attention_stats(model)] == [True, True, True]
+    assert torch.allclose(first, ref, rtol=0, atol=0)
+    _run(model, {**inputs, "timestep": torch.tensor([500])})
+    assert sv.denoising_step(model) == 1
+    assert [s["dense"] for s in sv.attention_stats(model)] == [True, False, False]
+    sv.reset_denoising_step(model)
+    _run(model, {**inputs, "timestep": torch.tensor([300])})
+    assert sv.denoising_step(model) == 0
+
+
+def test_hunyuan_batch_with_different_text_padding_equals_each_sample_alone():
+    model, inputs = _build("hunyuan_video")
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.4, **SMALL_BLOCKS))
+    both = _run(model, inputs)
+    for b in range(2):
+        alone = _run(model, {k: v[b:b + 1] for k, v in inputs.items()})
+        assert _rel(both[b:b + 1], alone) < 1e-5
+
+
+def test_joint_core_matches_a_dense_masked_reference():
+    """Video rows: kept video tiles (in the given token order) + valid text keys; text rows: all valid keys."""
+    torch.manual_seed(1)
+    batch, heads, video, text, dim = 2, 3, 200, 9, 16
+    layout = TokenLayout(video_start=text, video_len=video, total=video + text)  # text first
+    q, k, v = (torch.randn(batch, heads, layout.total, dim, dtype=torch.float64) for _ in range(3))
+    key_mask = torch.ones(batch, layout.total, dtype=torch.bool)
+    key_mask[0, 6:text] = False
+    key_mask[1, 2:4] = False
+    attn_mask = key_mask[:, None, None, :]
+    perm = torch.randperm(video)
+    order = TokenOrder(perm, torch.argsort(perm))
+    mask = random_block_mask(batch, heads, video, video, sparsity=0.6, block_q=64, block_k=64)
+    plan = sv.SparseConfig(backend="reference", **SMALL_BLOCKS).plan(0, None)
+    out, used = joint_sparse_attention(q, k, v, layout, plan, lambda *_: mask, order=order, attn_mask=attn_mask,
+                                       key_sets=text_key_sets(attn_mask, layout, batch))
+    assert used is mask
+    # Dense reference in the original token order.
+    allowed = key_mask[:, None, None, :].expand(batch, heads, layout.total, layout.total).clone()
+    tiled_allowed = expand_block_mask(mask).expand(batch, heads, video, video)
+    video_idx = torch.arange(text, layout.total)
+    vv = torch.zeros(batch, heads, video, video, dtype=torch.bool)
+    vv[:, :, perm[:, None], perm[None, :]] = tiled_allowed
+    allowed[:, :, video_idx[:, None], video_idx[None, :]] = vv
+    scores = (q @ k.transpose(-1, -2) * dim ** -0.5).masked_fill(~allowed, float("-inf"))
+    ref = torch.softmax(scores, dim=-1) @ v
+    assert _rel(out, ref) < 1e-10
+
+
+def test_errors_name_the_problem():
+    model, inputs = _build("wan")
+    with pytest.raises(TypeError, match="not supported"):
+        sv.apply_sparse_attention(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="config"):
+        sv.apply_sparse_attention(model, {"topk": 0.1})
+    with pytest.raises(ValueError, match="dense_layers"):
+        sv.apply_sparse_attention(model, sv.SparseConfig(dense_layers=(3,)))
+    with pytest.raises(ValueError, match="layer_overrides"):
+        sv.apply_sparse_attention(model, sv.SparseConfig(layer_overrides={7: {"topk": 0.5}}))
+    with pytest.raises(ValueError, match="not applied"):
+        sv.remove_sparse_attention(model)
+    sv.apply_sparse_attention(model)
+    with pytest.raises(ValueError, match="collect_stats"):
+        sv.attention_stats(model)
+
+
+def test_apply_twice_replaces_the_config_and_remove_still_restores():
+    model, inputs = _build("cogvideox")
+    before = _processors(model)
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.3, **SMALL_BLOCKS))
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=1.0, **SMALL_BLOCKS))
+    assert all(p.original is b for p, b in zip(_processors(model), before))
+    sv.remove_sparse_attention(model)
+    assert all(a is b for a, b in zip(_processors(model), before))
