@@ -1,5 +1,8 @@
 """Tensor-in, tensor-out operations: masks, block-sparse attention backends, mask prediction."""
 from .attention import BACKENDS, block_sparse_attention
 from .mask import SparseMask, num_blocks, random_block_mask
+from .predict import MaskStats, predict_mask
+from .tiling import tile_permutation, tile_tokens, untile_tokens
 
-__all__ = ["BACKENDS", "SparseMask", "block_sparse_attention", "num_blocks", "random_block_mask"]
+__all__ = ["BACKENDS", "SparseMask", "block_sparse_attention", "num_blocks", "random_block_mask", "MaskStats",
+           "predict_mask", "tile_permutation", "tile_tokens", "untile_tokens"]

@@ -91,9 +91,25 @@ class SparseMask:
 
     @classmethod
     def from_dense(cls, keep: torch.Tensor, q_len: int, kv_len: int, block_q: int = 128,
-                   block_k: int = 64) -> "SparseMask":
-        """Build a mask from a bool block map ``keep`` [B|1, H|1, QB, KB] (see the class docstring)."""
-        return cls(keep=keep, q_len=q_len, kv_len=kv_len, block_q=block_q, block_k=block_k)
+                   block_k: int = 64, kv_table: tuple[torch.Tensor, torch.Tensor] | None = None) -> "SparseMask":
+        """Build a mask from a bool block map ``keep`` [B|1, H|1, QB, KB] (see the class docstring).
+
+        kv_table: optional precomputed ``(kv_count, kv_index)`` for ``keep``, laid out exactly as
+        :func:`kept_index_table` builds them (int32 [B', H', QB] and [B', H', QB, KB]); the mask then
+        uses them instead of building its own.
+        """
+        mask = cls(keep=keep, q_len=q_len, kv_len=kv_len, block_q=block_q, block_k=block_k)
+        if kv_table is not None:
+            count, index = kv_table
+            if (count.dtype, index.dtype) != (torch.int32, torch.int32):
+                raise TypeError(f"kv_table must hold int32 tensors, got {count.dtype} and {index.dtype}")
+            if tuple(count.shape) != tuple(keep.shape[:-1]) or tuple(index.shape) != tuple(keep.shape):
+                raise ValueError(
+                    f"kv_table shapes must be {tuple(keep.shape[:-1])} and {tuple(keep.shape)}, "
+                    f"got {tuple(count.shape)} and {tuple(index.shape)}"
+                )
+            mask._tables["kv"] = (count, index)
+        return mask
 
     @classmethod
     def full(cls, q_len: int, kv_len: int, block_q: int = 128, block_k: int = 64,

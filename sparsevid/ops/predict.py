@@ -1,0 +1,162 @@
+"""``predict_mask``: decide, before attention runs, which (query-block, key-block) tiles to keep.
+
+Q and K are mean-pooled per block, the pooled rows ``softmax(scale * q_bar k_bar^T)`` over key blocks
+score each tile, and a rule picks the tiles of each row (``selection.py`` defines the rules, the options
+and how ties are treated; ``pooling.py`` defines pooling and block self-similarity).
+
+Backends: "triton" (two fused kernels, CUDA; on the CPU only under ``TRITON_INTERPRET=1``), "torch"
+(plain PyTorch with sort-based selection, any device), "auto" (triton on CUDA, torch elsewhere). Both give
+the same masks up to rows whose threshold falls between two scores closer than fp32 rounding.
+"""
+from __future__ import annotations
+
+import numbers
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from .mask import SparseMask, _check_block_size, num_blocks
+from .pooling import block_similarity, pool_blocks, pooled_scores
+from .selection import (RULES, add_option_blocks, diagonal_blocks, resolve_similarity_threshold, resolve_topk,
+                        resolve_topp, threshold_keep, uses_topk, uses_topp)
+
+BACKENDS = ("auto", "triton", "torch")
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_TRITON_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class MaskStats:
+    """What a predicted mask keeps.
+
+    Attributes:
+        kept_mass: float32 [B, H, QB], the pooled attention mass each query-block row keeps.
+        sparsity: float, fraction of (query, key) pairs skipped over the whole mask (reads the device).
+        sparsity_per_head: float64 [H], that fraction per head, averaged over the batch.
+    """
+
+    kept_mass: torch.Tensor
+    mask: SparseMask = field(repr=False)
+
+    @property
+    def sparsity_per_head(self) -> torch.Tensor:
+        return self.mask.sparsity_per_head().mean(dim=0)
+
+    @property
+    def sparsity(self) -> float:
+        return self.mask.sparsity
+
+
+def _check_tensors(q, k) -> None:
+    for name, t in (("q", q), ("k", k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape [B, H, T, D], got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+        if 0 in t.shape:
+            raise ValueError(f"{name} must have non-empty dims, got shape {tuple(t.shape)}")
+    if q.dtype != k.dtype:
+        raise TypeError(f"q and k must share one dtype, got {q.dtype} and {k.dtype}")
+    if q.device != k.device:
+        raise ValueError(f"q and k must be on one device, got {q.device} and {k.device}")
+    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q [B, H, N, D] and k [B, H, M, D] must share B, H and D, got {tuple(q.shape)} "
+                         f"and {tuple(k.shape)}")
+
+
+def _check_options(rule, scale, keep_sink, keep_diagonal, min_blocks, backend, q) -> None:
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if scale is not None and not (isinstance(scale, numbers.Real) and not isinstance(scale, bool) and scale > 0):
+        raise ValueError(f"scale must be None or a positive number, got {scale!r}")
+    for name, flag in (("keep_sink", keep_sink), ("keep_diagonal", keep_diagonal)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if not isinstance(min_blocks, numbers.Integral) or isinstance(min_blocks, bool) or min_blocks < 0:
+        raise ValueError(f"min_blocks must be an int >= 0, got {min_blocks!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "triton":
+        if not (q.is_cuda or (q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1")):
+            raise ValueError(f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU); q is on {q.device}")
+        if q.dtype not in TRITON_DTYPES:
+            raise TypeError(f"backend='triton' supports dtypes {TRITON_DTYPES}, got {q.dtype}")
+        if q.shape[-1] > MAX_TRITON_HEAD_DIM:
+            raise ValueError(f"backend='triton' supports head dims up to {MAX_TRITON_HEAD_DIM}, got {q.shape[-1]}")
+
+
+def _resolve_backend(backend: str, q: torch.Tensor) -> str:
+    if backend != "auto":
+        return backend
+    usable = q.is_cuda and q.dtype in TRITON_DTYPES and q.shape[-1] <= MAX_TRITON_HEAD_DIM
+    return "triton" if usable else "torch"
+
+
+def _torch_predict(q, k, *, rule, rule_topk, rule_topp, min_blocks, keep_sink, keep_diagonal, threshold,
+                   block_q, block_k, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """keep bool [B, H, QB, KB] and kept pooled mass float32 [B, H, QB], in plain PyTorch."""
+    q_pooled, k_pooled = pool_blocks(q, block_q), pool_blocks(k, block_k)
+    scores = pooled_scores(q_pooled, k_pooled, scale)
+    keep = threshold_keep(scores, rule, rule_topk, rule_topp, min_blocks)
+    with_sim = threshold is not None
+    keep = add_option_blocks(
+        keep, keep_sink=keep_sink,
+        diagonal=diagonal_blocks(q.shape[2], k.shape[2], block_q, block_k, q.device) if keep_diagonal else None,
+        q_similarity=block_similarity(q, block_q, q_pooled) if with_sim else None,
+        k_similarity=block_similarity(k, block_k, k_pooled) if with_sim else None,
+        threshold=threshold,
+    )
+    return keep, (scores * keep).sum(dim=-1)
+
+
+@torch.compiler.disable
+def predict_mask(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", topk=0.05, topp=0.9,
+                 block_q: int = 128, block_k: int = 64, scale: float | None = None, keep_sink: bool = False,
+                 keep_diagonal: bool = False, similarity_threshold=None, min_blocks: int = 1,
+                 backend: str = "auto") -> tuple[SparseMask, MaskStats]:
+    """Predict a block-sparse mask from pooled attention scores.
+
+    Args:
+        q: [B, H, N, D]; k: [B, H, M, D], same dtype and device (strided views such as a transposed
+            [B, N, H, D] tensor are read without a copy by the triton backend).
+        rule: "topk" | "topp" | "hybrid" (union of the two), see ``sparsevid.ops.selection``.
+        topk: fraction of key blocks per row in (0, 1] (rounded up), an int count, or a tensor [H]
+            (floating: fractions, integer: counts). Used by "topk" and "hybrid".
+        topp: cumulative pooled mass in (0, 1] per row, or a float tensor [H]. Used by "topp" and "hybrid".
+        block_q, block_k: tile sizes (64 or 128).
+        scale: pooled-score scale, default D ** -0.5.
+        keep_sink: always keep key block 0.
+        keep_diagonal: keep the key blocks overlapping each query block's token range.
+        similarity_threshold: None, or a float in [-1, 1] (or float tensor [H]): a query (key) block whose
+            self-similarity (``sparsevid.ops.pooling``) is below it keeps its whole row (column).
+        min_blocks: every row keeps at least this many tiles (before options are added).
+        backend: "auto" | "triton" | "torch".
+
+    Returns:
+        (mask, stats): a :class:`SparseMask` [B, H, QB, KB] whose kv index tables are already built on
+        the triton backend, and :class:`MaskStats`. Not differentiable; runs eagerly under torch.compile.
+    """
+    _check_tensors(q, k)
+    _check_options(rule, scale, keep_sink, keep_diagonal, min_blocks, backend, q)
+    _check_block_size("block_q", block_q)
+    _check_block_size("block_k", block_k)
+    heads, n, m = q.shape[1], q.shape[2], k.shape[2]
+    kb = num_blocks(m, block_k)
+    rule_topk = resolve_topk(topk, kb, heads) if uses_topk(rule) else None
+    rule_topp = resolve_topp(topp, heads) if uses_topp(rule) else None
+    threshold = resolve_similarity_threshold(similarity_threshold, heads)
+    scale = float(scale) if scale is not None else q.shape[-1] ** -0.5
+    options = dict(rule_topk=rule_topk, rule_topp=rule_topp, min_blocks=int(min_blocks), keep_sink=keep_sink,
+                   keep_diagonal=keep_diagonal, block_q=block_q, block_k=block_k, scale=scale)
+    if _resolve_backend(backend, q) == "triton":
+        from .triton_predict import triton_predict
+
+        keep, count, index, kept_mass = triton_predict(q, k, similarity_threshold=threshold, **options)
+        mask = SparseMask.from_dense(keep, n, m, block_q, block_k, kv_table=(count, index))
+    else:
+        keep, kept_mass = _torch_predict(q, k, rule=rule, threshold=threshold, **options)
+        mask = SparseMask.from_dense(keep, n, m, block_q, block_k)
+    return mask, MaskStats(kept_mass=kept_mass, mask=mask)

@@ -1,0 +1,170 @@
+"""Selection rules: which key blocks each query-block row keeps, given its pooled attention scores.
+
+A row is a probability vector ``p`` over the KB key blocks. Every rule keeps the entries ``p_j >= tau``
+for one threshold ``tau`` per row, the largest value for which both hold:
+
+* count(p >= tau) >= k_eff, with ``k_eff = max(k, min_blocks)`` ("topk", "hybrid") or ``min_blocks``
+  ("topp"), capped at KB;
+* mass(p >= tau) >= p_target ("topp", "hybrid"; the sum of the kept entries).
+
+So "topk" keeps the k largest entries, "topp" the fewest largest entries whose mass reaches p_target, and
+"hybrid" the longer of the two sorted prefixes (their union). Ties at the threshold are all kept, so a
+row may keep more than k entries. ``topp >= 1`` keeps the whole row. Options then add tiles: the sink
+column (key block 0), the diagonal (key blocks overlapping the query block's token range) and the whole
+row / column of a query / key block whose self-similarity is below the threshold.
+
+This module holds the parameter checks shared by every backend and the PyTorch (sort-based) rules; the
+Triton kernels find the same thresholds by bisection without sorting.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+RULES = ("topk", "topp", "hybrid")
+
+
+def uses_topk(rule: str) -> bool:
+    return rule in ("topk", "hybrid")
+
+
+def uses_topp(rule: str) -> bool:
+    return rule in ("topp", "hybrid")
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_per_head(name: str, value: torch.Tensor, heads: int) -> None:
+    if value.shape != (heads,):
+        raise ValueError(f"{name} as a tensor must have shape [H] = [{heads}], got {tuple(value.shape)}")
+    if value.dtype == torch.bool or value.is_complex():
+        raise TypeError(f"{name} as a tensor must be a real float or integer tensor, got dtype {value.dtype}")
+
+
+def resolve_topk(topk, num_kv_blocks: int, heads: int) -> int | torch.Tensor:
+    """Number of key blocks the top-k rule keeps per row: an int, or int32 [H] for per-head values.
+
+    topk: a fraction of KB in (0, 1] (float; rounded up, at least 1), a count >= 1 (int; capped at KB),
+    or a tensor [H] of either kind (floating dtype: fractions, integer dtype: counts).
+    """
+    if isinstance(topk, torch.Tensor):
+        _check_per_head("topk", topk, heads)
+        if topk.is_floating_point():
+            frac = topk.double()
+            if not bool(((frac > 0) & (frac <= 1)).all()):
+                raise ValueError(f"topk fractions must lie in (0, 1], got {topk.tolist()}")
+            counts = torch.ceil(frac * num_kv_blocks - 1e-6)
+        else:
+            if not bool((topk >= 1).all()):
+                raise ValueError(f"topk counts must be >= 1, got {topk.tolist()}")
+            counts = topk
+        return counts.clamp(1, num_kv_blocks).to(torch.int32)
+    if isinstance(topk, numbers.Integral) and not isinstance(topk, bool):
+        if topk < 1:
+            raise ValueError(f"topk as an int count must be >= 1, got {topk}")
+        return min(int(topk), num_kv_blocks)
+    if _is_real(topk):
+        if not 0 < topk <= 1:
+            raise ValueError(f"topk as a fraction must lie in (0, 1], got {topk}")
+        return min(max(1, math.ceil(float(topk) * num_kv_blocks - 1e-6)), num_kv_blocks)
+    raise TypeError(f"topk must be a float fraction, an int count or a tensor [H], got {type(topk).__name__}")
+
+
+def resolve_topp(topp, heads: int) -> float | torch.Tensor:
+    """The cumulative pooled mass a row keeps: a float in (0, 1], or float32 [H] for per-head values."""
+    if isinstance(topp, torch.Tensor):
+        _check_per_head("topp", topp, heads)
+        if not topp.is_floating_point():
+            raise TypeError(f"topp as a tensor must be floating point, got dtype {topp.dtype}")
+        if not bool(((topp > 0) & (topp <= 1)).all()):
+            raise ValueError(f"topp values must lie in (0, 1], got {topp.tolist()}")
+        return topp.to(torch.float32)
+    if _is_real(topp):
+        if not 0 < topp <= 1:
+            raise ValueError(f"topp must lie in (0, 1], got {topp}")
+        return float(topp)
+    raise TypeError(f"topp must be a float in (0, 1] or a tensor [H], got {type(topp).__name__}")
+
+
+def resolve_similarity_threshold(threshold, heads: int) -> float | torch.Tensor | None:
+    """The block self-similarity below which a block is kept in full: None, a float in [-1, 1] or float32 [H]."""
+    if threshold is None:
+        return None
+    if isinstance(threshold, torch.Tensor):
+        _check_per_head("similarity_threshold", threshold, heads)
+        if not threshold.is_floating_point():
+            raise TypeError(f"similarity_threshold as a tensor must be floating point, got dtype {threshold.dtype}")
+        if not bool(((threshold >= -1) & (threshold <= 1)).all()):
+            raise ValueError(f"similarity_threshold values must lie in [-1, 1], got {threshold.tolist()}")
+        return threshold.to(torch.float32)
+    if _is_real(threshold):
+        if not -1 <= threshold <= 1:
+            raise ValueError(f"similarity_threshold must lie in [-1, 1], got {threshold}")
+        return float(threshold)
+    raise TypeError(
+        f"similarity_threshold must be None, a float in [-1, 1] or a tensor [H], got {type(threshold).__name__}"
+    )
+
+
+def _per_head(value, heads: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """value (scalar or [H]) as a [1, H, 1, 1] tensor for broadcasting over [B, H, QB, KB]."""
+    return torch.as_tensor(value, dtype=dtype).to(device).expand(heads).view(1, heads, 1, 1)
+
+
+def threshold_keep(scores: torch.Tensor, rule: str, topk: int | torch.Tensor | None,
+                   topp: float | torch.Tensor | None, min_blocks: int) -> torch.Tensor:
+    """bool [B, H, QB, KB]: the tiles a rule keeps (module docstring), found by sorting each row.
+
+    scores: float32 [B, H, QB, KB], each row a probability vector. topk: resolved count (int or int32 [H]),
+    used by "topk" / "hybrid"; topp: resolved mass (float or float32 [H]), used by "topp" / "hybrid".
+    """
+    heads, kb = scores.shape[1], scores.shape[-1]
+    device = scores.device
+    ordered = torch.sort(scores, dim=-1, descending=True).values
+    tau = torch.full_like(scores[..., :1], float("inf"))
+    k_eff = _per_head(topk if uses_topk(rule) else 0, heads, torch.int64, device).clamp_min(min_blocks)
+    k_eff = k_eff.clamp_max(kb).expand_as(tau)
+    tau_k = torch.gather(ordered, -1, (k_eff - 1).clamp_min(0))
+    tau = torch.where(k_eff > 0, tau_k, tau)
+    if uses_topp(rule):
+        target = _per_head(topp, heads, torch.float32, device)
+        mass = torch.cumsum(ordered, dim=-1)
+        # The threshold is the entry at which the cumulative mass first reaches the target; a row whose
+        # rounded total falls short of it, or a target of 1, keeps everything.
+        first = (mass < target).sum(dim=-1, keepdim=True).clamp_max(kb - 1)
+        tau_p = torch.gather(ordered, -1, first)
+        tau_p = torch.where(target >= 1, torch.zeros_like(tau_p), tau_p)
+        tau = torch.minimum(tau, tau_p)
+    return scores >= tau
+
+
+def diagonal_blocks(q_len: int, kv_len: int, block_q: int, block_k: int, device=None) -> torch.Tensor:
+    """bool [QB, KB]: key blocks whose token range overlaps the query block's token range."""
+    q_start = torch.arange(0, q_len, block_q, device=device)
+    k_start = torch.arange(0, kv_len, block_k, device=device)
+    q_stop = (q_start + block_q).clamp_max(q_len)
+    k_stop = (k_start + block_k).clamp_max(kv_len)
+    return (k_start[None, :] < q_stop[:, None]) & (q_start[:, None] < k_stop[None, :])
+
+
+def add_option_blocks(keep: torch.Tensor, *, keep_sink: bool, diagonal: torch.Tensor | None,
+                      q_similarity: torch.Tensor | None, k_similarity: torch.Tensor | None,
+                      threshold: float | torch.Tensor | None) -> torch.Tensor:
+    """keep bool [B, H, QB, KB] with the option tiles added (module docstring).
+
+    diagonal: bool [QB, KB] or None; q_similarity: float32 [B, H, QB], k_similarity: float32 [B, H, KB]
+    (block self-similarities; both or neither), compared with threshold (float or float32 [H]).
+    """
+    keep = keep.clone()
+    if keep_sink:
+        keep[..., 0] = True
+    if diagonal is not None:
+        keep |= diagonal
+    if threshold is not None:
+        limit = _per_head(threshold, keep.shape[1], torch.float32, keep.device)
+        keep |= (q_similarity.unsqueeze(-1) < limit) | (k_similarity.unsqueeze(-2) < limit)
+    return keep
