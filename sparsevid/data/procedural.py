@@ -1,0 +1,193 @@
+"""Procedural captioned videos, generated on the fly and reproducible from a seed.
+
+Each clip shows 1..max_objects shapes (circle, square, diamond, ring) of different colours, sizes and
+textures moving over a shaded background: sliding left/right/up/down, bouncing off the walls, or
+circling. Objects are drawn in order, so later objects occlude earlier ones. The caption (see
+:mod:`sparsevid.data.grammar`) names every object and the background.
+
+Scene parameters are drawn on the CPU from a ``torch.Generator`` (so a seed gives the same clips on
+every device); rendering is vectorised over the batch and frames and runs on any device.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import grammar
+
+COLOUR_RGB = torch.tensor([
+    [0.90, 0.15, 0.10], [0.15, 0.80, 0.20], [0.15, 0.30, 0.95], [0.95, 0.90, 0.15],
+    [0.10, 0.85, 0.90], [0.90, 0.15, 0.85], [1.00, 0.55, 0.05], [0.95, 0.95, 0.95],
+])
+BACKGROUND_RGB = torch.tensor([[0.04, 0.04, 0.05], [0.45, 0.45, 0.47], [0.06, 0.09, 0.30], [0.82, 0.76, 0.62]])
+RADIUS_RANGE = ((0.08, 0.10), (0.14, 0.17))  # per size word, in frame widths
+TEXTURE_DARK = 0.35  # brightness of the dark stripes / squares of textured objects
+assert len(COLOUR_RGB) == len(grammar.COLOURS) and len(BACKGROUND_RGB) == len(grammar.BACKGROUNDS)
+
+
+@dataclass(frozen=True)
+class Scenes:
+    """Parameters of a batch of B clips with up to K objects, all on the CPU.
+
+    present bool [B, K]; size, colour, texture, shape, motion int64 [B, K] (indices into the grammar's
+    word lists); radius float32 [B, K] (frame widths); centre float32 [B, K, T, 2] ((x, y) per frame,
+    in [0, 1], y pointing down); background int64 [B].
+    """
+
+    present: torch.Tensor
+    size: torch.Tensor
+    colour: torch.Tensor
+    texture: torch.Tensor
+    shape: torch.Tensor
+    motion: torch.Tensor
+    radius: torch.Tensor
+    centre: torch.Tensor
+    background: torch.Tensor
+
+    def captions(self) -> list[str]:
+        """One caption per clip, objects in drawing order."""
+        result = []
+        for b in range(self.present.shape[0]):
+            objects = [(int(self.size[b, k]), int(self.colour[b, k]), int(self.texture[b, k]),
+                        int(self.shape[b, k]), int(self.motion[b, k]))
+                       for k in range(self.present.shape[1]) if self.present[b, k]]
+            result.append(grammar.caption_text(objects, int(self.background[b])))
+        return result
+
+
+def _reflect(u: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Fold positions ``u`` into [lo, hi] as a ball bouncing off both walls would."""
+    span = hi - lo
+    w = torch.remainder(u - lo, 2 * span)
+    return lo + span - (w - span).abs()
+
+
+def _uniform(gen: torch.Generator, shape, lo, hi) -> torch.Tensor:
+    return lo + (hi - lo) * torch.rand(shape, generator=gen)
+
+
+def _paths(motion: torch.Tensor, radius: torch.Tensor, frames: int, gen: torch.Generator) -> torch.Tensor:
+    """Object centres float32 [B, K, T, 2] for motion indices [B, K] and radii [B, K]."""
+    shape = motion.shape
+    tau = torch.linspace(0.0, 1.0, frames).view(1, 1, frames)
+    r = radius.unsqueeze(-1)
+    lo, hi = r, 1.0 - r
+    # Sliding (motions 0..3: left, right, up, down): distance D along one axis, staying inside the frame.
+    distance = _uniform(gen, shape, 0.25, 0.45).unsqueeze(-1)
+    sign = torch.where(motion % 2 == 0, -1.0, 1.0).unsqueeze(-1)
+    start = lo + torch.rand(shape, generator=gen).unsqueeze(-1) * (hi - lo - distance)
+    start = torch.where(sign < 0, start + distance, start)
+    along = start + sign * distance * tau
+    across = (lo + torch.rand(shape, generator=gen).unsqueeze(-1) * (hi - lo)).expand_as(along)
+    horizontal = (motion < 2).unsqueeze(-1)
+    slide = torch.stack([torch.where(horizontal, along, across), torch.where(horizontal, across, along)], -1)
+    # Bouncing: a fast straight path folded back at the walls.
+    speed = _uniform(gen, shape, 1.0, 1.8).unsqueeze(-1)
+    angle = _uniform(gen, shape, 0.0, 2 * math.pi).unsqueeze(-1)
+    x0 = lo + torch.rand(shape, generator=gen).unsqueeze(-1) * (hi - lo)
+    y0 = lo + torch.rand(shape, generator=gen).unsqueeze(-1) * (hi - lo)
+    bounce = torch.stack([_reflect(x0 + speed * torch.cos(angle) * tau, lo, hi),
+                          _reflect(y0 + speed * torch.sin(angle) * tau, lo, hi)], -1)
+    # Circling: most of a turn around a centre chosen so the whole orbit stays inside the frame.
+    orbit = _uniform(gen, shape, 0.12, 0.22).unsqueeze(-1)
+    cx = lo + orbit + torch.rand(shape, generator=gen).unsqueeze(-1) * (hi - lo - 2 * orbit)
+    cy = lo + orbit + torch.rand(shape, generator=gen).unsqueeze(-1) * (hi - lo - 2 * orbit)
+    turn = (torch.where(torch.rand(shape, generator=gen) < 0.5, -1.0, 1.0)
+            * _uniform(gen, shape, 0.75, 1.0)).unsqueeze(-1)
+    phase = _uniform(gen, shape, 0.0, 2 * math.pi).unsqueeze(-1) + 2 * math.pi * turn * tau
+    circle = torch.stack([cx + orbit * torch.cos(phase), cy + orbit * torch.sin(phase)], -1)
+    m = motion.view(*shape, 1, 1)
+    return torch.where(m < 4, slide, torch.where(m == 4, bounce, circle)).float()
+
+
+class ProceduralVideos:
+    """Generator of captioned clips: video float32 [B, 3, T, H, W] in [-1, 1] and their captions.
+
+    Args:
+        frames, height, width: clip size T x H x W.
+        max_objects: clips hold 1..max_objects objects (uniformly many).
+    """
+
+    def __init__(self, frames: int = 16, height: int = 64, width: int = 64, max_objects: int = 3):
+        for name, value in (("frames", frames), ("height", height), ("width", width), ("max_objects", max_objects)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if frames < 2:
+            raise ValueError(f"frames must be at least 2 to show motion, got {frames}")
+        self.frames, self.height, self.width, self.max_objects = frames, height, width, max_objects
+        self.caption_length = grammar.max_caption_words(max_objects)
+
+    def config(self) -> dict:
+        return {"frames": self.frames, "height": self.height, "width": self.width, "max_objects": self.max_objects}
+
+    def sample_scenes(self, batch: int, generator: torch.Generator) -> Scenes:
+        """Draw the parameters of ``batch`` clips from ``generator`` (a CPU generator)."""
+        if not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a positive int, got {batch!r}")
+        if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
+            raise TypeError("generator must be a CPU torch.Generator")
+        shape = (batch, self.max_objects)
+        count = torch.randint(1, self.max_objects + 1, (batch, 1), generator=generator)
+        present = torch.arange(self.max_objects).unsqueeze(0) < count
+        size = torch.randint(len(grammar.SIZES), shape, generator=generator)
+        colour = torch.randint(len(grammar.COLOURS), shape, generator=generator)
+        texture = torch.randint(len(grammar.TEXTURES), shape, generator=generator)
+        kind = torch.randint(len(grammar.SHAPES), shape, generator=generator)
+        motion = torch.randint(len(grammar.MOTIONS), shape, generator=generator)
+        background = torch.randint(len(grammar.BACKGROUNDS), (batch,), generator=generator)
+        bounds = torch.tensor(RADIUS_RANGE)[size]
+        radius = bounds[..., 0] + (bounds[..., 1] - bounds[..., 0]) * torch.rand(shape, generator=generator)
+        centre = _paths(motion, radius, self.frames, generator)
+        return Scenes(present, size, colour, texture, kind, motion, radius, centre, background)
+
+    def render(self, scenes: Scenes, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Draw ``scenes``: float32 [B, 3, T, H, W] in [-1, 1] on ``device``."""
+        b = scenes.present.shape[0]
+        ys = (torch.arange(self.height, device=device, dtype=torch.float32) + 0.5) / self.height
+        xs = (torch.arange(self.width, device=device, dtype=torch.float32) + 0.5) / self.width
+        shade = (1.15 - 0.3 * ys).view(1, 1, 1, -1, 1)
+        video = BACKGROUND_RGB.to(device)[scenes.background].view(b, 3, 1, 1, 1) * shade
+        video = video.expand(b, 3, self.frames, self.height, self.width).clamp(0, 1)
+        centre = scenes.centre.to(device)
+        pixel = float(min(self.height, self.width))
+        for k in range(self.max_objects):
+            r = scenes.radius[:, k].to(device).view(b, 1, 1, 1)
+            dx = (xs.view(1, 1, 1, -1) - centre[:, k, :, 0].view(b, -1, 1, 1)) * (self.width / pixel)
+            dy = (ys.view(1, 1, -1, 1) - centre[:, k, :, 1].view(b, -1, 1, 1)) * (self.height / pixel)
+            alpha = self._coverage(scenes.shape[:, k].to(device).view(b, 1, 1, 1), dx, dy, r, pixel)
+            alpha = alpha * scenes.present[:, k].to(device).view(b, 1, 1, 1)
+            tex = self._texture(scenes.texture[:, k].to(device).view(b, 1, 1, 1), dx, dy, r)
+            colour = COLOUR_RGB.to(device)[scenes.colour[:, k]].view(b, 3, 1, 1, 1)
+            alpha = alpha.unsqueeze(1)
+            video = video * (1 - alpha) + alpha * colour * tex.unsqueeze(1)
+        return video * 2 - 1
+
+    @staticmethod
+    def _coverage(kind, dx, dy, r, pixel: float) -> torch.Tensor:
+        """Anti-aliased coverage in [0, 1], [B, T, H, W], from the signed distance of each shape kind."""
+        dist = torch.sqrt(dx * dx + dy * dy)
+        inside = torch.where(kind == 0, r - dist,                                       # circle
+                 torch.where(kind == 1, r * 0.85 - torch.maximum(dx.abs(), dy.abs()),   # square
+                 torch.where(kind == 2, (r * 1.2 - dx.abs() - dy.abs()) / math.sqrt(2),  # diamond
+                             torch.minimum(r - dist, dist - 0.55 * r))))                 # ring
+        return (inside * pixel + 0.5).clamp(0, 1)
+
+    @staticmethod
+    def _texture(texture, dx, dy, r) -> torch.Tensor:
+        """Brightness factor [B, T, H, W] of plain (1), striped and checkered objects, moving with them."""
+        period = 0.8 * r
+        stripes = torch.sin(2 * math.pi * dy / period) > 0
+        checks = stripes ^ (torch.sin(2 * math.pi * dx / period) > 0)
+        dark = torch.where(texture == 1, ~stripes, torch.where(texture == 2, checks, torch.zeros_like(checks)))
+        return torch.where(dark, TEXTURE_DARK, 1.0)
+
+    def sample(self, batch: int, generator: torch.Generator, device: torch.device | str = "cpu"):
+        """``batch`` clips: (video float32 [B, 3, T, H, W] in [-1, 1] on ``device``, captions list[str])."""
+        scenes = self.sample_scenes(batch, generator)
+        return self.render(scenes, device), scenes.captions()
+
+    def tokenize(self, captions: list[str] | str) -> torch.Tensor:
+        """Word ids int64 [B, caption_length] of ``captions`` (see :func:`grammar.tokenize`)."""
+        return grammar.tokenize(captions, self.caption_length)

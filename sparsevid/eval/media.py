@@ -1,0 +1,78 @@
+"""Writing clips as GIF / MP4 and as PNG strips of frames."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+def to_uint8(video: torch.Tensor) -> np.ndarray:
+    """[3, T, H, W] in [-1, 1] -> uint8 [T, H, W, 3]."""
+    if video.dim() != 4 or video.shape[0] != 3:
+        raise ValueError(f"video must be [3, T, H, W], got {tuple(video.shape)}")
+    return ((video.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).numpy()
+
+
+def side_by_side(videos: Sequence[torch.Tensor], gap: int = 2) -> np.ndarray:
+    """Clips [3, T, H, W] next to each other with white gaps: uint8 [T, H, sum(W) + gaps, 3]."""
+    frames = [to_uint8(v) for v in videos]
+    t, h = frames[0].shape[:2]
+    if any(f.shape[:2] != (t, h) for f in frames):
+        raise ValueError("videos must share frames and height")
+    spacer = np.full((t, h, gap, 3), 255, np.uint8)
+    parts = [frames[0]]
+    for f in frames[1:]:
+        parts += [spacer, f]
+    return np.concatenate(parts, axis=2)
+
+
+def upscale(frames: np.ndarray, factor: int) -> np.ndarray:
+    """Nearest-neighbour enlargement of [T, H, W, 3] frames by an integer ``factor``."""
+    return frames.repeat(factor, axis=1).repeat(factor, axis=2)
+
+
+def write_animation(frames: np.ndarray, path: str | Path, fps: int = 8) -> Path:
+    """Save uint8 [T, H, W, 3] frames as a looping GIF (or MP4 when ``path`` ends in .mp4)."""
+    import imageio.v2 as imageio
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".mp4":
+        imageio.mimsave(path, list(frames), fps=fps, macro_block_size=1)
+    else:
+        imageio.mimsave(path, list(frames), duration=1000 / fps, loop=0)
+    return path
+
+
+def mp4_supported() -> bool:
+    """Whether imageio can write MP4 here (it needs its ffmpeg plugin)."""
+    try:
+        import imageio_ffmpeg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_strip(frames: np.ndarray, path: str | Path, every: int = 1) -> Path:
+    """Save frames [T, H, W, 3] stacked vertically (every ``every``-th frame) as one PNG."""
+    from PIL import Image
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.concatenate(list(frames[::every]), axis=0)).save(path)
+    return path
+
+
+def write_clips(videos: Sequence[torch.Tensor], stem: str | Path, scale: int = 4, fps: int = 8,
+                strip_every: int = 2) -> list[Path]:
+    """Write clips [3, T, H, W] side by side as ``stem.gif`` (+ ``stem.mp4`` where supported) and
+    every ``strip_every``-th frame as the PNG strip ``stem.png``. Returns the written paths."""
+    stem = Path(stem)
+    frames = upscale(side_by_side(videos), scale)
+    paths = [write_animation(frames, stem.with_suffix(".gif"), fps)]
+    if mp4_supported():
+        paths.append(write_animation(frames, stem.with_suffix(".mp4"), fps))
+    paths.append(write_strip(frames, stem.with_suffix(".png"), strip_every))
+    return paths

@@ -1,0 +1,95 @@
+"""The built-in small video DiT: a diffusers ``WanTransformer3DModel`` in pixel space plus a caption encoder.
+
+Clips are RGB float [B, 3, T, H, W] in [-1, 1]; with the default patch (1, 4, 4) a 16 x 64 x 64 clip is
+16 x 16 x 16 = 4,096 tokens, attended by 2 heads of dimension 128 in each of 6 layers. The model predicts
+the rectified-flow velocity ``noise - clip`` at noise level t in [0, 1] (see :mod:`sparsevid.training.flow`).
+
+The trained weights ship in ``sparsevid/assets/`` (``builtin.safetensors`` + ``builtin.json``);
+:func:`load_builtin` loads them.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..data import ProceduralVideos, grammar
+from .caption_encoder import CaptionEncoder
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+WEIGHTS_FILE, CONFIG_FILE = "builtin.safetensors", "builtin.json"
+
+DEFAULT_CONFIG = {
+    "transformer": {
+        "patch_size": [1, 4, 4], "num_attention_heads": 2, "attention_head_dim": 128, "in_channels": 3,
+        "out_channels": 3, "text_dim": 128, "freq_dim": 256, "ffn_dim": 1024, "num_layers": 6,
+        "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "rope_max_seq_len": 1024,
+    },
+    "caption_encoder": {"dim": 128, "layers": 2, "heads": 4},
+    "data": {"frames": 16, "height": 64, "width": 64, "max_objects": 3},
+    "sampling": {"shift": 3.0, "steps": 20, "guidance": 4.0},
+}
+
+
+def tiny_config() -> dict:
+    """A ~0.1M-parameter variant (1 layer, head dim 32, 4 x 16 x 16 clips) for tests and smoke runs."""
+    config = copy.deepcopy(DEFAULT_CONFIG)
+    config["transformer"].update(num_attention_heads=2, attention_head_dim=32, text_dim=32, freq_dim=32,
+                                 ffn_dim=64, num_layers=1)
+    config["caption_encoder"].update(dim=32, layers=1, heads=2)
+    config["data"].update(frames=4, height=16, width=16, max_objects=2)
+    config["sampling"].update(steps=4)
+    return config
+
+
+class BuiltinVideoDiT(nn.Module):
+    """Caption encoder + Wan transformer. ``config`` has the layout of :data:`DEFAULT_CONFIG`."""
+
+    def __init__(self, config: dict):
+        super().__init__()
+        from diffusers import WanTransformer3DModel
+
+        missing = {"transformer", "caption_encoder", "data", "sampling"} - set(config)
+        if missing:
+            raise ValueError(f"config lacks the sections {sorted(missing)}")
+        self.config = copy.deepcopy(config)
+        self.data = ProceduralVideos(**config["data"])
+        tcfg = dict(config["transformer"], patch_size=tuple(config["transformer"]["patch_size"]))
+        cap = config["caption_encoder"]
+        if cap["dim"] != tcfg["text_dim"]:
+            raise ValueError(f"caption_encoder.dim ({cap['dim']}) must equal transformer.text_dim ({tcfg['text_dim']})")
+        self.caption_encoder = CaptionEncoder(len(grammar.VOCAB), self.data.caption_length, **cap)
+        self.transformer = WanTransformer3DModel(**tcfg)
+
+    @property
+    def clip_shape(self) -> tuple[int, int, int, int]:
+        """(channels, frames, height, width) of the clips the model was made for."""
+        d = self.data
+        return (self.config["transformer"]["in_channels"], d.frames, d.height, d.width)
+
+    def tokenize(self, captions: list[str] | str) -> torch.Tensor:
+        """Word ids int64 [B, L] of ``captions`` ("" is the null caption)."""
+        return self.data.tokenize(captions)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Velocity [B, 3, T, H, W] for noisy clips ``x`` [B, 3, T, H, W] at noise levels ``t`` [B] in [0, 1]."""
+        states = self.caption_encoder(tokens)
+        return self.transformer(x, t * 1000.0, states, return_dict=False)[0]
+
+
+def load_builtin(directory: str | Path | None = None, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> BuiltinVideoDiT:
+    """The built-in model from ``directory`` (default: the shipped assets), in eval mode on ``device``."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory) if directory is not None else ASSETS
+    weights, config_path = directory / WEIGHTS_FILE, directory / CONFIG_FILE
+    for path in (weights, config_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found (train the model with `python -m sparsevid train`)")
+    model = BuiltinVideoDiT(json.loads(config_path.read_text()))
+    model.load_state_dict({k: v.to(torch.float32) for k, v in load_file(str(weights)).items()})
+    return model.to(device, dtype).eval()

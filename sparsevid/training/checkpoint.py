@@ -1,0 +1,80 @@
+"""Checkpoints written atomically (temporary file + rename) in safetensors format."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+
+def save_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | Path,
+                            metadata: dict[str, str] | None = None) -> Path:
+    """Write ``tensors`` to ``path`` so that readers see either the old file or the complete new one."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_text_atomic(text: str, path: str | Path) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def export_builtin(model, directory: str | Path, dtype: torch.dtype = torch.bfloat16,
+                   extra: dict | None = None) -> Path:
+    """Write a :class:`BuiltinVideoDiT`'s weights (in ``dtype``) and config (plus ``extra`` entries) into
+    ``directory`` as :func:`sparsevid.models.builtin.load_builtin` reads them. Returns the weights path."""
+    from ..models.builtin import CONFIG_FILE, WEIGHTS_FILE
+
+    directory = Path(directory)
+    tensors = {name: p.detach().to("cpu", dtype) for name, p in model.state_dict().items()}
+    weights = save_safetensors_atomic(tensors, directory / WEIGHTS_FILE)
+    write_text_atomic(json.dumps({**model.config, **(extra or {})}, indent=2), directory / CONFIG_FILE)
+    return weights
+
+
+def save_training_state(path: str | Path, model: torch.nn.Module, ema: dict[str, torch.Tensor],
+                        optimizer: torch.optim.Optimizer, step: int, info: dict | None = None) -> Path:
+    """One file holding model weights, EMA weights, the optimizer state and the step count."""
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    tensors.update({f"ema.{k}": v for k, v in ema.items()})
+    param_index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    for p, state in optimizer.state.items():
+        for key, value in state.items():
+            tensors[f"optim.{param_index[id(p)]}.{key}"] = torch.as_tensor(value)
+    metadata = {"step": str(step), "info": json.dumps(info or {})}
+    return save_safetensors_atomic(tensors, path, metadata)
+
+
+def load_training_state(path: str | Path, model: torch.nn.Module, ema: dict[str, torch.Tensor],
+                        optimizer: torch.optim.Optimizer) -> tuple[int, dict]:
+    """Restore what :func:`save_training_state` wrote, in place. Returns (step, info)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    for name, value in ema.items():
+        value.copy_(tensors[f"ema.{name}"])
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for key, value in tensors.items():
+        if key.startswith("optim."):
+            _, index, field = key.split(".", 2)
+            p = params[int(index)]
+            optimizer.state[p][field] = value.to(p.device) if field != "step" else value
+    return int(metadata.get("step", 0)), json.loads(metadata.get("info", "{}"))

@@ -1,0 +1,34 @@
+"""Rectified flow: noisy clips x_t = (1 - t) x0 + t * noise, and the velocity target noise - x0."""
+from __future__ import annotations
+
+import torch
+
+
+def shift_t(t: torch.Tensor, shift: float) -> torch.Tensor:
+    """Warp noise levels towards 1 (``shift`` > 1) as flow-matching schedulers do: s t / (1 + (s - 1) t)."""
+    return shift * t / (1 + (shift - 1) * t)
+
+
+def sample_t(batch: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu",
+             shift: float = 1.0, logit_std: float = 1.0) -> torch.Tensor:
+    """Noise levels float32 [batch] in (0, 1): logit-normal (mean 0, ``logit_std``), then shifted."""
+    if shift <= 0:
+        raise ValueError(f"shift must be positive, got {shift}")
+    t = torch.sigmoid(torch.randn(batch, generator=generator) * logit_std)
+    return shift_t(t, shift).to(device)
+
+
+def flow_matching_loss(model, x0: torch.Tensor, tokens: torch.Tensor, t: torch.Tensor,
+                       noise: torch.Tensor) -> torch.Tensor:
+    """Mean squared error of the predicted velocity.
+
+    model(x_t, t, tokens) -> velocity; x0, noise: [B, C, T, H, W]; tokens: int64 [B, L]; t: [B] in [0, 1].
+    """
+    if x0.shape != noise.shape:
+        raise ValueError(f"x0 {tuple(x0.shape)} and noise {tuple(noise.shape)} must have the same shape")
+    if t.shape != x0.shape[:1]:
+        raise ValueError(f"t must have shape [{x0.shape[0]}], got {tuple(t.shape)}")
+    tt = t.view(-1, *([1] * (x0.dim() - 1))).to(x0.dtype)
+    x_t = (1 - tt) * x0 + tt * noise
+    prediction = model(x_t, t, tokens)
+    return torch.nn.functional.mse_loss(prediction.float(), (noise - x0).float())

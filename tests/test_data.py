@@ -1,0 +1,122 @@
+"""The procedural video dataset: determinism, value ranges, caption grammar, captions agreeing with clips."""
+import dataclasses
+
+import pytest
+import torch
+
+from sparsevid.data import ProceduralVideos, grammar
+from sparsevid.data.procedural import COLOUR_RGB
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_same_seed_same_clips_and_captions():
+    data = ProceduralVideos(frames=6, height=24, width=32)
+    v1, c1 = data.sample(5, _gen(3))
+    v2, c2 = data.sample(5, _gen(3))
+    v3, c3 = data.sample(5, _gen(4))
+    assert torch.equal(v1, v2) and c1 == c2
+    assert not torch.equal(v1, v3) and c1 != c3
+
+
+@pytest.mark.parametrize("frames,height,width", [(16, 64, 64), (4, 16, 16), (5, 20, 36)], ids=["default", "tiny", "odd"])
+def test_shapes_and_range(frames, height, width):
+    data = ProceduralVideos(frames=frames, height=height, width=width)
+    video, captions = data.sample(8, _gen(0))
+    assert video.shape == (8, 3, frames, height, width) and video.dtype == torch.float32
+    assert video.min() >= -1 and video.max() <= 1 and torch.isfinite(video).all()
+    assert len(captions) == 8
+    assert video.std() > 0.1  # not a blank clip
+
+
+def test_clips_move():
+    video, _ = ProceduralVideos().sample(8, _gen(1))
+    change = (video[:, :, -1] - video[:, :, 0]).abs().flatten(1).amax(1)
+    assert (change > 0.5).all()
+
+
+def test_captions_follow_the_grammar_and_tokenize():
+    data = ProceduralVideos(max_objects=3)
+    _, captions = data.sample(64, _gen(2))
+    counts = set()
+    for caption in captions:
+        objects, background = caption.rsplit(" on a ", 1)
+        assert background.split()[0] in grammar.BACKGROUNDS and background.endswith("background")
+        phrases = objects.split(" and ")
+        counts.add(len(phrases))
+        for phrase in phrases:
+            words = phrase.split()
+            assert words[0] in grammar.SIZES and words[1] in grammar.COLOURS
+            assert words[2] in grammar.TEXTURES and words[3] in grammar.SHAPES
+            assert " ".join(words[4:]) in grammar.MOTIONS
+    assert counts == {1, 2, 3}
+    tokens = data.tokenize(captions)
+    assert tokens.shape == (64, data.caption_length) and tokens.dtype == torch.long
+    assert (tokens[:, 0] != grammar.PAD_ID).all()
+    decoded = [" ".join(grammar.VOCAB[i] for i in row if i != grammar.PAD_ID) for row in tokens.tolist()]
+    assert decoded == captions
+
+
+def test_null_caption_and_bad_captions():
+    assert (grammar.tokenize("", 8) == grammar.PAD_ID).all()
+    with pytest.raises(ValueError, match="vocabulary"):
+        grammar.tokenize("a purple circle", 8)
+    with pytest.raises(ValueError, match="length"):
+        grammar.tokenize("big red plain circle bouncing on a black background", 4)
+    with pytest.raises(TypeError, match="captions"):
+        grammar.tokenize([3], 8)
+
+
+@pytest.mark.parametrize("kwargs", [{"frames": 1}, {"height": 0}, {"max_objects": 0}, {"width": 2.5}])
+def test_bad_sizes(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        ProceduralVideos(**kwargs)
+
+
+def _object_pixels(data, scenes):
+    """bool [B, T, H, W]: where a clip differs from its background alone."""
+    empty = dataclasses.replace(scenes, present=torch.zeros_like(scenes.present))
+    return (data.render(scenes) - data.render(empty)).abs().sum(1) > 0.1
+
+
+def test_caption_motion_matches_the_clip():
+    """The centroid of a single object moves the way its caption says."""
+    data = ProceduralVideos(frames=8, height=64, width=64, max_objects=1)
+    scenes = data.sample_scenes(64, _gen(7))
+    mask = _object_pixels(data, scenes).float()
+    ys, xs = torch.arange(64.0).view(1, 1, -1, 1), torch.arange(64.0).view(1, 1, 1, -1)
+    area = mask.sum((2, 3))
+    cx, cy = (mask * xs).sum((2, 3)) / area, (mask * ys).sum((2, 3)) / area
+    dx, dy = cx[:, -1] - cx[:, 0], cy[:, -1] - cy[:, 0]
+    seen = set()
+    for b, caption in enumerate(scenes.captions()):
+        motion = " ".join(caption.split(" on a ")[0].split()[4:])
+        seen.add(motion)
+        expected = {"moving left": dx[b] < -10, "moving right": dx[b] > 10, "moving up": dy[b] < -10,
+                    "moving down": dy[b] > 10}.get(motion, (mask[b, 1:] != mask[b, :-1]).any())
+        assert expected, (caption, float(dx[b]), float(dy[b]))
+        if motion.startswith("moving"):  # sliding keeps the other coordinate fixed
+            other = dy[b] if motion in ("moving left", "moving right") else dx[b]
+            assert abs(float(other)) < 1.0, caption
+    assert seen == set(grammar.MOTIONS)
+
+
+def test_caption_colour_and_size_match_the_clip():
+    """A plain object's pixels have the colour its caption names; big objects cover more pixels."""
+    data = ProceduralVideos(frames=2, height=64, width=64, max_objects=1)
+    scenes = data.sample_scenes(48, _gen(5))
+    scenes = dataclasses.replace(scenes, texture=torch.zeros_like(scenes.texture))
+    video = data.render(scenes)
+    area = _object_pixels(data, scenes)[:, 0].sum((1, 2))
+    areas = {"small": [], "big": []}
+    for b, caption in enumerate(scenes.captions()):
+        size, colour, _, shape = caption.split()[:4]
+        areas[size].append(float(area[b]) / {"circle": 1.0, "square": 1.16, "diamond": 0.92, "ring": 0.7}[shape])
+        if shape == "ring":  # a ring's centre shows the background
+            continue
+        x, y = (scenes.centre[b, 0, 0] * 64).long().tolist()
+        pixel = (video[b, :, 0, y, x] + 1) / 2
+        assert torch.allclose(pixel, COLOUR_RGB[grammar.COLOURS.index(colour)], atol=1e-4), caption
+    assert max(areas["small"]) < min(areas["big"])
