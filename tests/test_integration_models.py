@@ -1,4 +1,6 @@
 """apply / remove on tiny Wan, HunyuanVideo and CogVideoX transformers built from configs (float32, CPU)."""
+import importlib.util
+
 import pytest
 import torch
 
@@ -197,3 +199,20 @@ def test_apply_twice_replaces_the_config_and_remove_still_restores():
     assert all(p.original is b for p, b in zip(_processors(model), before))
     sv.remove_sparse_attention(model)
     assert all(a is b for a, b in zip(_processors(model), before))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_saved_and_loaded_transformer_keeps_working_with_apply(name, tmp_path):
+    model, inputs = _build(name)
+    if model._keep_in_fp32_modules and importlib.util.find_spec("accelerate") is None:
+        pytest.skip(f"diffusers loads {type(model).__name__} only with accelerate installed")
+    cfg = sv.SparseConfig(rule="topk", topk=0.4, **SMALL_BLOCKS)
+    sv.apply_sparse_attention(model, cfg)
+    sparse = _run(model, inputs)
+    model.save_pretrained(tmp_path)  # saved while patched: weights and config only
+    loaded = type(model).from_pretrained(tmp_path).eval()
+    assert not sv.is_sparse(loaded)
+    sv.remove_sparse_attention(model)
+    assert torch.equal(_run(loaded, inputs), _run(model, inputs))
+    sv.apply_sparse_attention(loaded, sv.SparseConfig.from_json(cfg.to_json()))
+    assert torch.allclose(_run(loaded, inputs), sparse, rtol=0, atol=1e-6)

@@ -97,8 +97,11 @@ def is_sparse(transformer: torch.nn.Module) -> bool:
 
 
 def attention_stats(transformer: torch.nn.Module) -> list[dict]:
-    """Per self-attention call of the last forward: layer, step, dense, sparsity (video-to-video,
-    area-weighted), video/text tokens, attention_ms (whole attention call), reorder_ms, predict_ms.
+    """Per self-attention call of the last forward, a dict of: layer, step, dense, sparsity (video-to-video,
+    area-weighted), video_tokens, text_tokens and the times in ms of the attention call (``attention_ms``,
+    the whole stand-in for SDPA) and its parts: ``reorder_ms`` (tiling q/k/v), ``predict_ms`` (mask
+    prediction), ``kernel_ms`` (block-sparse kernels, plus text keys and merge for joint attention) and
+    ``restore_ms`` (undoing the tiling, plus dense text rows). Dense calls have attention_ms only.
 
     Needs ``collect_stats=True`` (see :func:`apply_sparse_attention` / :func:`set_collect_stats`).
     Reading the numbers synchronises with the device.

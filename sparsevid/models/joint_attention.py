@@ -97,14 +97,22 @@ def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch
     return torch.cat(outs), torch.cat(lses)
 
 
+def _mark(clock, name: str) -> None:
+    if clock is not None:
+        clock.mark(name)
+
+
 def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout, plan: LayerPlan,
                            predict, scale: float | None = None, order: TokenOrder | None = None,
-                           attn_mask: torch.Tensor | None = None, key_sets: list[torch.Tensor] | None = None):
+                           attn_mask: torch.Tensor | None = None, key_sets: list[torch.Tensor] | None = None,
+                           clock=None):
     """Attention with sparse video-to-video tiles and dense text rows and columns.
 
     q, k, v: [B, H, N, D] (any strides), N = layout.total. predict: ``(q_video, k_video, plan, scale) -> SparseMask``
     over the (tiled) video tokens. attn_mask: the key-padding mask the text rows use (as in SDPA);
     key_sets: its valid text keys per batch entry (see :func:`text_key_sets`), None if all are valid.
+    clock: optional ``stats.Clock``; marks "reordered", "predicted" and "attended" (before the output is
+    put back in the original token order and the text rows are computed).
     Returns out [B, H, N, D] and the video mask.
     """
     batch, heads, total, dim = q.shape
@@ -114,9 +122,12 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     q_v, k_v, v_v = q[:, :, video], k[:, :, video], v[:, :, video]
     if order is not None:
         q_v, k_v, v_v = (t.index_select(2, order.perm) for t in (q_v, k_v, v_v))
+    _mark(clock, "reordered")
     mask = predict(q_v, k_v, plan, scale)
+    _mark(clock, "predicted")
     if layout.text_len == 0:
         out_v = block_sparse_attention(q_v, k_v, v_v, mask, scale=scale, backend=plan.backend)
+        _mark(clock, "attended")
         if order is None:
             return out_v, mask
     else:
@@ -125,6 +136,7 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
         text = layout.text
         out_vt, lse_vt = _attend_text_keys(q_v, k[:, :, text], v[:, :, text], key_sets, plan, scale)
         out_v = merge_partials(out_vv, lse_vv, out_vt, lse_vt)
+        _mark(clock, "attended")
 
     out = q.new_empty(batch, total, heads, dim).transpose(1, 2)
     if order is not None:

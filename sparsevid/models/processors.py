@@ -62,7 +62,7 @@ def predict_video_mask(q, k, plan: LayerPlan, scale):
 
 
 def tile_order(grid: tuple[int, int, int], tile, device: torch.device) -> TokenOrder:
-    """The 3D-tile order of a (T, H, W) token grid (``tile``: "auto" or (t, h, w))."""
+    """The 3D-tile order of a (T, H, W) token grid (``tile``: "auto" or (t, h, w)); cached by ``ops.tiling``."""
     from ..ops.tiling import tile_permutation
 
     perm, inverse = tile_permutation(grid, tile=None if tile == "auto" else tile, device=device)
@@ -126,10 +126,7 @@ class SparseAttnProcessor:
         if grid[0] * grid[1] * grid[2] != layout.video_len:
             raise ValueError(f"the latent grid {grid} has {grid[0] * grid[1] * grid[2]} tokens but the attention "
                              f"sees {layout.video_len} video tokens")
-        key = ("order", grid, plan.tile, device)
-        if key not in self.context.forward_cache:
-            self.context.forward_cache[key] = tile_order(grid, plan.tile, device)
-        return self.context.forward_cache[key]
+        return tile_order(grid, plan.tile, device)
 
     def _key_sets(self, attn_mask, layout: TokenLayout, batch: int):
         if attn_mask is None or layout.text_len == 0:
@@ -156,20 +153,13 @@ class SparseAttnProcessor:
                                  f"and {query.shape[1]}")
             if attn_mask is not None and layout.text_len == 0:
                 raise ValueError("sparse attention does not support an attention mask over video tokens")
-            predict = predict_video_mask if record is None else functools.partial(self._timed_predict, record)
             out, mask = joint_sparse_attention(
-                query, key, value, layout, plan, predict, scale=scale,
+                query, key, value, layout, plan, predict_video_mask, scale=scale,
                 order=self._token_order(plan, layout, query.device), attn_mask=attn_mask,
-                key_sets=self._key_sets(attn_mask, layout, query.shape[0]))
+                key_sets=self._key_sets(attn_mask, layout, query.shape[0]),
+                clock=None if record is None else record.clock)
             if record is not None:
                 record.sparsity = mask.sparsity_per_head().mean()
         if record is not None:
             record.clock.mark("end")
         return out
-
-    @staticmethod
-    def _timed_predict(record: AttentionRecord, q, k, plan: LayerPlan, scale):
-        record.clock.mark("reordered")
-        mask = predict_video_mask(q, k, plan, scale)
-        record.clock.mark("predicted")
-        return mask

@@ -60,5 +60,7 @@ class AttentionRecord:
             "attention_ms": self.clock.elapsed_ms("start", "end"),
             "reorder_ms": self.clock.elapsed_ms("start", "reordered"),
             "predict_ms": self.clock.elapsed_ms("reordered", "predicted"),
+            "kernel_ms": self.clock.elapsed_ms("predicted", "attended"),
+            "restore_ms": self.clock.elapsed_ms("attended", "end"),
             **self.extra,
         }

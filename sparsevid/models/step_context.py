@@ -21,7 +21,7 @@ class StepContext:
         step: denoising step of the current forward (None before the first forward).
         timestep: the timestep value of the current forward (largest entry of the ``timestep`` tensor).
         grid: (T, H, W) latent token grid of the current forward after patching, or None.
-        forward_cache: values computed once per forward (token orders, text-key lengths), cleared by
+        forward_cache: values computed once per forward (the valid text keys), cleared by
             every forward.
         collect_stats: record per-layer stats (see ``attention_stats``).
         records: the stats records of the last forward.
