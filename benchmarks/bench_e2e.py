@@ -1,0 +1,251 @@
+"""End-to-end transformer benchmark: Wan2.1 forward, dense (cuDNN SDPA) vs sparsevid at 90% / 95% sparsity.
+
+The transformers are built from the Wan2.1 configs with random weights (bf16, the fp32 modules diffusers keeps
+in fp32 stay fp32). Per model and setting it measures the transformer forward (CUDA-event median), the
+per-layer attention time split into tiling, mask prediction, kernels and restore (from
+``sparsevid.attention_stats``), the time per layer outside the attention kernels, and projects the forward
+time to a 50-step generation with classifier-free guidance. Writes results.json and table.md under --out.
+
+    python3 benchmarks/bench_e2e.py --out results/e2e
+    # CPU smoke run of the same code path:
+    python3 benchmarks/bench_e2e.py --out /tmp/e2e --device cpu --dtype float32 --layers 2 --grid 3x8x8 \
+        --heads 2 --models wan1.3b --warmup 0 --iters 1
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import sparsevid as sv  # noqa: E402
+
+# Wan2.1 configs; grid = latent (T, H, W) after 1x2x2 patching.
+MODELS = {
+    "wan1.3b": {"config": {"num_attention_heads": 12, "attention_head_dim": 128, "ffn_dim": 8960, "num_layers": 30},
+                "grid": (21, 30, 52), "label": "Wan2.1-1.3B 480p"},
+    "wan14b": {"config": {"num_attention_heads": 40, "attention_head_dim": 128, "ffn_dim": 13824, "num_layers": 40},
+               "grid": (21, 45, 80), "label": "Wan2.1-14B 720p"},
+}
+COMMON = {"patch_size": (1, 2, 2), "in_channels": 16, "out_channels": 16, "text_dim": 4096, "freq_dim": 256,
+          "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6}
+TEXT_TOKENS = 512
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       cwd=Path(__file__).parent).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def parse_grid(text: str) -> tuple[int, int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"--grid must look like 21x30x52, got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def build_transformer(config: dict, device: torch.device, dtype: torch.dtype):
+    """A random-weight WanTransformer3DModel in ``dtype``; the parts diffusers keeps in fp32 stay float32."""
+    from diffusers import WanTransformer3DModel
+
+    with torch.device(device):
+        model = WanTransformer3DModel(**COMMON, **config)
+    keep = set(model._keep_in_fp32_modules)
+    for module_name, module in model.named_modules():
+        for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            if keep & set(f"{module_name}.{name}".split(".")) or not tensor.is_floating_point():
+                continue
+            if isinstance(tensor, torch.nn.Parameter):
+                tensor.data = tensor.data.to(dtype)
+            else:
+                module._buffers[name] = tensor.to(dtype)
+    return model.eval().requires_grad_(False)
+
+
+def make_inputs(grid, device, dtype, generator):
+    frames, height, width = grid
+    latents = torch.randn(1, 16, frames, 2 * height, 2 * width, generator=generator).to(device, dtype)
+    text = torch.randn(1, TEXT_TOKENS, 4096, generator=generator).to(device, dtype)
+    return {"hidden_states": latents, "timestep": torch.tensor([900.0], device=device),
+            "encoder_hidden_states": text, "return_dict": False}
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_forward(model, inputs_list, warmup: int, iters: int, device) -> list[float]:
+    """Forward times in ms; each iteration uses the next input set (fresh random data)."""
+    for i in range(warmup):
+        model(**inputs_list[i % len(inputs_list)])
+    times = []
+    for i in range(iters):
+        inputs = inputs_list[i % len(inputs_list)]
+        sync(device)
+        start = time.perf_counter()
+        model(**inputs)
+        sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def dense_sdpa_context(device, backend: str):
+    """Pin the dense SDPA backend ("cudnn" | "flash" | "default") on CUDA."""
+    if device.type != "cuda" or backend == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel({"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend])
+
+
+def layer_breakdown(model, inputs) -> dict:
+    """Mean per-layer attention times (ms) and achieved sparsity from one forward with stats on."""
+    sv.set_collect_stats(model, True)
+    model(**inputs)
+    stats = sv.attention_stats(model)
+    sv.set_collect_stats(model, False)
+    keys = ("attention_ms", "reorder_ms", "predict_ms", "kernel_ms", "restore_ms")
+    out = {k: statistics.fmean(s[k] for s in stats) if all(s[k] is not None for s in stats) else None for k in keys}
+    out["sparsity"] = statistics.fmean(s["sparsity"] for s in stats)
+    out["layers"] = len(stats)
+    return out
+
+
+def run_model(name: str, args, device, dtype) -> list[dict]:
+    spec = MODELS[name]
+    config = dict(spec["config"])
+    if args.layers:
+        config["num_layers"] = args.layers
+    if args.heads:
+        config["num_attention_heads"] = args.heads
+    grid = args.grid or spec["grid"]
+    tokens = grid[0] * grid[1] * grid[2]
+    generator = torch.Generator().manual_seed(0)
+    model = build_transformer(config, device, dtype)
+    inputs_list = [make_inputs(grid, device, dtype, generator) for _ in range(2)]
+    rows = []
+    with torch.no_grad(), dense_sdpa_context(device, args.dense_backend):
+        settings = [("dense", None)] + [(f"sparse {s:.0%}", s) for s in args.sparsity]
+        for label, sparsity in settings:
+            if sparsity is None:
+                cfg = sv.SparseConfig(dense_layers=tuple(range(config["num_layers"])), backend=args.backend)
+            else:
+                cfg = sv.SparseConfig(rule="topk", topk=round(1.0 - sparsity, 6), block_q=args.block_q,
+                                      block_k=args.block_k, backend=args.backend, tile=args.tile)
+            if sparsity is not None:
+                sv.apply_sparse_attention(model, cfg)
+            times = time_forward(model, inputs_list, args.warmup, args.iters, device)
+            if sparsity is None:  # per-layer dense attention time: the same processors, every layer dense
+                sv.apply_sparse_attention(model, cfg)
+            breakdown = layer_breakdown(model, inputs_list[0])
+            sv.remove_sparse_attention(model)
+            forward_ms = statistics.median(times)
+            kernel_ms = breakdown["kernel_ms"] if sparsity is not None else breakdown["attention_ms"]
+            rows.append({
+                "model": spec["label"], "setting": label, "tokens": tokens, "grid": list(grid),
+                "layers": config["num_layers"], "heads": config["num_attention_heads"], "config": cfg.to_dict(),
+                "forward_ms": forward_ms, "forward_ms_all": times,
+                "achieved_sparsity": breakdown["sparsity"],
+                "attention_ms_per_layer": breakdown["attention_ms"],
+                "reorder_ms_per_layer": breakdown["reorder_ms"], "predict_ms_per_layer": breakdown["predict_ms"],
+                "kernel_ms_per_layer": kernel_ms, "restore_ms_per_layer": breakdown["restore_ms"],
+                "outside_kernels_ms_per_layer": forward_ms / config["num_layers"] - kernel_ms,
+                "generation_s": forward_ms * args.cfg_passes * args.steps / 1e3,
+            })
+            print(f"{spec['label']:18s} {label:11s} forward {forward_ms:10.1f} ms", flush=True)
+    dense = rows[0]
+    for row in rows:
+        row["speedup_forward"] = dense["forward_ms"] / row["forward_ms"]
+        warm = min(args.dense_steps, args.steps)
+        row["generation_s_with_dense_steps"] = (
+            (warm * dense["forward_ms"] + (args.steps - warm) * row["forward_ms"]) * args.cfg_passes / 1e3)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def fmt(value, spec=".2f"):
+    return "-" if value is None else format(value, spec)
+
+
+def table(rows, args) -> str:
+    head = ("| model | setting | tokens | achieved sparsity | forward ms | speedup | attn/layer ms | tiling ms | "
+            f"predict ms | kernel ms | restore ms | outside kernels/layer ms | {args.steps}-step s | "
+            f"{args.steps}-step s ({args.dense_steps} dense) |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['setting']} | {r['tokens']} | {r['achieved_sparsity']:.3f} | {r['forward_ms']:.1f} | "
+            f"{r['speedup_forward']:.2f}x | {fmt(r['attention_ms_per_layer'])} | {fmt(r['reorder_ms_per_layer'])} | "
+            f"{fmt(r['predict_ms_per_layer'])} | {fmt(r['kernel_ms_per_layer'])} | {fmt(r['restore_ms_per_layer'])} | "
+            f"{r['outside_kernels_ms_per_layer']:.2f} | {r['generation_s']:.1f} | {r['generation_s_with_dense_steps']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path, help="output directory (results.json, table.md)")
+    parser.add_argument("--models", default="wan1.3b,wan14b", help=f"comma list of {sorted(MODELS)}")
+    parser.add_argument("--sparsity", default="0.9,0.95", help="comma list of target sparsities")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--backend", default="auto", choices=["auto", "triton", "flex", "reference"])
+    parser.add_argument("--dense-backend", default="cudnn", choices=["cudnn", "flash", "default"],
+                        help="SDPA backend of the dense baseline (and of dense text rows)")
+    parser.add_argument("--block-q", type=int, default=128)
+    parser.add_argument("--block-k", type=int, default=64)
+    parser.add_argument("--tile", default="auto", help="'auto', 'none' or t,h,w")
+    parser.add_argument("--layers", type=int, default=0, help="override the number of layers (shrink)")
+    parser.add_argument("--heads", type=int, default=0, help="override the number of heads (shrink)")
+    parser.add_argument("--grid", type=parse_grid, default=None, help="override the latent grid TxHxW (shrink)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=50, help="denoising steps of the projected generation")
+    parser.add_argument("--cfg-passes", type=int, default=2, help="transformer calls per step (2 with CFG)")
+    parser.add_argument("--dense-steps", type=int, default=0, help="dense warm-up steps in the second projection")
+    args = parser.parse_args(argv)
+    args.sparsity = [float(s) for s in args.sparsity.split(",")]
+    if not all(0.0 < s < 1.0 for s in args.sparsity):
+        parser.error(f"--sparsity values must be in (0, 1), got {args.sparsity}")
+    if args.tile not in ("auto", "none"):
+        args.tile = tuple(int(t) for t in args.tile.split(","))
+    names = args.models.split(",")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"--models: unknown {unknown}; choose from {sorted(MODELS)}")
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+
+    rows = []
+    for name in names:
+        rows.extend(run_model(name, args, device, dtype))
+    import diffusers
+    import triton
+
+    meta = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+            "torch": torch.__version__, "triton": triton.__version__, "diffusers": diffusers.__version__,
+            "commit": git_commit(), "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters,
+            "steps": args.steps, "cfg_passes": args.cfg_passes, "dense_steps": args.dense_steps,
+            "dense_backend": args.dense_backend}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    text = table(rows, args)
+    (args.out / "table.md").write_text(text + "\n")
+    print(json.dumps(meta))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
