@@ -19,36 +19,65 @@ LOG2E = 1.4426950408889634
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _configs(warps: tuple[int, ...], stages: tuple[int, ...]) -> list[triton.Config]:
+def _configs(sub_name: str, subs: tuple[int, ...], warps: tuple[int, ...], stages: tuple[int, ...]):
+    """Autotuning space: sub-tile size of the inner loop, warps, pipeline stages (one config when interpreted)."""
     if _INTERPRET:
-        return [triton.Config({}, num_warps=4, num_stages=1)]
-    return [triton.Config({}, num_warps=w, num_stages=s) for w in warps for s in stages]
+        return [triton.Config({sub_name: 32}, num_warps=4, num_stages=1)]
+    return [triton.Config({sub_name: t}, num_warps=w, num_stages=s) for t in subs for w in warps for s in stages]
 
 
-_TUNE_KEY = ["HEAD_DIM", "BLOCK_M", "BLOCK_N"]
+def _prune_sub_tiles(sub_name: str, block_name: str):
+    """Drop configs whose inner sub-tile is larger than the mask block it splits."""
+    def prune(configs, named_args, **kwargs):
+        block = kwargs.get(block_name, named_args.get(block_name))
+        return [c for c in configs if c.kwargs[sub_name] <= block] or configs[:1]
+    return {"early_config_prune": prune}
+
+
+_TUNE_KEY = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "N", "M"]
 
 
 @triton.jit
-def _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, kv_block, stride_kn, stride_vn, o_n, o_d, M,
-              scale_log2, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-              MASK_COLS: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One kept tile of the forward pass: update the running max, sum and output accumulator."""
-    o_cols = kv_block * BLOCK_N + o_n
-    m_d = o_d < HEAD_DIM
-    if MASK_COLS:
-        m_cols = o_cols < M
-        b_kt = tl.load(p_k + o_cols[None, :].to(tl.int64) * stride_kn, mask=m_cols[None, :] & m_d[:, None], other=0.0)
-        b_v = tl.load(p_v + o_cols[:, None].to(tl.int64) * stride_vn, mask=m_cols[:, None] & m_d[None, :], other=0.0)
+def _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N: tl.constexpr):
+    """Index tables are ascending, so only the last kept key block can be the short last block of the
+    sequence. Returns (number of full kept blocks, whether a short tail block follows, its index)."""
+    last_block = tl.load(p_index + tl.maximum(count - 1, 0))
+    ragged_tail = (count > 0) & (last_block == NUM_KV_BLOCKS - 1) & (M % BLOCK_N != 0)
+    return count - ragged_tail.to(tl.int32), ragged_tail, last_block
+
+
+@triton.jit
+def _load_cols(p_base, o_cols, stride_n, o_d, M, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               MASK_COLS: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """Load rows ``o_cols`` of a [T, D] matrix as [len, BLOCK_D] (or [BLOCK_D, len] when TRANSPOSED);
+    rows past M and columns past HEAD_DIM read as zero, with masks only where they can occur."""
+    if TRANSPOSED:
+        ptrs = p_base + o_cols[None, :].to(tl.int64) * stride_n + o_d[:, None]
+        m_cols = (o_cols < M)[None, :]
+        m_d = (o_d < HEAD_DIM)[:, None]
     else:
-        if HEAD_DIM == BLOCK_D:
-            b_kt = tl.load(p_k + o_cols[None, :].to(tl.int64) * stride_kn)
-            b_v = tl.load(p_v + o_cols[:, None].to(tl.int64) * stride_vn)
-        else:
-            b_kt = tl.load(p_k + o_cols[None, :].to(tl.int64) * stride_kn, mask=m_d[:, None], other=0.0)
-            b_v = tl.load(p_v + o_cols[:, None].to(tl.int64) * stride_vn, mask=m_d[None, :], other=0.0)
+        ptrs = p_base + o_cols[:, None].to(tl.int64) * stride_n + o_d[None, :]
+        m_cols = (o_cols < M)[:, None]
+        m_d = (o_d < HEAD_DIM)[None, :]
+    if MASK_COLS:
+        return tl.load(ptrs, mask=m_cols & m_d, other=0.0)
+    elif HEAD_DIM != BLOCK_D:
+        return tl.load(ptrs, mask=m_d, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn, o_d, M, scale_log2,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """SUB_N key columns of a kept tile: update the running max, sum and output accumulator."""
+    o_cols = start_n + tl.arange(0, SUB_N)
+    b_kt = _load_cols(p_k, o_cols, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, MASK_COLS, True)
+    b_v = _load_cols(p_v, o_cols, stride_vn, o_d, M, HEAD_DIM, BLOCK_D, MASK_COLS, False)
     b_s = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
     if MASK_COLS:
-        b_s = tl.where(m_cols[None, :], b_s, float("-inf"))
+        b_s = tl.where((o_cols < M)[None, :], b_s, float("-inf"))
     b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * scale_log2)
     b_p = tl.math.exp2(b_s * scale_log2 - b_m_new[:, None])
     b_alpha = tl.math.exp2(b_m - b_m_new)
@@ -58,57 +87,57 @@ def _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, kv_block, stride_kn, stride_vn, o_
     return b_acc, b_m_new, b_l
 
 
-@triton.autotune(configs=_configs((4, 8), (2, 3, 4)), key=_TUNE_KEY)
+@triton.autotune(configs=_configs("SUB_N", (64, 128), (4, 8), (2, 3, 4)), key=_TUNE_KEY,
+                 prune_configs_by=_prune_sub_tiles("SUB_N", "BLOCK_N"))
 @triton.jit
 def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex,
                     stride_qb, stride_qh, stride_qn, stride_qd,
-                    stride_kb, stride_kh, stride_kn, stride_kd,
-                    stride_vb, stride_vh, stride_vn, stride_vd,
+                    stride_kb, stride_kh, stride_kn,
+                    stride_vb, stride_vh, stride_vn,
                     stride_ob, stride_oh, stride_on, stride_od,
                     stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
                     H, N, M, NUM_KV_BLOCKS, scale_log2,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
     i_h = (pid_bh % H).to(tl.int64)
     o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_n = tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, BLOCK_D)
-    m_rows = o_m < N
-    m_d = o_d < HEAD_DIM
+    m_tile = (o_m < N)[:, None] & (o_d < HEAD_DIM)[None, :]
 
     p_q = Q + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :] * stride_qd
-    b_q = tl.load(p_q, mask=m_rows[:, None] & m_d[None, :], other=0.0)
-    p_k = K + i_b * stride_kb + i_h * stride_kh + o_d[:, None] * stride_kd
-    p_v = V + i_b * stride_vb + i_h * stride_vh + o_d[None, :] * stride_vd
+    b_q = tl.load(p_q, mask=m_tile, other=0.0)
+    p_k = K + i_b * stride_kb + i_h * stride_kh
+    p_v = V + i_b * stride_vb + i_h * stride_vh
 
     count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + pid_m)
     p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + pid_m * stride_ir
-    # Index tables are ascending, so only the last kept block can be the short last key block.
-    last_block = tl.load(p_index + tl.maximum(count - 1, 0))
-    ragged_tail = (count > 0) & (last_block == NUM_KV_BLOCKS - 1) & (M % BLOCK_N != 0)
-    num_even = count - ragged_tail.to(tl.int32)
+    num_full, ragged_tail, last_block = _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N)
 
+    SUBS: tl.constexpr = BLOCK_N // SUB_N
     b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
     b_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for i in range(0, num_even):
-        kv_block = tl.load(p_index + i)
-        b_acc, b_m, b_l = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, kv_block, stride_kn, stride_vn, o_n, o_d, M,
-                                    scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, False, DOT_PRECISION)
+    for it in range(0, num_full * SUBS):
+        start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB_N
+        b_acc, b_m, b_l = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn, o_d, M,
+                                    scale_log2, HEAD_DIM, BLOCK_D, SUB_N, False, DOT_PRECISION)
     if ragged_tail:
-        b_acc, b_m, b_l = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, last_block, stride_kn, stride_vn, o_n, o_d, M,
-                                    scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, True, DOT_PRECISION)
+        for sub in range(0, SUBS):
+            start_n = last_block * BLOCK_N + sub * SUB_N
+            if start_n < M:
+                b_acc, b_m, b_l = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn, o_d,
+                                            M, scale_log2, HEAD_DIM, BLOCK_D, SUB_N, True, DOT_PRECISION)
 
     has_keys = b_l > 0.0
     b_out = b_acc / tl.where(has_keys, b_l, 1.0)[:, None]
     p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :] * stride_od
-    tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_rows[:, None] & m_d[None, :])
+    tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_tile)
     b_lse = tl.where(has_keys, (b_m + tl.math.log2(tl.where(has_keys, b_l, 1.0))) * 0.6931471805599453,
                      float("-inf"))
-    tl.store(Lse + pid_bh.to(tl.int64) * N + o_m, b_lse, mask=m_rows)
+    tl.store(Lse + pid_bh.to(tl.int64) * N + o_m, b_lse, mask=o_m < N)
 
 
 @triton.jit
@@ -136,48 +165,40 @@ def _bsa_bwd_delta_kernel(Out, dOut, dLse, Delta, stride_ob, stride_oh, stride_o
 
 
 @triton.jit
-def _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, kv_block, stride_kn, stride_vn, o_n, o_d, M,
-             scale_log2, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-             MASK_COLS: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One kept tile of the dQ pass: recompute P and accumulate dS @ K."""
-    o_cols = kv_block * BLOCK_N + o_n
-    m_d = o_d < HEAD_DIM
-    m_cols = o_cols < M
-    if MASK_COLS or HEAD_DIM != BLOCK_D:
-        m_load = m_cols[None, :] & m_d[:, None] if MASK_COLS else m_d[:, None]
-        b_kt = tl.load(p_k + o_cols[None, :].to(tl.int64) * stride_kn, mask=m_load, other=0.0)
-        b_vt = tl.load(p_v + o_cols[None, :].to(tl.int64) * stride_vn, mask=m_load, other=0.0)
-    else:
-        b_kt = tl.load(p_k + o_cols[None, :].to(tl.int64) * stride_kn)
-        b_vt = tl.load(p_v + o_cols[None, :].to(tl.int64) * stride_vn)
+def _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, start_n, stride_kn, stride_vn, o_d, M, scale_log2,
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr,
+             DOT_PRECISION: tl.constexpr):
+    """SUB_N key columns of a kept tile in the dQ pass: recompute P and accumulate dS @ K."""
+    o_cols = start_n + tl.arange(0, SUB_N)
+    b_kt = _load_cols(p_k, o_cols, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, MASK_COLS, True)
+    b_vt = _load_cols(p_v, o_cols, stride_vn, o_d, M, HEAD_DIM, BLOCK_D, MASK_COLS, True)
     b_s = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
     b_p = tl.math.exp2(b_s * scale_log2 - b_lse2[:, None])
     if MASK_COLS:
-        b_p = tl.where(m_cols[None, :], b_p, 0.0)
+        b_p = tl.where((o_cols < M)[None, :], b_p, 0.0)
     b_dp = tl.dot(b_do, b_vt, input_precision=DOT_PRECISION)
     b_ds = b_p * (b_dp - b_delta[:, None])
-    b_dq = tl.dot(b_ds.to(b_kt.dtype), tl.trans(b_kt), b_dq, input_precision=DOT_PRECISION)
-    return b_dq
+    return tl.dot(b_ds.to(b_kt.dtype), tl.trans(b_kt), b_dq, input_precision=DOT_PRECISION)
 
 
-@triton.autotune(configs=_configs((4, 8), (2, 3)), key=_TUNE_KEY)
+@triton.autotune(configs=_configs("SUB_N", (32, 64, 128), (4, 8), (2, 3, 4)), key=_TUNE_KEY,
+                 prune_configs_by=_prune_sub_tiles("SUB_N", "BLOCK_N"))
 @triton.jit
 def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
                        stride_qb, stride_qh, stride_qn, stride_qd,
-                       stride_kb, stride_kh, stride_kn, stride_kd,
-                       stride_vb, stride_vh, stride_vn, stride_vd,
+                       stride_kb, stride_kh, stride_kn,
+                       stride_vb, stride_vh, stride_vn,
                        stride_gb, stride_gh, stride_gn, stride_gd,
                        stride_db, stride_dh, stride_dn, stride_dd,
                        stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
                        H, N, M, NUM_KV_BLOCKS, scale, scale_log2,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                       BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
     i_h = (pid_bh % H).to(tl.int64)
     o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_n = tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, BLOCK_D)
     m_rows = o_m < N
     m_tile = m_rows[:, None] & (o_d < HEAD_DIM)[None, :]
@@ -191,79 +212,80 @@ def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
     # Padding rows read lse = +inf so that their probabilities are exactly zero.
     b_lse2 = tl.load(Lse + p_row, mask=m_rows, other=float("inf")) * 1.4426950408889634
     b_delta = tl.load(Delta + p_row, mask=m_rows, other=0.0)
-    p_k = K + i_b * stride_kb + i_h * stride_kh + o_d[:, None] * stride_kd
-    p_v = V + i_b * stride_vb + i_h * stride_vh + o_d[:, None] * stride_vd
+    p_k = K + i_b * stride_kb + i_h * stride_kh
+    p_v = V + i_b * stride_vb + i_h * stride_vh
 
     count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + pid_m)
     p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + pid_m * stride_ir
-    last_block = tl.load(p_index + tl.maximum(count - 1, 0))
-    ragged_tail = (count > 0) & (last_block == NUM_KV_BLOCKS - 1) & (M % BLOCK_N != 0)
-    num_even = count - ragged_tail.to(tl.int32)
+    num_full, ragged_tail, last_block = _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N)
 
+    SUBS: tl.constexpr = BLOCK_N // SUB_N
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for i in range(0, num_even):
-        kv_block = tl.load(p_index + i)
-        b_dq = _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, kv_block, stride_kn, stride_vn, o_n, o_d, M,
-                        scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, False, DOT_PRECISION)
+    for it in range(0, num_full * SUBS):
+        start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB_N
+        b_dq = _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, start_n, stride_kn, stride_vn, o_d, M,
+                        scale_log2, HEAD_DIM, BLOCK_D, SUB_N, False, DOT_PRECISION)
     if ragged_tail:
-        b_dq = _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, last_block, stride_kn, stride_vn, o_n, o_d, M,
-                        scale_log2, HEAD_DIM, BLOCK_D, BLOCK_N, True, DOT_PRECISION)
+        for sub in range(0, SUBS):
+            start_n = last_block * BLOCK_N + sub * SUB_N
+            if start_n < M:
+                b_dq = _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, start_n, stride_kn, stride_vn, o_d,
+                                M, scale_log2, HEAD_DIM, BLOCK_D, SUB_N, True, DOT_PRECISION)
     p_dq = dQ + i_b * stride_db + i_h * stride_dh + o_rows * stride_dn + o_d[None, :] * stride_dd
     tl.store(p_dq, (b_dq * scale).to(dQ.dtype.element_ty), mask=m_tile)
 
 
-@triton.autotune(configs=_configs((4, 8), (2, 3)), key=_TUNE_KEY)
+@triton.autotune(configs=_configs("SUB_M", (32, 64, 128), (4, 8), (2, 3, 4)), key=_TUNE_KEY,
+                 prune_configs_by=_prune_sub_tiles("SUB_M", "BLOCK_M"))
 @triton.jit
 def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
-                         stride_qb, stride_qh, stride_qn, stride_qd,
+                         stride_qb, stride_qh, stride_qn,
                          stride_kb, stride_kh, stride_kn, stride_kd,
                          stride_vb, stride_vh, stride_vn, stride_vd,
-                         stride_gb, stride_gh, stride_gn, stride_gd,
+                         stride_gb, stride_gh, stride_gn,
                          stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                          stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                          stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
                          H, N, M, scale, scale_log2,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                         BLOCK_N: tl.constexpr, SUB_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
     i_h = (pid_bh % H).to(tl.int64)
     o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    o_m = tl.arange(0, BLOCK_M)
     o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < HEAD_DIM
-    m_tile = (o_n < M)[:, None] & m_d[None, :]
+    m_tile = (o_n < M)[:, None] & (o_d < HEAD_DIM)[None, :]
 
     o_cols = o_n[:, None].to(tl.int64)
     b_k = tl.load(K + i_b * stride_kb + i_h * stride_kh + o_cols * stride_kn + o_d[None, :] * stride_kd,
                   mask=m_tile, other=0.0)
     b_v = tl.load(V + i_b * stride_vb + i_h * stride_vh + o_cols * stride_vn + o_d[None, :] * stride_vd,
                   mask=m_tile, other=0.0)
-    p_q = Q + i_b * stride_qb + i_h * stride_qh + o_d[None, :] * stride_qd
-    p_do = dOut + i_b * stride_gb + i_h * stride_gh + o_d[None, :] * stride_gd
-    p_rows = pid_bh.to(tl.int64) * N
+    p_q = Q + i_b * stride_qb + i_h * stride_qh
+    p_do = dOut + i_b * stride_gb + i_h * stride_gh
+    p_rows = Lse + pid_bh.to(tl.int64) * N
+    p_delta = Delta + pid_bh.to(tl.int64) * N
 
     count = tl.load(QCount + i_b * stride_cb + i_h * stride_ch + pid_n)
     p_index = QIndex + i_b * stride_ib + i_h * stride_ih + pid_n * stride_ir
+    SUBS: tl.constexpr = BLOCK_M // SUB_M
     b_dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     b_dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    for i in range(0, count):
-        q_block = tl.load(p_index + i)
-        o_rows = q_block * BLOCK_M + o_m
+    for it in range(0, count * SUBS):
+        o_rows = tl.load(p_index + it // SUBS) * BLOCK_M + (it % SUBS) * SUB_M + tl.arange(0, SUB_M)
         m_rows = o_rows < N
-        m_load = m_rows[:, None] & m_d[None, :]
-        b_q = tl.load(p_q + o_rows[:, None].to(tl.int64) * stride_qn, mask=m_load, other=0.0)
-        b_do = tl.load(p_do + o_rows[:, None].to(tl.int64) * stride_gn, mask=m_load, other=0.0)
-        b_lse2 = tl.load(Lse + p_rows + o_rows, mask=m_rows, other=float("inf")) * 1.4426950408889634
-        b_delta = tl.load(Delta + p_rows + o_rows, mask=m_rows, other=0.0)
-        # Transposed tile: rows are keys, columns are queries.
-        b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)
-        b_pt = tl.math.exp2(b_st * scale_log2 - b_lse2[None, :])
+        # Transposed loads: rows are the head dim, columns the queries; padding queries read zeros.
+        b_qt = _load_cols(p_q, o_rows, stride_qn, o_d, N, HEAD_DIM, BLOCK_D, True, True)
+        b_do = _load_cols(p_do, o_rows, stride_gn, o_d, N, HEAD_DIM, BLOCK_D, True, False)
+        # Padding queries read lse = +inf so that their probabilities are exactly zero.
+        b_lse2 = tl.load(p_rows + o_rows, mask=m_rows, other=float("inf")) * 1.4426950408889634
+        b_delta = tl.load(p_delta + o_rows, mask=m_rows, other=0.0)
+        b_pt = tl.math.exp2(tl.dot(b_k, b_qt, input_precision=DOT_PRECISION) * scale_log2 - b_lse2[None, :])
         b_dv = tl.dot(b_pt.to(b_do.dtype), b_do, b_dv, input_precision=DOT_PRECISION)
         b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PRECISION)
         b_dst = b_pt * (b_dpt - b_delta[None, :])
-        b_dk = tl.dot(b_dst.to(b_q.dtype), b_q, b_dk, input_precision=DOT_PRECISION)
+        b_dk = tl.dot(b_dst.to(b_qt.dtype), tl.trans(b_qt), b_dk, input_precision=DOT_PRECISION)
     tl.store(dK + i_b * stride_dkb + i_h * stride_dkh + o_cols * stride_dkn + o_d[None, :] * stride_dkd,
              (b_dk * scale).to(dK.dtype.element_ty), mask=m_tile)
     tl.store(dV + i_b * stride_dvb + i_h * stride_dvh + o_cols * stride_dvn + o_d[None, :] * stride_dvd,
@@ -289,6 +311,11 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    """The kernels read the head dim contiguously; views with a strided head dim (rare) are copied."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def _table_strides(count: torch.Tensor, index: torch.Tensor, batch: int, heads: int) -> tuple[int, ...]:
     """Strides (batch, head) of the count table and (batch, head, row) of the index table; 0 where broadcast."""
     cb = count.stride(0) if count.shape[0] == batch and batch > 1 else 0
@@ -305,6 +332,7 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
 
     Returns out (q's dtype, q's layout) and lse float32 [B, H, N] (natural log).
     """
+    q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     b, h, n, d = q.shape
     m = k.shape[2]
     out = _alloc(q)
@@ -312,7 +340,7 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
     grid = (triton.cdiv(n, block_q), b * h)
     _bsa_fwd_kernel[grid](
         q, k, v, out, lse, kv_count, kv_index,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        *q.stride(), *k.stride()[:3], *v.stride()[:3], *out.stride(),
         *_table_strides(kv_count, kv_index, b, h),
         h, n, m, kv_index.shape[-1], scale * LOG2E,
         HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=block_q, BLOCK_N=block_k,
@@ -326,6 +354,7 @@ def triton_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
                     kv_index: torch.Tensor, q_count: torch.Tensor, q_index: torch.Tensor, block_q: int,
                     block_k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward kernels. Returns dq, dk, dv in the dtypes and layouts of q, k, v."""
+    q, k, v, out, grad_out = (_unit_last_stride(t) for t in (q, k, v, out, grad_out))
     b, h, n, d = q.shape
     m = k.shape[2]
     block_d = _block_d(d)
@@ -340,14 +369,14 @@ def triton_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
     dq, dk, dv = _alloc(q), _alloc(k), _alloc(v)
     _bsa_bwd_dq_kernel[(triton.cdiv(n, block_q), b * h)](
         q, k, v, grad_out, lse, delta, dq, kv_count, kv_index,
-        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
+        *q.stride(), *k.stride()[:3], *v.stride()[:3], *grad_out.stride(), *dq.stride(),
         *_table_strides(kv_count, kv_index, b, h),
         h, n, m, kv_index.shape[-1], scale, scale * LOG2E,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_q, BLOCK_N=block_k, DOT_PRECISION=precision,
     )
     _bsa_bwd_dkdv_kernel[(triton.cdiv(m, block_k), b * h)](
         q, k, v, grad_out, lse, delta, dk, dv, q_count, q_index,
-        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
+        *q.stride()[:3], *k.stride(), *v.stride(), *grad_out.stride()[:3], *dk.stride(), *dv.stride(),
         *_table_strides(q_count, q_index, b, h),
         h, n, m, scale, scale * LOG2E,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_q, BLOCK_N=block_k, DOT_PRECISION=precision,
