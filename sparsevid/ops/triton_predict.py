@@ -31,9 +31,10 @@ LOG2E = 1.4426950408889634
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # Score rows are processed this many at a time, so a [SEL_ROWS, BLOCK_KB] tile stays near this size.
-_SELECT_TILE_ELEMENTS = 8192
+_SELECT_TILE_ELEMENTS = 4096
 _ROWS = 16
-_CHUNK = 64
+_CHUNK = 32
+_DOT_K = 32
 
 
 def _configs(warps: tuple[int, ...]) -> list[triton.Config]:
@@ -62,7 +63,7 @@ def _pool_block(p_x, stride_n, stride_d, length, block_id, p_mean, p_sim, eps,
         tl.store(p_sim, tl.sum(b_mean * b_unit, 0) / tl.maximum(mean_norm, eps))
 
 
-@triton.autotune(configs=_configs((4, 8)), key=["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"])
+@triton.autotune(configs=_configs((4, 8, 16)), key=["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"])
 @triton.jit
 def _pool_kernel(Q, K, PooledQ, PooledK, SimQ, SimK,
                  stride_qb, stride_qh, stride_qn, stride_qd,
@@ -127,7 +128,7 @@ def _select_kernel(PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, Ke
                    topk, topp, sim_threshold, min_blocks,
                    H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                   ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_KB: tl.constexpr, SEL_ROWS: tl.constexpr,
+                   ROWS: tl.constexpr, CHUNK: tl.constexpr, DOT_K: tl.constexpr, BLOCK_KB: tl.constexpr, SEL_ROWS: tl.constexpr,
                    USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr, TOPK_PER_HEAD: tl.constexpr,
                    TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr, KEEP_SINK: tl.constexpr,
                    KEEP_DIAGONAL: tl.constexpr, WITH_SIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -135,24 +136,27 @@ def _select_kernel(PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, Ke
     pid_bh = tl.program_id(1)
     i_h = pid_bh % H
     row0 = pid_r * ROWS
-    o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < HEAD_DIM
     q_rows = pid_bh.to(tl.int64) * NUM_Q_BLOCKS          # first row of this batch-head in [B*H*QB, ...]
     p_kbar = PooledK + pid_bh.to(tl.int64) * NUM_KV_BLOCKS * HEAD_DIM
 
     # Phase 1: base-2 logits of ROWS query blocks against every key block, into the scratch rows.
+    # The head dim is walked in slices of DOT_K so that the fp32 operands stay small in registers.
     o_r = row0 + tl.arange(0, ROWS)
     m_r = o_r < NUM_Q_BLOCKS
-    b_qbar = tl.load(PooledQ + (q_rows + o_r[:, None]) * HEAD_DIM + o_d[None, :],
-                     mask=m_r[:, None] & m_d[None, :], other=0.0)
+    o_dk = tl.arange(0, DOT_K)
+    p_qbar = PooledQ + (q_rows + o_r[:, None]) * HEAD_DIM + o_dk[None, :]
     p_scratch = Scratch + (q_rows + o_r[:, None]) * NUM_KV_BLOCKS
     for c in range(0, NUM_KV_BLOCKS, CHUNK):
         o_c = c + tl.arange(0, CHUNK)
         m_c = o_c < NUM_KV_BLOCKS
-        b_kbar = tl.load(p_kbar + o_c[:, None].to(tl.int64) * HEAD_DIM + o_d[None, :],
-                         mask=m_c[:, None] & m_d[None, :], other=0.0)
-        b_s = tl.dot(b_qbar, tl.trans(b_kbar), input_precision=DOT_PRECISION) * scale_log2
-        tl.store(p_scratch + o_c[None, :], b_s, mask=m_r[:, None] & m_c[None, :])
+        p_kbar_c = p_kbar + o_c[:, None].to(tl.int64) * HEAD_DIM + o_dk[None, :]
+        b_s = tl.zeros([ROWS, CHUNK], dtype=tl.float32)
+        for d0 in tl.static_range(0, BLOCK_D, DOT_K):
+            m_dk = (d0 + o_dk) < HEAD_DIM
+            b_qbar = tl.load(p_qbar + d0, mask=m_r[:, None] & m_dk[None, :], other=0.0)
+            b_kbar = tl.load(p_kbar_c + d0, mask=m_c[:, None] & m_dk[None, :], other=0.0)
+            b_s = tl.dot(b_qbar, tl.trans(b_kbar), b_s, input_precision=DOT_PRECISION)
+        tl.store(p_scratch + o_c[None, :], b_s * scale_log2, mask=m_r[:, None] & m_c[None, :])
     tl.debug_barrier()
 
     # Phase 2: softmax, threshold, options and outputs, SEL_ROWS rows at a time.
@@ -269,7 +273,7 @@ def triton_predict(q: torch.Tensor, k: torch.Tensor, *, rule_topk: int | torch.T
         topk_arg, float(topp_arg), float(sim_arg), min_blocks,
         h, n, m, qb, kb, scale * LOG2E,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_Q=block_q, BLOCK_K=block_k,
-        ROWS=_ROWS, CHUNK=_CHUNK, BLOCK_KB=block_kb, SEL_ROWS=sel_rows,
+        ROWS=_ROWS, CHUNK=_CHUNK, DOT_K=min(block_d, _DOT_K), BLOCK_KB=block_kb, SEL_ROWS=sel_rows,
         USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,
         TOPK_PER_HEAD=topk_table is not None, TOPP_PER_HEAD=topp_table is not None,
         SIM_PER_HEAD=sim_table is not None, KEEP_SINK=keep_sink, KEEP_DIAGONAL=keep_diagonal,
