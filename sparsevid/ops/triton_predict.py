@@ -246,10 +246,11 @@ def triton_predict(q: torch.Tensor, k: torch.Tensor, *, rule_topk: int | torch.T
     with_sim = similarity_threshold is not None
     block_d = _block_d(d)
 
-    # One fp32 workspace: pooled Q, pooled K, block similarities, scratch logits, kept mass.
-    sizes = (b * h * qb * d, b * h * kb * d, b * h * qb, b * h * kb, b * h * qb * kb, b * h * qb)
+    # One fp32 workspace (freed on return): pooled Q, pooled K, block similarities, scratch logits.
+    sizes = (b * h * qb * d, b * h * kb * d, b * h * qb, b * h * kb, b * h * qb * kb)
     work = torch.empty(sum(sizes), device=device, dtype=torch.float32)
-    pooled_q, pooled_k, sim_q, sim_k, scratch, kept_mass = torch.split(work, sizes)
+    pooled_q, pooled_k, sim_q, sim_k, scratch = torch.split(work, sizes)
+    kept_mass = torch.empty((b, h, qb), device=device, dtype=torch.float32)
     tables = torch.empty(b * h * qb * (kb + 1), device=device, dtype=torch.int32)
     count, index = torch.split(tables, (b * h * qb, b * h * qb * kb))
     keep = torch.empty((b, h, qb, kb), device=device, dtype=torch.bool)
@@ -279,4 +280,4 @@ def triton_predict(q: torch.Tensor, k: torch.Tensor, *, rule_topk: int | torch.T
         SIM_PER_HEAD=sim_table is not None, KEEP_SINK=keep_sink, KEEP_DIAGONAL=keep_diagonal,
         WITH_SIM=with_sim, DOT_PRECISION="ieee" if _INTERPRET else "tf32x3",
     )
-    return keep, count.view(b, h, qb), index.view(b, h, qb, kb), kept_mass.view(b, h, qb)
+    return keep, count.view(b, h, qb), index.view(b, h, qb, kb), kept_mass
