@@ -1,7 +1,8 @@
 """Triton kernels for block-sparse attention: forward (online softmax in base 2) and backward (dQ; dK, dV).
 
-Each program owns one tile row (forward, dQ: a query block; dK/dV: a key block) and visits only the kept
-tiles listed in the mask's index tables, so skipped tiles cost nothing. Inputs may be any strided
+Each program owns rows of one tile row (forward, dQ: ROWS rows of a query block; dK/dV: COLS keys of a key
+block) and visits only the kept tiles listed in the mask's index tables, so skipped tiles cost nothing.
+How a block is split across programs and inner-loop sub-tiles is autotuned. Inputs may be any strided
 [B, H, T, D] views; index tables may broadcast over batch and head (stride 0).
 
 Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on the CPU (tests).
@@ -19,18 +20,22 @@ LOG2E = 1.4426950408889634
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _configs(sub_name: str, subs: tuple[int, ...], warps: tuple[int, ...], stages: tuple[int, ...]):
-    """Autotuning space: sub-tile size of the inner loop, warps, pipeline stages (one config when interpreted)."""
+def _configs(split: str, inner: str, splits: tuple[int, ...], inners: tuple[int, ...], warps: tuple[int, ...],
+             stages: tuple[int, ...]) -> list[triton.Config]:
+    """Autotuning space: rows a program owns (``split``, a divisor of its mask block), the sub-tile of the
+    inner loop (``inner``, a divisor of the visited blocks), warps and pipeline stages. When interpreted,
+    one config that exercises both splits."""
     if _INTERPRET:
-        return [triton.Config({sub_name: 32}, num_warps=4, num_stages=1)]
-    return [triton.Config({sub_name: t}, num_warps=w, num_stages=s) for t in subs for w in warps for s in stages]
+        return [triton.Config({split: 64, inner: 32}, num_warps=4, num_stages=1)]
+    return [triton.Config({split: r, inner: t}, num_warps=w, num_stages=s)
+            for r in splits for t in inners for w in warps for s in stages]
 
 
-def _prune_sub_tiles(sub_name: str, block_name: str):
-    """Drop configs whose inner sub-tile is larger than the mask block it splits."""
+def _prune(split: str, own_block: str, inner: str, inner_block: str):
+    """Drop configs whose splits are larger than the mask blocks they divide."""
     def prune(configs, named_args, **kwargs):
-        block = kwargs.get(block_name, named_args.get(block_name))
-        return [c for c in configs if c.kwargs[sub_name] <= block] or configs[:1]
+        args = {**named_args, **kwargs}
+        return [c for c in configs if c.kwargs[split] <= args[own_block] and c.kwargs[inner] <= args[inner_block]]
     return {"early_config_prune": prune}
 
 
@@ -87,8 +92,8 @@ def _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn, o_d
     return b_acc, b_m_new, b_l
 
 
-@triton.autotune(configs=_configs("SUB_N", (64, 128), (4, 8), (2, 3, 4)), key=_TUNE_KEY,
-                 prune_configs_by=_prune_sub_tiles("SUB_N", "BLOCK_N"))
+@triton.autotune(configs=_configs("ROWS", "SUB_N", (64, 128), (64, 128), (4, 8), (3, 4)), key=_TUNE_KEY,
+                 prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N"))
 @triton.jit
 def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex,
                     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -98,12 +103,13 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex,
                     stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
                     H, N, M, NUM_KV_BLOCKS, scale_log2,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
     i_h = (pid_bh % H).to(tl.int64)
-    o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q_block = (pid_m * ROWS) // BLOCK_M
+    o_m = pid_m * ROWS + tl.arange(0, ROWS)
     o_d = tl.arange(0, BLOCK_D)
     m_tile = (o_m < N)[:, None] & (o_d < HEAD_DIM)[None, :]
 
@@ -112,14 +118,14 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex,
     p_k = K + i_b * stride_kb + i_h * stride_kh
     p_v = V + i_b * stride_vb + i_h * stride_vh
 
-    count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + pid_m)
-    p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + pid_m * stride_ir
+    count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + q_block)
+    p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + q_block * stride_ir
     num_full, ragged_tail, last_block = _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N)
 
     SUBS: tl.constexpr = BLOCK_N // SUB_N
-    b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
-    b_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([ROWS], dtype=tl.float32)
+    b_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     for it in range(0, num_full * SUBS):
         start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB_N
         b_acc, b_m, b_l = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn, o_d, M,
@@ -181,8 +187,8 @@ def _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, start_n, stride_kn, str
     return tl.dot(b_ds.to(b_kt.dtype), tl.trans(b_kt), b_dq, input_precision=DOT_PRECISION)
 
 
-@triton.autotune(configs=_configs("SUB_N", (32, 64, 128), (4, 8), (2, 3, 4)), key=_TUNE_KEY,
-                 prune_configs_by=_prune_sub_tiles("SUB_N", "BLOCK_N"))
+@triton.autotune(configs=_configs("ROWS", "SUB_N", (64, 128), (32, 64, 128), (4, 8), (2, 3)), key=_TUNE_KEY,
+                 prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N"))
 @triton.jit
 def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
                        stride_qb, stride_qh, stride_qn, stride_qd,
@@ -193,12 +199,14 @@ def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
                        stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
                        H, N, M, NUM_KV_BLOCKS, scale, scale_log2,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                       BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
     i_h = (pid_bh % H).to(tl.int64)
-    o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q_block = (pid_m * ROWS) // BLOCK_M
+    o_m = pid_m * ROWS + tl.arange(0, ROWS)
     o_d = tl.arange(0, BLOCK_D)
     m_rows = o_m < N
     m_tile = m_rows[:, None] & (o_d < HEAD_DIM)[None, :]
@@ -215,12 +223,12 @@ def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
     p_k = K + i_b * stride_kb + i_h * stride_kh
     p_v = V + i_b * stride_vb + i_h * stride_vh
 
-    count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + pid_m)
-    p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + pid_m * stride_ir
+    count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + q_block)
+    p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + q_block * stride_ir
     num_full, ragged_tail, last_block = _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N)
 
     SUBS: tl.constexpr = BLOCK_N // SUB_N
-    b_dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    b_dq = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     for it in range(0, num_full * SUBS):
         start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB_N
         b_dq = _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, start_n, stride_kn, stride_vn, o_d, M,
@@ -235,8 +243,8 @@ def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
     tl.store(p_dq, (b_dq * scale).to(dQ.dtype.element_ty), mask=m_tile)
 
 
-@triton.autotune(configs=_configs("SUB_M", (32, 64, 128), (4, 8), (2, 3, 4)), key=_TUNE_KEY,
-                 prune_configs_by=_prune_sub_tiles("SUB_M", "BLOCK_M"))
+@triton.autotune(configs=_configs("COLS", "SUB_M", (64, 128), (32, 64, 128), (4, 8), (2, 3)), key=_TUNE_KEY,
+                 prune_configs_by=_prune("COLS", "BLOCK_N", "SUB_M", "BLOCK_M"))
 @triton.jit
 def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
                          stride_qb, stride_qh, stride_qn,
@@ -248,12 +256,14 @@ def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
                          stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
                          H, N, M, scale, scale_log2,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, SUB_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                         BLOCK_N: tl.constexpr, COLS: tl.constexpr, SUB_M: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
     i_h = (pid_bh % H).to(tl.int64)
-    o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    kv_block = (pid_n * COLS) // BLOCK_N
+    o_n = pid_n * COLS + tl.arange(0, COLS)
     o_d = tl.arange(0, BLOCK_D)
     m_tile = (o_n < M)[:, None] & (o_d < HEAD_DIM)[None, :]
 
@@ -267,11 +277,11 @@ def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
     p_rows = Lse + pid_bh.to(tl.int64) * N
     p_delta = Delta + pid_bh.to(tl.int64) * N
 
-    count = tl.load(QCount + i_b * stride_cb + i_h * stride_ch + pid_n)
-    p_index = QIndex + i_b * stride_ib + i_h * stride_ih + pid_n * stride_ir
+    count = tl.load(QCount + i_b * stride_cb + i_h * stride_ch + kv_block)
+    p_index = QIndex + i_b * stride_ib + i_h * stride_ih + kv_block * stride_ir
     SUBS: tl.constexpr = BLOCK_M // SUB_M
-    b_dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    b_dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    b_dk = tl.zeros([COLS, BLOCK_D], dtype=tl.float32)
+    b_dv = tl.zeros([COLS, BLOCK_D], dtype=tl.float32)
     for it in range(0, count * SUBS):
         o_rows = tl.load(p_index + it // SUBS) * BLOCK_M + (it % SUBS) * SUB_M + tl.arange(0, SUB_M)
         m_rows = o_rows < N
@@ -337,8 +347,7 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
     m = k.shape[2]
     out = _alloc(q)
     lse = _alloc(q, (b, h, n), torch.float32)
-    grid = (triton.cdiv(n, block_q), b * h)
-    _bsa_fwd_kernel[grid](
+    _bsa_fwd_kernel[lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h)](
         q, k, v, out, lse, kv_count, kv_index,
         *q.stride(), *k.stride()[:3], *v.stride()[:3], *out.stride(),
         *_table_strides(kv_count, kv_index, b, h),
@@ -367,14 +376,14 @@ def triton_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=128, HAS_DLSE=has_dlse,
     )
     dq, dk, dv = _alloc(q), _alloc(k), _alloc(v)
-    _bsa_bwd_dq_kernel[(triton.cdiv(n, block_q), b * h)](
+    _bsa_bwd_dq_kernel[lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h)](
         q, k, v, grad_out, lse, delta, dq, kv_count, kv_index,
         *q.stride(), *k.stride()[:3], *v.stride()[:3], *grad_out.stride(), *dq.stride(),
         *_table_strides(kv_count, kv_index, b, h),
         h, n, m, kv_index.shape[-1], scale, scale * LOG2E,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_q, BLOCK_N=block_k, DOT_PRECISION=precision,
     )
-    _bsa_bwd_dkdv_kernel[(triton.cdiv(m, block_k), b * h)](
+    _bsa_bwd_dkdv_kernel[lambda meta: (triton.cdiv(m, meta["COLS"]), b * h)](
         q, k, v, grad_out, lse, delta, dk, dv, q_count, q_index,
         *q.stride()[:3], *k.stride(), *v.stride(), *grad_out.stride()[:3], *dk.stride(), *dv.stride(),
         *_table_strides(q_count, q_index, b, h),
