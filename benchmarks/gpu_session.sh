@@ -17,5 +17,5 @@ step gpu_tests_predict 45 python3 -m pytest -q -rfE --tb=line -p no:cacheprovide
 step bench_attention_1.3b 190 python3 benchmarks/bench_attention.py --out "$OUT/attention" --shapes wan1.3b-480p
 step bench_predict 50 python3 benchmarks/bench_predict.py --out "$OUT/predict"
 step bench_e2e_1.3b 60 python3 benchmarks/bench_e2e.py --out "$OUT/e2e13" --models wan1.3b
-step bench_e2e_14b 110 python3 benchmarks/bench_e2e.py --out "$OUT/e2e14" --models wan14b --iters 2
-step bench_attention_14b 45 python3 benchmarks/bench_attention.py --out "$OUT/attention14" --shapes wan14b-720p --sparsities 0.95,0 --check-sparsities ""
+step bench_e2e_14b 100 python3 benchmarks/bench_e2e.py --out "$OUT/e2e14" --models wan14b --iters 2
+step bench_attention_14b 40 python3 benchmarks/bench_attention.py --out "$OUT/attention14" --shapes wan14b-720p --sparsities 0.95,0 --check-sparsities ""

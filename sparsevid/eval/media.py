@@ -70,9 +70,10 @@ def write_clips(videos: Sequence[torch.Tensor], stem: str | Path, scale: int = 4
     """Write clips [3, T, H, W] side by side as ``stem.gif`` (+ ``stem.mp4`` where supported) and
     every ``strip_every``-th frame as the PNG strip ``stem.png``. Returns the written paths."""
     stem = Path(stem)
+    named = lambda suffix: stem.with_name(stem.name + suffix)  # noqa: E731  (stems may contain dots)
     frames = upscale(side_by_side(videos), scale)
-    paths = [write_animation(frames, stem.with_suffix(".gif"), fps)]
+    paths = [write_animation(frames, named(".gif"), fps)]
     if mp4_supported():
-        paths.append(write_animation(frames, stem.with_suffix(".mp4"), fps))
-    paths.append(write_strip(frames, stem.with_suffix(".png"), strip_every))
+        paths.append(write_animation(frames, named(".mp4"), fps))
+    paths.append(write_strip(frames, named(".png"), strip_every))
     return paths

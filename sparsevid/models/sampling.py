@@ -6,6 +6,24 @@ from typing import Callable, Sequence
 import torch
 
 
+SCHEDULERS = ("euler", "unipc")
+
+
+def make_scheduler(name: str, shift: float):
+    """A diffusers flow-matching scheduler: "euler" (FlowMatchEulerDiscrete) or "unipc" (UniPC, 2nd order,
+    flow sigmas), both with time ``shift``."""
+    if name == "euler":
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift)
+    if name == "unipc":
+        from diffusers import UniPCMultistepScheduler
+
+        return UniPCMultistepScheduler(num_train_timesteps=1000, prediction_type="flow_prediction",
+                                       use_flow_sigmas=True, flow_shift=shift)
+    raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {name!r}")
+
+
 def initial_noise(shape: Sequence[int], seeds: Sequence[int]) -> torch.Tensor:
     """float32 [len(seeds), *shape]: one standard-normal clip per seed, drawn on the CPU (device-independent)."""
     if not seeds:
@@ -15,16 +33,15 @@ def initial_noise(shape: Sequence[int], seeds: Sequence[int]) -> torch.Tensor:
 
 @torch.no_grad()
 def generate(model, captions: Sequence[str], seeds: Sequence[int], steps: int | None = None,
-             guidance: float | None = None, shift: float | None = None,
+             guidance: float | None = None, shift: float | None = None, scheduler: str | None = None,
              on_step: Callable[[int, float], None] | None = None, progress: bool = False) -> torch.Tensor:
     """Clips for ``captions`` from the noise of ``seeds``: float32 [B, 3, T, H, W] in [-1, 1] on the CPU.
 
     model: a :class:`~sparsevid.models.builtin.BuiltinVideoDiT` (its device and dtype are used).
-    steps, guidance, shift: Euler steps, CFG scale (1 = no guidance) and the scheduler's time shift;
-    None takes the model config's ``sampling`` defaults. ``on_step(i, t)`` is called before step ``i``
+    steps, guidance, shift, scheduler: sampler steps, CFG scale (1 = no guidance), the time shift and
+    the scheduler (see :func:`make_scheduler`); None takes the model config's ``sampling`` defaults. ``on_step(i, t)`` is called before step ``i``
     runs the model at noise level ``t`` in [0, 1].
     """
-    from diffusers import FlowMatchEulerDiscreteScheduler
     from tqdm.auto import tqdm
 
     if isinstance(captions, str):
@@ -35,13 +52,14 @@ def generate(model, captions: Sequence[str], seeds: Sequence[int], steps: int | 
     steps = defaults["steps"] if steps is None else steps
     guidance = defaults["guidance"] if guidance is None else guidance
     shift = defaults["shift"] if shift is None else shift
+    scheduler = defaults.get("scheduler", "euler") if scheduler is None else scheduler
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if guidance < 1:
         raise ValueError(f"guidance must be >= 1, got {guidance}")
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
-    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift)
+    scheduler = make_scheduler(scheduler, shift)
     scheduler.set_timesteps(steps, device=device)
     x = initial_noise(model.clip_shape, seeds).to(device)
     tokens = model.tokenize(list(captions)).to(device)

@@ -18,6 +18,7 @@ def save_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | Path,
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
