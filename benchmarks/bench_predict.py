@@ -10,7 +10,7 @@ recall of predicted masks for raster vs 3D-tiled token order.
    softmax mass kept) of each is measured.
 
 Video-like field: for a token at (t, y, x), q and k are ``amp * phi(t / l_t, y / l_s, x / l_s)`` plus
-Gaussian noise of std ``noise``, where ``phi`` are D random Fourier features ``sqrt(2/D) cos(W p + b)``
+Gaussian noise of std ``noise`` (amp = 12, noise = 0.5), where ``phi`` are D random Fourier features ``sqrt(2/D) cos(W p + b)``
 (W ~ N(0, 1), b ~ U(0, 2 pi)), so ``q_i . k_j`` approximates ``amp^2 exp(-|p_i - p_j|^2 / 2)``: attention
 concentrates on nearby positions in space and time, as in video DiTs. Each head draws its own length
 scales l_t in [1, 4] frames and l_s in [2, 8] tokens.
@@ -67,7 +67,7 @@ def git_commit() -> str:
         return "unknown"
 
 
-def video_field(grid, heads: int, d: int, batch: int = 1, amp: float = 9.0, noise: float = 0.5,
+def video_field(grid, heads: int, d: int, batch: int = 1, amp: float = 12.0, noise: float = 0.5,
                 device="cpu", dtype=torch.float32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k [B, H, T*H*W, D] in raster order (module docstring), transposed views of [B, L, H, D]."""
     gen = torch.Generator(device=device).manual_seed(seed)

@@ -52,9 +52,9 @@ def test_consecutive_tokens_form_tiles(grid, tile):
 def test_default_tile_makes_blocks_compact():
     perm, _ = sv.tile_permutation((21, 32, 48))
     t, y, x = (c[perm] for c in coords((21, 32, 48)))
-    for start in range(0, 128 * 20, 128):  # every full 128-token block is a 2x8x8 patch
+    for start in range(0, 128 * 20, 128):  # every full 128-token block is one tile
         assert (int(t[start:start + 128].unique().numel()), int(y[start:start + 128].unique().numel()),
-                int(x[start:start + 128].unique().numel())) == (2, 8, 8)
+                int(x[start:start + 128].unique().numel())) == DEFAULT_TILE
 
 
 def test_helpers_on_both_layouts_and_cache():

@@ -17,8 +17,9 @@ import numbers
 import torch
 
 # Default tile (frames, rows, columns): 128 tokens, so with block_q = 128 every full query block is one
-# 2x8x8 patch and every 64-token key block one 8x8 patch of a frame (chosen by measured recall).
-DEFAULT_TILE = (2, 8, 8)
+# 4x4x8 patch and every 64-token key block a 2x4x8 patch. Chosen by measured recall at 95% sparsity on
+# the benchmark's video-like field (21x30x52 grid): 4x4x8 0.912, 2x8x8 0.902, raster 0.874, 1x8x16 0.829.
+DEFAULT_TILE = (4, 4, 8)
 
 
 def _as_triple(name: str, value) -> tuple[int, int, int]:
