@@ -10,9 +10,9 @@ recall of predicted masks for raster vs 3D-tiled token order.
    softmax mass kept) of each is measured.
 
 Video-like field: for a token at (t, y, x), q and k are ``amp * phi(t / l_t, y / l_s, x / l_s)`` plus
-Gaussian noise of std ``noise`` (amp = 12, noise = 0.5), where ``phi`` are D random Fourier features ``sqrt(2/D) cos(W p + b)``
-(W ~ N(0, 1), b ~ U(0, 2 pi)), so ``q_i . k_j`` approximates ``amp^2 exp(-|p_i - p_j|^2 / 2)``: attention
-concentrates on nearby positions in space and time, as in video DiTs. Each head draws its own length
+Gaussian noise of std ``noise`` (amp = 12, noise = 0.5), where ``phi`` are D random Fourier features
+``sqrt(2/D) cos(W p + b)`` (W ~ N(0, 1), b ~ U(0, 2 pi)), so ``q_i . k_j`` approximates
+``amp^2 exp(-|p_i - p_j|^2 / 2)``: attention concentrates on nearby positions in space and time, as in video DiTs. Each head draws its own length
 scales l_t in [1, 4] frames and l_s in [2, 8] tokens.
 
 Writes results.json under --out and prints a short table last.

@@ -81,7 +81,8 @@ def _check_options(rule, scale, keep_sink, keep_diagonal, min_blocks, backend, q
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "triton":
         if not (q.is_cuda or (q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1")):
-            raise ValueError(f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU); q is on {q.device}")
+            raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU); "
+                             f"q is on {q.device}")
         if q.dtype not in TRITON_DTYPES:
             raise TypeError(f"backend='triton' supports dtypes {TRITON_DTYPES}, got {q.dtype}")
         if q.shape[-1] > MAX_TRITON_HEAD_DIM:

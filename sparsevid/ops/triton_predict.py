@@ -121,7 +121,10 @@ def _threshold_bits(b_p, m_cols, k_eff, target, num_cols):
     return lo
 
 
-@triton.autotune(configs=_configs((4, 8)), key=["HEAD_DIM", "BLOCK_KB", "SEL_ROWS", "USE_TOPK", "USE_TOPP"])
+_SELECT_TUNE_KEY = ["HEAD_DIM", "BLOCK_KB", "SEL_ROWS", "USE_TOPK", "USE_TOPP"]
+
+
+@triton.autotune(configs=_configs((4, 8)), key=_SELECT_TUNE_KEY)
 @triton.jit
 def _select_kernel(PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
                    TopkPerHead, ToppPerHead, SimPerHead,
