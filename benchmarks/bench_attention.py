@@ -189,13 +189,13 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key in sorted({(r["shape"], r["block"]) for r in rows}):
+    for key in sorted({(r["shape"], r["block"], r["commit"]) for r in rows}):
         for phase, style in (("fwd", "-o"), ("fwdbwd", "--s")):
-            pts = [(r["sparsity"], r.get(f"speedup_vs_sdpa_cudnn_{phase}")) for r in rows
-                   if (r["shape"], r["block"]) == key]
+            pts = sorted((r["sparsity"], r.get(f"speedup_vs_sdpa_cudnn_{phase}")) for r in rows
+                         if (r["shape"], r["block"], r["commit"]) == key)
             pts = [(s, v) for s, v in pts if isinstance(v, float)]
             if pts:
-                ax.plot(*zip(*pts), style, label=f"{key[0]} {key[1]} {phase}")
+                ax.plot(*zip(*pts), style, label=f"{key[0]} {key[1]} {phase} ({key[2]})")
     ax.set_xlabel("sparsity (fraction of tiles skipped)")
     ax.set_ylabel("speed-up vs dense cuDNN SDPA")
     ax.set_yscale("log")
