@@ -30,17 +30,17 @@ DEFAULT_CONFIG = {
     },
     "caption_encoder": {"dim": 128, "layers": 2, "heads": 4},
     "data": {"frames": 16, "height": 64, "width": 64, "max_objects": 3},
-    "sampling": {"shift": 3.0, "steps": 20, "guidance": 4.0},
+    "sampling": {"scheduler": "unipc", "shift": 5.0, "steps": 10, "guidance": 4.0},
 }
 
 
 def tiny_config() -> dict:
-    """A ~0.1M-parameter variant (1 layer, head dim 32, 4 x 16 x 16 clips) for tests and smoke runs."""
+    """A ~0.1M-parameter variant (1 layer, head dim 32, 4 x 32 x 32 clips = 256 tokens) for tests and smoke runs."""
     config = copy.deepcopy(DEFAULT_CONFIG)
     config["transformer"].update(num_attention_heads=2, attention_head_dim=32, text_dim=32, freq_dim=32,
                                  ffn_dim=64, num_layers=1)
     config["caption_encoder"].update(dim=32, layers=1, heads=2)
-    config["data"].update(frames=4, height=16, width=16, max_objects=2)
+    config["data"].update(frames=4, height=32, width=32, max_objects=2)
     config["sampling"].update(steps=4)
     return config
 

@@ -1,0 +1,261 @@
+"""The quality harness: generate clips with dense attention and with sparse configurations, and compare.
+
+For a fixed list of (caption, seed) pairs it samples every clip densely and under each
+:class:`~sparsevid.SparseConfig`, then reports per configuration:
+
+* achieved sparsity: mean video-to-video sparsity over all self-attention calls of all steps
+  (calls a schedule keeps dense count as 0),
+* PSNR and SSIM of each clip against the dense clip of the same caption and seed,
+* attention recall and relative L1 of the attention output per layer, measured on the real q, k, v
+  that the dense run feeds its self-attentions at a few probe steps (the configuration's mask is
+  predicted from them exactly as the sparse processor would),
+* wall time of sampling (and the ratio to dense).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+DEFAULT_CAPTIONS = (
+    "big red plain circle moving right on a black background",
+    "small yellow striped square bouncing and big blue plain ring circling on a gray background",
+    "big white checkered diamond moving down on a navy background",
+    "big green striped square moving left and small magenta plain circle moving up on a beige background",
+    "small cyan plain ring moving left and big orange checkered circle bouncing on a black background",
+    "big magenta striped diamond circling and small white plain square moving right and "
+    "small green checkered ring bouncing on a gray background",
+)
+
+
+def parse_config(spec: str):
+    """A SparseConfig from ``"rule=hybrid,topk=0.05,topp=0.9"`` (values parsed as JSON where possible,
+    e.g. ``dense_layers=[0,5]``) or from the path of a JSON file written by ``SparseConfig.to_json``."""
+    from pathlib import Path
+
+    from ..schedules import SparseConfig
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"config spec must be a non-empty string, got {spec!r}")
+    if spec.endswith(".json"):
+        return SparseConfig.from_json(Path(spec).read_text())
+    values = {}
+    for item in _split_top_level(spec):
+        if "=" not in item:
+            raise ValueError(f"config spec items must be key=value, got {item!r} in {spec!r}")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        try:
+            values[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            values[key] = raw
+    if isinstance(values.get("tile"), list):
+        values["tile"] = tuple(values["tile"])
+    return SparseConfig.from_dict(values)
+
+
+def _split_top_level(spec: str) -> list[str]:
+    """Split at commas outside brackets: "a=1,b=[1,2]" -> ["a=1", "b=[1,2]"]."""
+    items, depth, current = [], 0, ""
+    for ch in spec:
+        depth += ch in "[{" and 1 or (-1 if ch in "]}" else 0)
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    return items + [current] if current else items
+
+
+@dataclass
+class _Probe:
+    """Per-layer recall / relative-L1 sums of one configuration over the probed attention calls."""
+
+    recall: dict[int, list[float]] = field(default_factory=dict)
+    rel_l1: dict[int, list[float]] = field(default_factory=dict)
+
+    def add(self, layer: int, recall: float, rel_l1: float) -> None:
+        self.recall.setdefault(layer, []).append(recall)
+        self.rel_l1.setdefault(layer, []).append(rel_l1)
+
+    def summary(self) -> dict:
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        layers = sorted(self.recall)
+        return {"recall_per_layer": [mean(self.recall[i]) for i in layers],
+                "rel_l1_per_layer": [mean(self.rel_l1[i]) for i in layers],
+                "recall": mean([mean(self.recall[i]) for i in layers]) if layers else None,
+                "rel_l1": mean([mean(self.rel_l1[i]) for i in layers]) if layers else None}
+
+
+def probe_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config, layer: int, step: int,
+                grid: tuple[int, int, int], scale: float | None) -> tuple[float, float]:
+    """(recall, relative L1) of ``config``'s mask for one self-attention call q, k, v [B, H, N, D] over a
+    (T, H, W) token grid, the mask predicted as the sparse processor predicts it (1.0, 0.0 if dense)."""
+    from ..models.processors import predict_video_mask, tile_order
+    from .metrics import attention_recall, sparse_output_error
+
+    plan = config.plan(layer, step)
+    if plan is None:
+        return 1.0, 0.0
+    if plan.tile != "none":
+        order = tile_order(grid, plan.tile, q.device)
+        q, k, v = (t.index_select(2, order.perm) for t in (q, k, v))
+    mask = predict_video_mask(q, k, plan, scale)
+    recall = float(attention_recall(q, k, mask, scale=scale).mean())
+    return recall, sparse_output_error(q, k, v, mask, scale=scale, backend=plan.backend)["relative_l1"]
+
+
+class _SelfAttentionProbe:
+    """During a forward, routes every video self-attention SDPA call through :func:`probe_layer` for each
+    configuration (at the probe steps only), then computes the attention itself."""
+
+    def __init__(self, configs: dict, probes: dict[str, _Probe], grid: tuple[int, int, int],
+                 probe_steps: Sequence[int]):
+        self.configs, self.probes, self.grid, self.probe_steps = configs, probes, grid, set(probe_steps)
+        self.video_tokens = grid[0] * grid[1] * grid[2]
+        self.step = self.layer = 0
+        self.seconds = 0.0  # time spent probing (excluded from the dense wall time)
+
+    def on_step(self, i: int, t: float) -> None:
+        """Sampler callback: step ``i`` begins."""
+        self.step, self.layer = i, 0
+
+    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
+        if self.step in self.probe_steps and query.shape[2] == key.shape[2] == self.video_tokens:
+            # a video self-attention (cross-attention has caption keys)
+            start = time.perf_counter()
+            for name, config in self.configs.items():
+                self.probes[name].add(self.layer, *probe_layer(query, key, value, config, self.layer, self.step,
+                                                               self.grid, scale))
+            self.seconds += time.perf_counter() - start
+            self.layer += 1
+        return out
+
+
+def _generate(model, caption: str, seed: int, steps: int, guidance: float, on_step=None) -> tuple[torch.Tensor, float]:
+    from ..models.sampling import generate
+
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    video = generate(model, [caption], [seed], steps=steps, guidance=guidance, on_step=on_step)
+    return video, time.perf_counter() - start
+
+
+def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS[:4], seeds: Sequence[int] = (0,),
+                steps: int = 10, guidance: float | None = None, probe_steps: Sequence[int] | None = None,
+                probe_clips: int = 1, progress: bool = True) -> dict:
+    """Compare sparse configurations against dense sampling (see the module docstring).
+
+    model: a BuiltinVideoDiT; configs: {label: SparseConfig}. Every caption is sampled with every seed.
+    probe_steps: denoising steps whose attention inputs are probed (default: first, middle, last);
+    probe_clips: how many of the clips are probed. Returns a JSON-compatible dict with "settings",
+    "dense" and one entry per configuration under "configs"; "clips" holds the sampled videos
+    (label -> float32 [n_clips, 3, T, H, W]) and is not JSON.
+    """
+    from tqdm.auto import tqdm
+
+    from ..models import apply_sparse_attention, attention_stats, remove_sparse_attention, reset_denoising_step
+    from ..models.processors import SDPAInterceptor
+    from .video_metrics import psnr, ssim
+
+    if not configs:
+        raise ValueError("configs must name at least one sparse configuration")
+    if not captions or not seeds:
+        raise ValueError("captions and seeds must not be empty")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    guidance = model.config["sampling"]["guidance"] if guidance is None else guidance
+    probe_steps = sorted({0, steps // 2, steps - 1}) if probe_steps is None else sorted(set(probe_steps))
+    if any(not 0 <= s < steps for s in probe_steps):
+        raise ValueError(f"probe_steps must lie in [0, {steps}), got {probe_steps}")
+    transformer = model.transformer
+    p_t, p_h, p_w = transformer.config.patch_size
+    _, frames, height, width = model.clip_shape
+    grid = (frames // p_t, height // p_h, width // p_w)
+    jobs = [(c, s) for c in captions for s in seeds]
+    probes = {name: _Probe() for name in configs}
+    bar = tqdm(total=len(jobs) * (1 + len(configs)), desc="harness", disable=not progress)
+
+    dense_clips, dense_seconds = [], 0.0
+    for index, (caption, seed) in enumerate(jobs):
+        if index < probe_clips:
+            probe = _SelfAttentionProbe(configs, probes, grid, probe_steps)
+            with SDPAInterceptor(probe):
+                video, seconds = _generate(model, caption, seed, steps, guidance, on_step=probe.on_step)
+            seconds -= probe.seconds
+        else:
+            video, seconds = _generate(model, caption, seed, steps, guidance)
+        dense_clips.append(video)
+        dense_seconds += seconds
+        bar.update()
+    dense = torch.cat(dense_clips)
+    results = {"settings": {"captions": list(captions), "seeds": list(seeds), "steps": steps, "guidance": guidance,
+                            "probe_steps": probe_steps, "probe_clips": min(probe_clips, len(jobs)),
+                            "grid": list(grid), "device": str(next(model.parameters()).device)},
+               "dense": {"seconds": dense_seconds}, "configs": {}}
+    clips = {"dense": dense}
+
+    for name, config in configs.items():
+        apply_sparse_attention(transformer, config, collect_stats=True)
+        sparsity: list[float] = []
+        hook = transformer.register_forward_hook(
+            lambda *_: sparsity.extend(r["sparsity"] for r in attention_stats(transformer)))
+        try:
+            videos, seconds = [], 0.0
+            for caption, seed in jobs:
+                reset_denoising_step(transformer)
+                video, dt = _generate(model, caption, seed, steps, guidance)
+                videos.append(video)
+                seconds += dt
+                bar.update()
+        finally:
+            hook.remove()
+            remove_sparse_attention(transformer)
+        sparse = torch.cat(videos)
+        clips[name] = sparse
+        p, s = psnr(sparse, dense), ssim(sparse, dense)
+        results["configs"][name] = {
+            "config": config.to_dict(), "sparsity": sum(sparsity) / len(sparsity), "seconds": seconds,
+            "speedup": dense_seconds / seconds, "psnr": float(p.mean()), "ssim": float(s.mean()),
+            "psnr_per_clip": p.tolist(), "ssim_per_clip": s.tolist(), **probes[name].summary()}
+    bar.close()
+    results["clips"] = clips
+    return results
+
+
+
+def markdown_table(results: dict) -> str:
+    """The per-configuration summary of :func:`run_harness` results as a Markdown table."""
+    settings = results["settings"]
+    lines = [f"{len(settings['captions'])} captions x {len(settings['seeds'])} seeds, {settings['steps']} steps, "
+             f"guidance {settings['guidance']}, device {settings['device']}; dense sampling "
+             f"{results['dense']['seconds']:.1f} s",
+             "",
+             "| config | sparsity | PSNR (dB) | SSIM | recall | rel. L1 | time (s) | vs dense |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, r in results["configs"].items():
+        lines.append(f"| `{name}` | {r['sparsity']:.3f} | {r['psnr']:.2f} | {r['ssim']:.4f} | "
+                     f"{_fmt(r['recall'], '.4f')} | {_fmt(r['rel_l1'], '.4f')} | {r['seconds']:.1f} | "
+                     f"{r['speedup']:.2f}x |")
+    lines += ["", "Per layer (recall / relative L1 of the attention output, probe steps "
+              f"{settings['probe_steps']}):", "", "| config | " + " | ".join(
+                  f"layer {i}" for i in range(_num_layers(results))) + " |",
+              "|---|" + "---|" * _num_layers(results)]
+    for name, r in results["configs"].items():
+        cells = [f"{a:.3f} / {b:.3f}" for a, b in zip(r["recall_per_layer"], r["rel_l1_per_layer"])]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _num_layers(results: dict) -> int:
+    return max((len(r["recall_per_layer"]) for r in results["configs"].values()), default=0)
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
