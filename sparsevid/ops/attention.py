@@ -73,7 +73,27 @@ def _backward(ctx, grad_out, grad_lse):
 _triton_attn.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _triton_backend(q, k, v, mask: SparseMask, scale: float):
+@torch.library.custom_op("sparsevid::block_sparse_attn_tile_mass", mutates_args=())
+def _triton_attn_tile_mass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
+                           kv_index: torch.Tensor, block_q: int, block_k: int,
+                           scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward that also emits exact tile masses float32 [B, H, QB, KB]. Inference only: it has no
+    backward (``block_sparse_attention`` refuses ``return_tile_mass=True`` when gradients are requested)."""
+    from .triton_attention import triton_forward
+
+    return triton_forward(q, k, v, kv_count, kv_index, block_q, block_k, scale, with_tile_mass=True)
+
+
+@_triton_attn_tile_mass.register_fake
+def _(q, k, v, kv_count, kv_index, block_q, block_k, scale):
+    b, h, n, _ = q.shape
+    mass = q.new_empty((b, h, kv_index.shape[-2], kv_index.shape[-1]), dtype=torch.float32)
+    return torch.empty_like(q), q.new_empty((b, h, n), dtype=torch.float32), mass
+
+
+def _triton_backend(q, k, v, mask: SparseMask, scale: float, return_tile_mass: bool = False):
+    if return_tile_mass:
+        return _triton_attn_tile_mass(q, k, v, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k, scale)
     return _triton_attn(q, k, v, mask.kv_count, mask.kv_index, mask.q_count, mask.q_index, mask.block_q,
                         mask.block_k, scale)
 
@@ -152,8 +172,21 @@ def resolve_backend(backend: str, q: torch.Tensor) -> str:
     return "triton" if q.is_cuda and q.dtype in TRITON_DTYPES and q.shape[-1] <= MAX_TRITON_HEAD_DIM else "reference"
 
 
+def _check_tile_mass_request(return_tile_mass, backend: str, q, k, v) -> None:
+    if not isinstance(return_tile_mass, bool):
+        raise TypeError(f"return_tile_mass must be a bool, got {return_tile_mass!r}")
+    if not return_tile_mass:
+        return
+    if backend not in ("triton", "reference"):
+        raise ValueError(f"return_tile_mass=True needs backend 'triton' or 'reference' (or 'auto'), got {backend!r}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError("return_tile_mass=True is inference only (no backward): call it under torch.no_grad() "
+                         "or with inputs that do not require grad")
+
+
 def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask,
-                           scale: float | None = None, return_lse: bool = False, backend: str = "auto"):
+                           scale: float | None = None, return_lse: bool = False, backend: str = "auto",
+                           return_tile_mass: bool = False):
     """softmax(scale * q k^T restricted to the mask's kept tiles) @ v.
 
     Args:
@@ -163,18 +196,27 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
         scale: softmax scale, default ``D ** -0.5``.
         return_lse: also return the row log-sum-exp (natural log), float32 [B, H, N].
         backend: "auto" | "triton" | "flex" | "reference".
+        return_tile_mass: also return the exact softmax mass of every tile, float32 [B, H, QB, KB]: the mean
+            over query block i's rows of the probability the row gives key block j (0 for skipped tiles; each
+            row-block sums to 1 over its kept tiles, or 0 if it keeps none). Triton and reference backends,
+            inference only (ValueError if gradients are requested). The Triton variant is a separate custom op
+            (``torch.ops.sparsevid.block_sparse_attn_tile_mass``) that reads ``mask.kv_count.max()`` on the host.
 
     Returns:
-        out [B, H, N, D] in q's dtype, and lse when ``return_lse``. A row with no kept tile outputs zeros
-        and lse = -inf. Differentiable with respect to q, k and v on every backend.
+        out [B, H, N, D] in q's dtype, then lse when ``return_lse``, then the tile masses when
+        ``return_tile_mass`` (a tuple when more than out is returned). A row with no kept tile outputs zeros
+        and lse = -inf. Differentiable with respect to q, k and v on every backend (without tile masses).
     """
     _check_inputs(q, k, v, mask, scale, backend)
     scale = float(scale) if scale is not None else q.shape[-1] ** -0.5
     backend = resolve_backend(backend, q)
+    _check_tile_mass_request(return_tile_mass, backend, q, k, v)
     if backend == "triton":
-        out, lse = _triton_backend(q, k, v, mask, scale)
+        out, lse, *mass = _triton_backend(q, k, v, mask, scale, return_tile_mass)
     elif backend == "flex":
-        out, lse = _flex_backend(q, k, v, mask, scale)
+        (out, lse), mass = _flex_backend(q, k, v, mask, scale), []
     else:
-        out, lse = reference_block_sparse_attention(q, k, v, mask, scale)
-    return (out, lse) if return_lse else out
+        out, lse, *mass = reference_block_sparse_attention(q, k, v, mask, scale, return_tile_mass)
+    if not (return_lse or return_tile_mass):
+        return out
+    return (out,) + ((lse,) if return_lse else ()) + (tuple(mass) if return_tile_mass else ())

@@ -86,24 +86,42 @@ def _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn, o_d
     b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * scale_log2)
     b_p = tl.math.exp2(b_s * scale_log2 - b_m_new[:, None])
     b_alpha = tl.math.exp2(b_m - b_m_new)
-    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_psum = tl.sum(b_p, 1)
+    b_l = b_l * b_alpha + b_psum
     b_acc = b_acc * b_alpha[:, None]
     b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc, input_precision=DOT_PRECISION)
-    return b_acc, b_m_new, b_l
+    return b_acc, b_m_new, b_l, b_psum
 
 
-@triton.autotune(configs=_configs("ROWS", "SUB_N", (64, 128), (64, 128), (4, 8), (3, 4)), key=_TUNE_KEY,
+@triton.jit
+def _tile_sum_update(b_tm, b_tl, b_m_new, b_psum, first):
+    """Running base-2 (max, sum) of the current kept tile's row sums: ``b_tm + log2(b_tl)`` is the row
+    log-sum-exp over the tile's columns seen so far. ``first`` starts a new tile; ``b_psum`` is the sub-tile's
+    row sum relative to the running max ``b_m_new``, so one exp2 per row rescales the earlier sub-tiles."""
+    b_tl = tl.where(first, 0.0, b_tl * tl.math.exp2(b_tm - b_m_new)) + b_psum
+    return b_m_new, b_tl
+
+
+# TileMass is zeroed after tuning: a config owning fewer rows writes more splits than the one finally chosen.
+@triton.autotune(configs=_configs("ROWS", "SUB_N", (64, 128), (64, 128), (4, 8), (3, 4)),
+                 key=_TUNE_KEY + ["WITH_MASS"], reset_to_zero=["TileMass"],
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N"))
 @triton.jit
-def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex,
+def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
                     stride_qb, stride_qh, stride_qn, stride_qd,
                     stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn,
                     stride_ob, stride_oh, stride_on, stride_od,
                     stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
-                    H, N, M, NUM_KV_BLOCKS, scale_log2,
+                    H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, TILE_SLOTS, scale_log2,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    WITH_MASS: tl.constexpr):
+    """Forward over the kept tiles of ROWS query rows. With WITH_MASS, also the exact softmax mass of each
+    kept tile: every tile's row log-sum-exp (base 2) goes to the TileLse scratch [B*H, QB, TILE_SLOTS,
+    BLOCK_M] (slot = position in the kv index table), and after the loop, once the rows' final lse is known,
+    the program reads its slots back and adds sum_rows exp2(tile_lse - lse) / rows_in_block to TileMass
+    [B*H, QB, BLOCK_M // 64, KB] at the tile's key block, in the split of the block it owns."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
@@ -126,16 +144,30 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex,
     b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([ROWS], dtype=tl.float32)
     b_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    if WITH_MASS:
+        o_in_block = (pid_m * ROWS) % BLOCK_M + tl.arange(0, ROWS)
+        p_tile_lse = TileLse + (pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block) * TILE_SLOTS * BLOCK_M + o_in_block
+        b_tm = b_m
+        b_tl = b_l
     for it in range(0, num_full * SUBS):
         start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB_N
-        b_acc, b_m, b_l = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn, o_d, M,
-                                    scale_log2, HEAD_DIM, BLOCK_D, SUB_N, False, DOT_PRECISION)
+        b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn, o_d,
+                                            M, scale_log2, HEAD_DIM, BLOCK_D, SUB_N, False, DOT_PRECISION)
+        if WITH_MASS:
+            b_tm, b_tl = _tile_sum_update(b_tm, b_tl, b_m, b_psum, (it % SUBS) == 0)
+            if (it % SUBS) == SUBS - 1:
+                tl.store(p_tile_lse + (it // SUBS) * BLOCK_M, b_tm + tl.math.log2(b_tl))
     if ragged_tail:
         for sub in range(0, SUBS):
             start_n = last_block * BLOCK_N + sub * SUB_N
             if start_n < M:
-                b_acc, b_m, b_l = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn, o_d,
-                                            M, scale_log2, HEAD_DIM, BLOCK_D, SUB_N, True, DOT_PRECISION)
+                b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn,
+                                                    o_d, M, scale_log2, HEAD_DIM, BLOCK_D, SUB_N, True,
+                                                    DOT_PRECISION)
+                if WITH_MASS:
+                    b_tm, b_tl = _tile_sum_update(b_tm, b_tl, b_m, b_psum, sub == 0)
+        if WITH_MASS:
+            tl.store(p_tile_lse + num_full * BLOCK_M, b_tm + tl.math.log2(b_tl))
 
     has_keys = b_l > 0.0
     b_out = b_acc / tl.where(has_keys, b_l, 1.0)[:, None]
@@ -144,6 +176,17 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex,
     b_lse = tl.where(has_keys, (b_m + tl.math.log2(tl.where(has_keys, b_l, 1.0))) * 0.6931471805599453,
                      float("-inf"))
     tl.store(Lse + pid_bh.to(tl.int64) * N + o_m, b_lse, mask=o_m < N)
+    if WITH_MASS:
+        # Read back this program's own tile sums (a barrier makes the stores of other threads visible).
+        tl.debug_barrier()
+        b_lse2 = b_m + tl.math.log2(tl.where(has_keys, b_l, 1.0))
+        rows_in_block = tl.minimum(BLOCK_M, N - q_block * BLOCK_M).to(tl.float32)
+        p_mass = TileMass + ((pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block) * (BLOCK_M // 64)
+                             + ((pid_m * ROWS) % BLOCK_M) // ROWS) * NUM_KV_BLOCKS
+        for slot in range(0, count):
+            b_w = tl.math.exp2(tl.load(p_tile_lse + slot * BLOCK_M) - b_lse2)
+            b_w = tl.where(o_m < N, b_w, 0.0)
+            tl.store(p_mass + tl.load(p_index + slot), tl.sum(b_w, 0) / rows_in_block)
 
 
 @triton.jit
@@ -336,26 +379,36 @@ def _table_strides(count: torch.Tensor, index: torch.Tensor, batch: int, heads: 
 
 
 def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
-                   kv_index: torch.Tensor, block_q: int, block_k: int,
-                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   kv_index: torch.Tensor, block_q: int, block_k: int, scale: float,
+                   with_tile_mass: bool = False) -> tuple[torch.Tensor, ...]:
     """Launch the forward kernel. q: [B, H, N, D], k/v: [B, H, M, D] (any strides), tables from SparseMask.
 
-    Returns out (q's dtype, q's layout) and lse float32 [B, H, N] (natural log).
+    Returns out (q's dtype, q's layout) and lse float32 [B, H, N] (natural log); with ``with_tile_mass``
+    also the exact softmax mass of each tile, float32 [B, H, QB, KB] (mean over the query block's rows of
+    the probability the row gives the tile's keys; 0 for skipped tiles). That variant reads ``kv_count.max()``
+    on the host to size a scratch of B*H*QB*max_count*block_q floats.
     """
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     b, h, n, d = q.shape
     m = k.shape[2]
+    qb, kb = kv_index.shape[-2], kv_index.shape[-1]
     out = _alloc(q)
     lse = _alloc(q, (b, h, n), torch.float32)
+    slots = int(kv_count.max()) if with_tile_mass else 0
+    tile_lse = _alloc(q, (b * h * qb * slots * block_q,), torch.float32) if with_tile_mass else lse
+    splits = block_q // 64
+    tile_mass = torch.zeros((b, h, qb, splits, kb), device=q.device, dtype=torch.float32) if with_tile_mass else lse
     _bsa_fwd_kernel[lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h)](
-        q, k, v, out, lse, kv_count, kv_index,
+        q, k, v, out, lse, kv_count, kv_index, tile_lse, tile_mass,
         *q.stride(), *k.stride()[:3], *v.stride()[:3], *out.stride(),
         *_table_strides(kv_count, kv_index, b, h),
-        h, n, m, kv_index.shape[-1], scale * LOG2E,
+        h, n, m, qb, kb, slots, scale * LOG2E,
         HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=block_q, BLOCK_N=block_k,
-        DOT_PRECISION=_dot_precision(q.dtype),
+        DOT_PRECISION=_dot_precision(q.dtype), WITH_MASS=with_tile_mass,
     )
-    return out, lse
+    if not with_tile_mass:
+        return out, lse
+    return out, lse, tile_mass[:, :, :, 0] if splits == 1 else tile_mass.sum(dim=3)
 
 
 def triton_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
