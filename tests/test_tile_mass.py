@@ -74,8 +74,8 @@ def test_triton_tile_mass_matches_dense_float64(shape, kind, dtype, nan_poisoned
     expected = dense_tile_mass(q, k, mask)
     assert mass.dtype == torch.float32 and mass.shape == expected.shape
     # Scores are accumulated in float32 from the very values the oracle reads (fp16 inputs are exact in
-    # float64), so only float32 rounding separates them: about 1e-6 of a row's unit mass.
-    assert (mass.double() - expected).abs().max() < 2e-5
+    # float64), so only float32 rounding of scores up to ~30 separates them: a few 1e-6 of a row's unit mass at most.
+    assert (mass.double() - expected).abs().max() < 5e-6
     assert torch.equal(mass[~mask.keep.expand_as(mass)], torch.zeros_like(mass[~mask.keep.expand_as(mass)]))
     # The variant's out and lse are those of the plain forward.
     plain_out, plain_lse = sv.block_sparse_attention(q, k, v, mask, return_lse=True, backend="triton")

@@ -97,11 +97,13 @@ def _resolve_backend(backend: str, q: torch.Tensor) -> str:
 
 
 def _torch_predict(q, k, *, rule, rule_topk, rule_topp, min_blocks, keep_sink, keep_diagonal, threshold,
-                   block_q, block_k, scale) -> tuple[torch.Tensor, torch.Tensor]:
+                   block_q, block_k, scale, within) -> tuple[torch.Tensor, torch.Tensor]:
     """keep bool [B, H, QB, KB] and kept pooled mass float32 [B, H, QB], in plain PyTorch."""
     q_pooled, k_pooled = pool_blocks(q, block_q), pool_blocks(k, block_k)
     scores = pooled_scores(q_pooled, k_pooled, scale)
-    keep = threshold_keep(scores, rule, rule_topk, rule_topp, min_blocks)
+    # Non-candidates score 0: they are never needed to reach a target, and the final "& within" drops them.
+    candidates = scores if within is None else scores * within
+    keep = threshold_keep(candidates, rule, rule_topk, rule_topp, min_blocks)
     with_sim = threshold is not None
     keep = add_option_blocks(
         keep, keep_sink=keep_sink,
@@ -110,14 +112,29 @@ def _torch_predict(q, k, *, rule, rule_topk, rule_topp, min_blocks, keep_sink, k
         k_similarity=block_similarity(k, block_k, k_pooled) if with_sim else None,
         threshold=threshold,
     )
+    if within is not None:
+        keep &= within
     return keep, (scores * keep).sum(dim=-1)
+
+
+def _within_keep(within, q, k, block_q: int, block_k: int) -> torch.Tensor | None:
+    """The candidate map bool [B|1, H|1, QB, KB] (contiguous) of ``within``, after checking it fits q and k."""
+    if within is None:
+        return None
+    if not isinstance(within, SparseMask):
+        raise TypeError(f"within must be None or a sparsevid.SparseMask, got {type(within).__name__}")
+    if (within.block_q, within.block_k) != (block_q, block_k):
+        raise ValueError(f"within has blocks ({within.block_q}, {within.block_k}) but block_q, block_k are "
+                         f"({block_q}, {block_k})")
+    within.check_compatible(q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.device)
+    return within.keep.contiguous()
 
 
 @torch.compiler.disable
 def predict_mask(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", topk=0.05, topp=0.9,
                  block_q: int = 128, block_k: int = 64, scale: float | None = None, keep_sink: bool = False,
                  keep_diagonal: bool = False, similarity_threshold=None, min_blocks: int = 1,
-                 backend: str = "auto") -> tuple[SparseMask, MaskStats]:
+                 backend: str = "auto", within: SparseMask | None = None) -> tuple[SparseMask, MaskStats]:
     """Predict a block-sparse mask from pooled attention scores.
 
     Args:
@@ -135,6 +152,11 @@ def predict_mask(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", topk=0.
             self-similarity (``sparsevid.ops.pooling``) is below it keeps its whole row (column).
         min_blocks: every row keeps at least this many tiles (before options are added).
         backend: "auto" | "triton" | "torch".
+        within: None, or an earlier :class:`SparseMask` for the same lengths and block sizes (reduced search):
+            only its kept tiles are candidates, and the result keeps a subset of them. The pooled softmax
+            still spans every key block, so ``topp`` remains a share of the whole pooled row: a row whose
+            candidates hold less than ``topp`` keeps all of them, as does a row with fewer candidates than
+            ``topk``. Option tiles (sink, diagonal, similarity) are also limited to the candidates.
 
     Returns:
         (mask, stats): a :class:`SparseMask` [B, H, QB, KB] whose kv index tables are already built on
@@ -150,14 +172,16 @@ def predict_mask(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", topk=0.
     rule_topp = resolve_topp(topp, heads) if uses_topp(rule) else None
     threshold = resolve_similarity_threshold(similarity_threshold, heads)
     scale = float(scale) if scale is not None else q.shape[-1] ** -0.5
+    within_keep = _within_keep(within, q, k, block_q, block_k)
     options = dict(rule_topk=rule_topk, rule_topp=rule_topp, min_blocks=int(min_blocks), keep_sink=keep_sink,
                    keep_diagonal=keep_diagonal, block_q=block_q, block_k=block_k, scale=scale)
     if _resolve_backend(backend, q) == "triton":
         from .triton_predict import triton_predict
 
-        keep, count, index, kept_mass = triton_predict(q, k, similarity_threshold=threshold, **options)
+        keep, count, index, kept_mass = triton_predict(q, k, similarity_threshold=threshold, within=within_keep,
+                                                       **options)
         mask = SparseMask.from_dense(keep, n, m, block_q, block_k, kv_table=(count, index))
     else:
-        keep, kept_mass = _torch_predict(q, k, rule=rule, threshold=threshold, **options)
+        keep, kept_mass = _torch_predict(q, k, rule=rule, threshold=threshold, within=within_keep, **options)
         mask = SparseMask.from_dense(keep, n, m, block_q, block_k)
     return mask, MaskStats(kept_mass=kept_mass, mask=mask)

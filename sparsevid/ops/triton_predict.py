@@ -95,15 +95,16 @@ def _per_head_value(scalar, p_values, i_h, PER_HEAD: tl.constexpr):
 
 
 @triton.jit
-def _threshold_bits(b_p, m_cols, k_eff, target, num_cols):
+def _threshold_bits(b_p, m_valid, k_eff, target, num_valid):
     """int32 [R]: bit pattern of the largest tau with count(p >= tau) >= k_eff and mass(p >= tau) >= target.
 
-    b_p: float32 [R, C], probabilities (padding columns hold -1). The lower bound starts at the row minimum
-    (where the whole row qualifies) and the upper bound just above the row maximum (where nothing does).
+    b_p: float32 [R, C], probabilities (padding and non-candidate entries hold -1); m_valid: bool [R, C] or
+    [1, C], the candidates; num_valid: int32 [R], their number per row. The lower bound starts at the row's
+    smallest candidate (where every candidate qualifies) and the upper bound just above the row maximum.
     """
-    lo = tl.min(tl.where(m_cols[None, :], b_p, 2.0), 1).to(tl.int32, bitcast=True)
+    lo = tl.min(tl.where(m_valid, b_p, 2.0), 1).to(tl.int32, bitcast=True)
     hi = tl.max(b_p, 1).to(tl.int32, bitcast=True) + 1
-    cnt_lo = tl.zeros_like(lo) + num_cols
+    cnt_lo = num_valid
     cnt_hi = tl.zeros_like(lo)
     active = ((hi - lo) > 1) & ((cnt_lo - cnt_hi) > 1)
     while tl.max(active.to(tl.int32), 0) > 0:
@@ -121,20 +122,21 @@ def _threshold_bits(b_p, m_cols, k_eff, target, num_cols):
     return lo
 
 
-_SELECT_TUNE_KEY = ["HEAD_DIM", "BLOCK_KB", "SEL_ROWS", "USE_TOPK", "USE_TOPP"]
+_SELECT_TUNE_KEY = ["HEAD_DIM", "BLOCK_KB", "SEL_ROWS", "USE_TOPK", "USE_TOPP", "WITHIN"]
 
 
 @triton.autotune(configs=_configs((4, 8)), key=_SELECT_TUNE_KEY)
 @triton.jit
 def _select_kernel(PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
-                   TopkPerHead, ToppPerHead, SimPerHead,
-                   topk, topp, sim_threshold, min_blocks,
+                   TopkPerHead, ToppPerHead, SimPerHead, Within,
+                   topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
                    H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                    ROWS: tl.constexpr, CHUNK: tl.constexpr, DOT_K: tl.constexpr, BLOCK_KB: tl.constexpr, SEL_ROWS: tl.constexpr,
                    USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr, TOPK_PER_HEAD: tl.constexpr,
                    TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr, KEEP_SINK: tl.constexpr,
-                   KEEP_DIAGONAL: tl.constexpr, WITH_SIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   KEEP_DIAGONAL: tl.constexpr, WITH_SIM: tl.constexpr, WITHIN: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_h = pid_bh % H
@@ -184,9 +186,16 @@ def _select_kernel(PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, Ke
         b_max = tl.max(b_s, 1)
         b_e = tl.math.exp2(b_s - tl.where(m_s, b_max, 0.0)[:, None])
         b_p = b_e / tl.where(m_s, tl.sum(b_e, 1), 1.0)[:, None]
-        b_p = tl.where(m_k[None, :], b_p, -1.0)
+        if WITHIN:
+            # Only the tiles of the earlier mask are candidates; the softmax still spans the whole row.
+            p_within = Within + (pid_bh // H).to(tl.int64) * stride_wb + i_h * stride_wh
+            m_valid = tl.load(p_within + o_s[:, None] * stride_wr + o_k[None, :], mask=m_tile, other=0) != 0
+        else:
+            m_valid = m_k[None, :]
+        num_valid = tl.sum(m_valid.to(tl.int32), 1) + tl.zeros([SEL_ROWS], dtype=tl.int32)
+        b_p = tl.where(m_valid, b_p, -1.0)
 
-        tau_bits = _threshold_bits(b_p, m_k, k_eff, target, NUM_KV_BLOCKS)
+        tau_bits = _threshold_bits(b_p, m_valid, k_eff, target, num_valid)
         tau = tau_bits.to(tl.float32, bitcast=True)
         if USE_TOPP:
             tau = tl.where(target >= 1.0, 0.0, tau)
@@ -203,6 +212,8 @@ def _select_kernel(PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, Ke
             q_loose = tl.load(SimQ + q_rows + o_s, mask=m_s, other=1.0) < limit
             b_keep = b_keep | q_loose[:, None] | b_k_loose[None, :]
         b_keep = b_keep & m_tile
+        if WITHIN:
+            b_keep = b_keep & m_valid
 
         b_keep_i = b_keep.to(tl.int32)
         count = tl.sum(b_keep_i, 1)
@@ -234,11 +245,12 @@ def _scalar_or_table(value, device, dtype) -> tuple[object, torch.Tensor | None]
 def triton_predict(q: torch.Tensor, k: torch.Tensor, *, rule_topk: int | torch.Tensor | None,
                    rule_topp: float | torch.Tensor | None, min_blocks: int, keep_sink: bool,
                    keep_diagonal: bool, similarity_threshold: float | torch.Tensor | None, block_q: int,
-                   block_k: int, scale: float) -> tuple[torch.Tensor, ...]:
+                   block_k: int, scale: float, within: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Launch the pooling and selection kernels.
 
     q: [B, H, N, D], k: [B, H, M, D] (any strides, fp16/bf16/fp32). rule_topk: resolved top-k count (int or
     int32 [H]) or None when the rule has no top-k part; rule_topp likewise (float or float32 [H]).
+    within: None or bool [B|1, H|1, QB, KB]: only these tiles are candidates, and only they can be kept.
     Returns keep bool [B, H, QB, KB], kv_count int32 [B, H, QB], kv_index int32 [B, H, QB, KB] and the
     kept pooled mass float32 [B, H, QB].
     """
@@ -268,19 +280,24 @@ def triton_predict(q: torch.Tensor, k: torch.Tensor, *, rule_topk: int | torch.T
     topp_arg, topp_table = _scalar_or_table(rule_topp if rule_topp is not None else 0.0, device, torch.float32)
     sim_arg, sim_table = _scalar_or_table(similarity_threshold if with_sim else 0.0, device, torch.float32)
     block_kb = max(16, triton.next_power_of_2(kb))
+    within_i8 = within.view(torch.int8) if within is not None else None
+    within_strides = (0, 0, 0) if within is None else (
+        within.stride(0) if within.shape[0] > 1 else 0, within.stride(1) if within.shape[1] > 1 else 0,
+        within.stride(2))
     sel_rows = max(1, min(_ROWS, _SELECT_TILE_ELEMENTS // block_kb))
     _select_kernel[(triton.cdiv(qb, _ROWS), b * h)](
         pooled_q, pooled_k, sim_q, sim_k, scratch, keep.view(torch.int8), count, index, kept_mass,
         topk_table if topk_table is not None else count,
         topp_table if topp_table is not None else kept_mass,
         sim_table if sim_table is not None else kept_mass,
-        topk_arg, float(topp_arg), float(sim_arg), min_blocks,
+        within_i8 if within is not None else keep.view(torch.int8),
+        topk_arg, float(topp_arg), float(sim_arg), min_blocks, *within_strides,
         h, n, m, qb, kb, scale * LOG2E,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_Q=block_q, BLOCK_K=block_k,
         ROWS=_ROWS, CHUNK=_CHUNK, DOT_K=min(block_d, _DOT_K), BLOCK_KB=block_kb, SEL_ROWS=sel_rows,
         USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,
         TOPK_PER_HEAD=topk_table is not None, TOPP_PER_HEAD=topp_table is not None,
         SIM_PER_HEAD=sim_table is not None, KEEP_SINK=keep_sink, KEEP_DIAGONAL=keep_diagonal,
-        WITH_SIM=with_sim, DOT_PRECISION="ieee" if _INTERPRET else "tf32x3",
+        WITH_SIM=with_sim, WITHIN=within is not None, DOT_PRECISION="ieee" if _INTERPRET else "tf32x3",
     )
     return keep, count.view(b, h, qb), index.view(b, h, qb, kb), kept_mass

@@ -1,0 +1,81 @@
+"""``select_from_mass``: refine a mask from the exact tile masses its attention produced.
+
+``block_sparse_attention(..., return_tile_mass=True)`` gives, for every kept tile, the exact softmax mass
+its query rows gave it (normalised over the mask's kept tiles). Running a selection rule of
+``selection.py`` on those masses instead of pooled scores keeps the tiles that really carried the attention;
+the result is always a subset of the mask the masses were measured under.
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from .mask import SparseMask
+from .predict import MaskStats
+from .selection import RULES, add_option_blocks, diagonal_blocks, resolve_topk, resolve_topp, threshold_keep
+from .selection import uses_topk, uses_topp
+
+
+def _check(tile_mass, mask, rule, min_blocks, keep_sink, keep_diagonal, row_share) -> None:
+    if not isinstance(mask, SparseMask):
+        raise TypeError(f"mask must be a sparsevid.SparseMask, got {type(mask).__name__}")
+    if not isinstance(tile_mass, torch.Tensor) or not tile_mass.is_floating_point():
+        raise TypeError(f"tile_mass must be a floating-point tensor, got {type(tile_mass).__name__}")
+    if tile_mass.dim() != 4 or tuple(tile_mass.shape[-2:]) != tuple(mask.keep.shape[-2:]):
+        raise ValueError(f"tile_mass must have shape [B, H, {mask.num_q_blocks}, {mask.num_kv_blocks}] to match "
+                         f"the mask, got {tuple(tile_mass.shape)}")
+    mask.check_compatible(tile_mass.shape[0], tile_mass.shape[1], mask.q_len, mask.kv_len, tile_mass.device)
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if not isinstance(min_blocks, numbers.Integral) or isinstance(min_blocks, bool) or min_blocks < 0:
+        raise ValueError(f"min_blocks must be an int >= 0, got {min_blocks!r}")
+    for name, flag in (("keep_sink", keep_sink), ("keep_diagonal", keep_diagonal)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if row_share is not None:
+        if not isinstance(row_share, torch.Tensor) or not row_share.is_floating_point():
+            raise TypeError(f"row_share must be None or a float tensor [B, H, QB], got {type(row_share).__name__}")
+        try:
+            torch.broadcast_shapes(row_share.shape, tile_mass.shape[:-1])
+        except RuntimeError:
+            raise ValueError(f"row_share must broadcast to {tuple(tile_mass.shape[:-1])}, "
+                             f"got {tuple(row_share.shape)}") from None
+
+
+@torch.compiler.disable
+def select_from_mass(tile_mass: torch.Tensor, mask: SparseMask, rule: str = "topp", topk=0.05, topp=0.9,
+                     min_blocks: int = 1, keep_sink: bool = False, keep_diagonal: bool = False,
+                     row_share: torch.Tensor | None = None) -> tuple[SparseMask, MaskStats]:
+    """A subset of ``mask`` chosen by a selection rule over exact tile masses.
+
+    Args:
+        tile_mass: float [B, H, QB, KB], the masses ``block_sparse_attention(..., mask, return_tile_mass=True)``
+            returned (each row-block sums to 1 over the mask's kept tiles).
+        mask: the mask they were measured under; its kept tiles are the only candidates.
+        rule, topk, topp, min_blocks, keep_sink, keep_diagonal: as in :func:`sparsevid.predict_mask`
+            (``topk`` a fraction of all KB key blocks or a count; ``topp`` a share of the attention row).
+        row_share: None or float [B|1, H|1, QB]: the share of the full (dense) attention row that ``mask``
+            holds, e.g. the ``kept_mass`` of the prediction that made it. The masses are scaled by it, so
+            ``topp`` stays a share of the full row rather than of the mask: a row whose candidates hold less
+            than ``topp`` keeps all of them. None means 1.
+
+    Returns:
+        (new_mask, stats): new_mask [B, H, QB, KB] with ``new_mask.keep <= mask.keep``; ``stats.kept_mass``
+        float32 [B, H, QB] is the share of the full row the new mask holds (``row_share`` times its exact mass).
+    """
+    _check(tile_mass, mask, rule, min_blocks, keep_sink, keep_diagonal, row_share)
+    heads = tile_mass.shape[1]
+    scores = tile_mass.float()
+    if row_share is not None:
+        scores = scores * row_share.float().unsqueeze(-1)
+    rule_topk = resolve_topk(topk, mask.num_kv_blocks, heads) if uses_topk(rule) else None
+    rule_topp = resolve_topp(topp, heads) if uses_topp(rule) else None
+    # Skipped tiles have mass 0: never needed to reach a target, and the final "& mask.keep" drops them.
+    keep = threshold_keep(scores, rule, rule_topk, rule_topp, int(min_blocks))
+    diagonal = diagonal_blocks(mask.q_len, mask.kv_len, mask.block_q, mask.block_k, scores.device)
+    keep = add_option_blocks(keep, keep_sink=keep_sink, diagonal=diagonal if keep_diagonal else None,
+                             q_similarity=None, k_similarity=None, threshold=None)
+    keep &= mask.keep
+    new_mask = SparseMask.from_dense(keep, mask.q_len, mask.kv_len, mask.block_q, mask.block_k)
+    return new_mask, MaskStats(kept_mass=(scores * keep).sum(dim=-1), mask=new_mask)
