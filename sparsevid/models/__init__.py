@@ -6,5 +6,6 @@ from .builtin import BuiltinVideoDiT, load_builtin
 from .integration import (apply_sparse_attention, attention_stats, denoising_step, is_sparse,
                           remove_sparse_attention, reset_denoising_step, set_collect_stats, set_denoising_step)
 
-__all__ = ["BuiltinVideoDiT", "load_builtin", "apply_sparse_attention", "attention_stats", "denoising_step", "is_sparse", "remove_sparse_attention",
+__all__ = ["BuiltinVideoDiT", "load_builtin",
+           "apply_sparse_attention", "attention_stats", "denoising_step", "is_sparse", "remove_sparse_attention",
            "reset_denoising_step", "set_collect_stats", "set_denoising_step"]
