@@ -21,7 +21,8 @@ def test_same_seed_same_clips_and_captions():
     assert not torch.equal(v1, v3) and c1 != c3
 
 
-@pytest.mark.parametrize("frames,height,width", [(16, 64, 64), (4, 16, 16), (5, 20, 36)], ids=["default", "tiny", "odd"])
+@pytest.mark.parametrize("frames,height,width", [(16, 64, 64), (4, 16, 16), (5, 20, 36)],
+                         ids=["default", "tiny", "odd"])
 def test_shapes_and_range(frames, height, width):
     data = ProceduralVideos(frames=frames, height=height, width=width)
     video, captions = data.sample(8, _gen(0))

@@ -50,8 +50,8 @@ def run(args) -> int:
     model = load_model(args)
     config = SparseConfig(rule=args.rule, topk=args.topk, topp=args.topp)
     label = f"{args.rule} topk={args.topk} topp={args.topp}"
-    n_tokens = model.transformer.config.patch_size
-    grid = [s // p for s, p in zip(model.clip_shape[1:], n_tokens)]
+    patch = model.transformer.config.patch_size
+    grid = [s // p for s, p in zip(model.clip_shape[1:], patch)]
     print(f"built-in video DiT: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{grid[0]}x{grid[1]}x{grid[2]} = {grid[0] * grid[1] * grid[2]} tokens per clip, "
           f"device {args.device} ({next(model.parameters()).dtype}), loaded in {time.perf_counter() - start:.1f}s")

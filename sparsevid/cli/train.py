@@ -96,9 +96,10 @@ def run(args) -> int:
 
     result.ema.copy_to(model)
     arguments = {k: v for k, v in vars(args).items() if k not in ("func", "out", "state")}
-    training = {"arguments": arguments, "steps": result.steps, "batch_size": args.batch_size, "seconds": round(result.seconds, 1),
-                "final_loss": round(final_loss, 5), "device": torch.cuda.get_device_name(device)
-                if device.type == "cuda" else "cpu", "torch": torch.__version__, "parameters": n_params}
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    training = {"arguments": arguments, "steps": result.steps, "batch_size": args.batch_size,
+                "seconds": round(result.seconds, 1), "final_loss": round(final_loss, 5), "device": device_name,
+                "torch": torch.__version__, "parameters": n_params}
     export_builtin(model, out, extra={"training": training})
     write_text_atomic(json.dumps(result.history), out / "history.json")
     plot_loss(result.history, out / "loss.png", title=f"built-in DiT, {result.steps} steps")

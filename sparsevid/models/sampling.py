@@ -39,8 +39,8 @@ def generate(model, captions: Sequence[str], seeds: Sequence[int], steps: int | 
 
     model: a :class:`~sparsevid.models.builtin.BuiltinVideoDiT` (its device and dtype are used).
     steps, guidance, shift, scheduler: sampler steps, CFG scale (1 = no guidance), the time shift and
-    the scheduler (see :func:`make_scheduler`); None takes the model config's ``sampling`` defaults. ``on_step(i, t)`` is called before step ``i``
-    runs the model at noise level ``t`` in [0, 1].
+    the scheduler (see :func:`make_scheduler`); None takes the model config's ``sampling`` defaults.
+    ``on_step(i, t)`` is called before step ``i`` runs the model at noise level ``t`` in [0, 1].
     """
     from tqdm.auto import tqdm
 
