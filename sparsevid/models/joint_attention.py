@@ -7,6 +7,7 @@ are merged exactly through their log-sum-exps. Text query rows attend every key 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -97,6 +98,14 @@ def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch
     return torch.cat(outs), torch.cat(lses)
 
 
+def _attend_with_mass(on_tile_mass, q, k, v, mask, scale=None, return_lse=False, backend="auto"):
+    """``block_sparse_attention`` that also hands the exact tile masses of the call to ``on_tile_mass``."""
+    out, lse, mass = block_sparse_attention(q, k, v, mask, scale=scale, return_lse=True, backend=backend,
+                                            return_tile_mass=True)
+    on_tile_mass(mass)
+    return (out, lse) if return_lse else out
+
+
 def _mark(clock, name: str) -> None:
     if clock is not None:
         clock.mark(name)
@@ -105,11 +114,12 @@ def _mark(clock, name: str) -> None:
 def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout, plan: LayerPlan,
                            predict, scale: float | None = None, order: TokenOrder | None = None,
                            attn_mask: torch.Tensor | None = None, key_sets: list[torch.Tensor] | None = None,
-                           clock=None):
+                           clock=None, on_tile_mass=None):
     """Attention with sparse video-to-video tiles and dense text rows and columns.
 
     q, k, v: [B, H, N, D] (any strides), N = layout.total. predict: ``(q_video, k_video, plan, scale) -> SparseMask``
-    over the (tiled) video tokens. attn_mask: the key-padding mask the text rows use (as in SDPA);
+    over the (tiled) video tokens. on_tile_mass: None, or a callable that receives the exact tile masses
+    float32 [B, H, QB, KB] of the video-to-video attention (``return_tile_mass``; inference only). attn_mask: the key-padding mask the text rows use (as in SDPA);
     key_sets: its valid text keys per batch entry (see :func:`text_key_sets`), None if all are valid.
     clock: optional ``stats.Clock``; marks "reordered", "predicted" and "attended" (before the output is
     put back in the original token order and the text rows are computed).
@@ -123,15 +133,16 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     if order is not None:
         q_v, k_v, v_v = (t.index_select(2, order.perm) for t in (q_v, k_v, v_v))
     _mark(clock, "reordered")
+    attend = block_sparse_attention if on_tile_mass is None else functools.partial(_attend_with_mass, on_tile_mass)
     mask = predict(q_v, k_v, plan, scale)
     _mark(clock, "predicted")
     if layout.text_len == 0:
-        out_v = block_sparse_attention(q_v, k_v, v_v, mask, scale=scale, backend=plan.backend)
+        out_v = attend(q_v, k_v, v_v, mask, scale=scale, backend=plan.backend)
         _mark(clock, "attended")
         if order is None:
             return out_v, mask
     else:
-        out_vv, lse_vv = block_sparse_attention(q_v, k_v, v_v, mask, scale=scale, return_lse=True,
+        out_vv, lse_vv = attend(q_v, k_v, v_v, mask, scale=scale, return_lse=True,
                                                 backend=plan.backend)
         text = layout.text
         out_vt, lse_vt = _attend_text_keys(q_v, k[:, :, text], v[:, :, text], key_sets, plan, scale)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..schedules import LayerPlan, SparseConfig
+from ..schedules import LayerPlan, MaskReuse, SparseConfig
 from .adapters import ModelAdapter
 from .joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets
 from .stats import AttentionRecord, Clock
@@ -49,15 +49,11 @@ def _native_copy(processor):
     return pinned
 
 
-# The mask predictor's backend for each attention backend (the predictor has a triton and a torch path).
-_PREDICT_BACKEND = {"auto": "auto", "triton": "triton", "flex": "auto", "reference": "torch"}
-
-
 def predict_video_mask(q, k, plan: LayerPlan, scale):
     """Block mask over video tokens q [B, H, Nv, D], k [B, H, Nv, D] by ``sparsevid.predict_mask``."""
     from ..ops.predict import predict_mask
 
-    mask, _ = predict_mask(q, k, scale=scale, backend=_PREDICT_BACKEND[plan.backend], **plan.predict_kwargs())
+    mask, _ = predict_mask(q, k, scale=scale, backend=plan.predict_backend, **plan.predict_kwargs())
     return mask
 
 
@@ -89,13 +85,14 @@ class SparseAttnProcessor:
         self.context = context
         self.adapter = adapter
         self._native = _native_copy(original)
+        self._masks = MaskReuse()
         self._signature = inspect.signature(original.__call__)
         # diffusers' Attention.forward filters keyword arguments by the processor's signature: expose the original's.
         self.__call__ = functools.wraps(original.__call__)(functools.partial(type(self).__call__, self))
 
     def __call__(self, attn, *args, **kwargs):
         context = self.context
-        plan = self.config.plan(self.layer, context.step)
+        plan = self.config.plan(self.layer, context.step, context.timestep)
         if plan is None and not context.collect_stats:
             return self.original(attn, *args, **kwargs)
         bound = self._signature.bind(attn, *args, **kwargs).arguments
@@ -137,6 +134,26 @@ class SparseAttnProcessor:
             self.context.forward_cache["key_sets"] = cached
         return cached[1]
 
+    def _mask_source(self, record: AttentionRecord | None):
+        """The ``predict`` callable of this call: the layer's mask reuse state (``schedules.reuse``) decides
+        whether the mask is predicted, reused or refreshed; stats record which (``mask_source``)."""
+        context = self.context
+
+        def video_mask(q, k, plan, scale):
+            mask, source = self._masks.mask(q, k, plan, scale, step=context.step, branch=context.branch,
+                                            generation=context.generation)
+            if record is not None:
+                record.extra["mask_source"] = source
+            return mask
+        return video_mask
+
+    def _tile_mass_sink(self, query: torch.Tensor, plan: LayerPlan):
+        """Where this call's exact tile masses go when the next step's refresh wants them, else None."""
+        where = {"step": self.context.step, "branch": self.context.branch}
+        if not self._masks.wants_tile_mass(query, plan, **where):
+            return None
+        return functools.partial(self._masks.record_tile_mass, **where)
+
     def _attend(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                 enable_gqa=False, *, plan: LayerPlan | None, layout: TokenLayout, record: AttentionRecord | None):
         """Stands in for ``F.scaled_dot_product_attention`` (q, k, v [B, H, N, D]) inside the processor."""
@@ -154,10 +171,10 @@ class SparseAttnProcessor:
             if attn_mask is not None and layout.text_len == 0:
                 raise ValueError("sparse attention does not support an attention mask over video tokens")
             out, mask = joint_sparse_attention(
-                query, key, value, layout, plan, predict_video_mask, scale=scale,
+                query, key, value, layout, plan, self._mask_source(record), scale=scale,
                 order=self._token_order(plan, layout, query.device), attn_mask=attn_mask,
                 key_sets=self._key_sets(attn_mask, layout, query.shape[0]),
-                clock=None if record is None else record.clock)
+                clock=None if record is None else record.clock, on_tile_mass=self._tile_mass_sink(query, plan))
             if record is not None:
                 record.sparsity = mask.sparsity_per_head().mean()
         if record is not None:

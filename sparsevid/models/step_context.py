@@ -24,11 +24,16 @@ class StepContext:
         forward_cache: values computed once per forward (the valid text keys), cleared by
             every forward.
         collect_stats: record per-layer stats (see ``attention_stats``).
+        branch: index of the current forward among the forwards of its step (0, then 1 for the second pass of
+            classifier-free guidance when the pipeline makes two calls).
+        generation: incremented when a new generation starts (per-layer mask caches drop their masks).
         records: the stats records of the last forward.
     """
 
     step: int | None = None
     timestep: float | None = None
+    branch: int = 0
+    generation: int = 0
     grid: tuple[int, int, int] | None = None
     forward_cache: dict = field(default_factory=dict)
     collect_stats: bool = False
@@ -43,14 +48,18 @@ class StepContext:
             value = float(timestep)
         else:
             value = None
+        previous_step = self.step
         if self._pinned_step is not None:
             self.step = self._pinned_step
         elif value is None:
             self.step = None
         elif self.timestep is None or self.step is None or value > self.timestep:
             self.step = 0
+            self.generation += 1
         elif value < self.timestep:
             self.step += 1
+        same_step = value is not None and value == self.timestep and self.step == previous_step
+        self.branch = self.branch + 1 if same_step else 0
         self.timestep = value
         self.grid = grid
         self.forward_cache.clear()

@@ -1,22 +1,31 @@
 """``SparseConfig``: which attention rule applies at which layer and denoising step.
 
 The configuration is plain data (JSON-serialisable). The one decision the integration asks of it is
-:meth:`SparseConfig.plan`: given a layer index and a denoising step, either ``None`` (run that attention
-dense, exactly as the unmodified model) or a :class:`LayerPlan` with the mask-prediction settings.
+:meth:`SparseConfig.plan`: given a layer index, a denoising step (and the step's timestep), either ``None``
+(run that attention dense, exactly as the unmodified model) or a :class:`LayerPlan` with the mask-prediction
+settings of that step: with a growing-sparsity ``schedule`` the rule's budget (``topk``, ``topp``) moves
+from its starting value toward ``final_topk`` / ``final_topp`` as the denoising progresses.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 RULES = ("topk", "topp", "hybrid")
 BACKENDS = ("auto", "triton", "flex", "reference")
 BLOCK_SIZES = (64, 128)
-# Fields of SparseConfig that a per-layer override may change (plus "dense": True).
+SCHEDULES = ("constant", "linear", "cosine", "snr")
+REFRESH_SEARCHES = ("full", "within", "exact")
+# Fields of SparseConfig that a LayerPlan carries; a per-layer override may change them, the schedule's
+# final budgets (SCHEDULE_FIELDS) and "dense": True.
 PLAN_FIELDS = ("rule", "topk", "topp", "block_q", "block_k", "backend", "keep_sink", "keep_diagonal",
-               "similarity_threshold", "min_blocks", "tile")
+               "similarity_threshold", "min_blocks", "tile", "refresh_interval", "refresh_search")
+SCHEDULE_FIELDS = ("final_topk", "final_topp")
+# The mask predictor's backend for each attention backend (the predictor has a triton and a torch path).
+PREDICT_BACKENDS = {"auto": "auto", "triton": "triton", "flex": "auto", "reference": "torch"}
 
 
 def _is_int(value) -> bool:
@@ -27,25 +36,41 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _check_topk(name: str, topk) -> None:
+    if not _is_number(topk):
+        raise TypeError(f"{name} must be a float fraction in (0, 1] or an int count >= 1, got {topk!r}")
+    if _is_int(topk) and topk < 1 or isinstance(topk, float) and not 0.0 < topk <= 1.0:
+        raise ValueError(f"{name} must be a fraction in (0, 1] or an int count >= 1, got {topk!r}")
+
+
+def _check_topp(name: str, topp) -> None:
+    if not _is_number(topp):
+        raise TypeError(f"{name} must be a number in (0, 1], got {topp!r}")
+    if not 0.0 < topp <= 1.0:
+        raise ValueError(f"{name} must be in (0, 1], got {topp!r}")
+
+
 def _check_plan_fields(values: dict[str, Any], where: str) -> None:
-    """Raise ValueError/TypeError naming the first bad field of ``values`` (a subset of PLAN_FIELDS)."""
+    """Raise ValueError/TypeError naming the first bad field of ``values`` (a subset of PLAN_FIELDS and
+    SCHEDULE_FIELDS)."""
     def name(key):
         return f"{where}{key}"
 
     if "rule" in values and values["rule"] not in RULES:
         raise ValueError(f"{name('rule')} must be one of {RULES}, got {values['rule']!r}")
     if "topk" in values:
-        topk = values["topk"]
-        if not _is_number(topk):
-            raise TypeError(f"{name('topk')} must be a float fraction in (0, 1] or an int count >= 1, got {topk!r}")
-        if _is_int(topk) and topk < 1 or isinstance(topk, float) and not 0.0 < topk <= 1.0:
-            raise ValueError(f"{name('topk')} must be a fraction in (0, 1] or an int count >= 1, got {topk!r}")
+        _check_topk(name("topk"), values["topk"])
     if "topp" in values:
-        topp = values["topp"]
-        if not _is_number(topp):
-            raise TypeError(f"{name('topp')} must be a number in (0, 1], got {topp!r}")
-        if not 0.0 < topp <= 1.0:
-            raise ValueError(f"{name('topp')} must be in (0, 1], got {topp!r}")
+        _check_topp(name("topp"), values["topp"])
+    if values.get("final_topk") is not None:
+        _check_topk(name("final_topk"), values["final_topk"])
+    if values.get("final_topp") is not None:
+        _check_topp(name("final_topp"), values["final_topp"])
+    if "refresh_interval" in values and (not _is_int(values["refresh_interval"]) or values["refresh_interval"] < 1):
+        raise ValueError(f"{name('refresh_interval')} must be an int >= 1, got {values['refresh_interval']!r}")
+    if "refresh_search" in values and values["refresh_search"] not in REFRESH_SEARCHES:
+        raise ValueError(f"{name('refresh_search')} must be one of {REFRESH_SEARCHES}, "
+                         f"got {values['refresh_search']!r}")
     for key in ("block_q", "block_k"):
         if key in values and (not _is_int(values[key]) or values[key] not in BLOCK_SIZES):
             raise ValueError(f"{name(key)} must be one of {BLOCK_SIZES}, got {values[key]!r}")
@@ -73,6 +98,10 @@ class LayerPlan:
     """How one sparse attention call is made: mask-prediction settings, block sizes, backend, tiling.
 
     ``tile``: "auto" (the default 3D tile of ``tile_permutation``), "none" (raster token order) or (t, h, w).
+    ``topk`` / ``topp`` are the budget of this step (the schedule already applied). ``refresh_interval``: a
+    mask is kept for this many steps; ``refresh_search``: how a due refresh searches ("full": all tiles,
+    "within": only the previous mask's tiles, "exact": the previous mask's tiles by the exact tile masses of
+    the step before, see ``sparsevid.schedules.reuse``).
     """
 
     rule: str
@@ -86,6 +115,13 @@ class LayerPlan:
     similarity_threshold: float | None
     min_blocks: int
     tile: str | tuple[int, int, int]
+    refresh_interval: int = 1
+    refresh_search: str = "full"
+
+    @property
+    def predict_backend(self) -> str:
+        """The ``predict_mask`` backend that goes with this plan's attention backend."""
+        return PREDICT_BACKENDS[self.backend]
 
     def predict_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``sparsevid.predict_mask`` (everything but q, k, scale and backend)."""
@@ -96,6 +132,29 @@ class LayerPlan:
 
 def _as_tile(tile):
     return tuple(tile) if isinstance(tile, list) else tile
+
+
+def _check_final(values: dict[str, Any], where: str) -> None:
+    """The final budgets of merged plan values must be of the start's kind and no larger than the start."""
+    final_topk, topk = values.get("final_topk"), values["topk"]
+    if final_topk is not None:
+        if _is_int(final_topk) != _is_int(topk):
+            raise ValueError(f"{where}final_topk must be of the same kind as topk (both fractions or both counts), "
+                             f"got final_topk={final_topk!r} and topk={topk!r}")
+        if final_topk > topk:
+            raise ValueError(f"{where}final_topk must not exceed topk={topk!r} (sparsity grows), got {final_topk!r}")
+    final_topp = values.get("final_topp")
+    if final_topp is not None and final_topp > values["topp"]:
+        raise ValueError(f"{where}final_topp must not exceed topp={values['topp']!r} (sparsity grows), "
+                         f"got {final_topp!r}")
+
+
+def _interpolate(start, final, progress: float):
+    """start + (final - start) * progress; counts (ints) are rounded to the nearest count."""
+    if final is None:
+        return start
+    value = start + (final - start) * progress
+    return int(round(value)) if _is_int(start) else float(value)
 
 
 @dataclass
@@ -111,9 +170,24 @@ class SparseConfig:
         dense_layers: layer indices (in the order ``apply_sparse_attention`` enumerates self-attentions)
             that stay dense.
         dense_steps: the first ``dense_steps`` denoising steps run every layer dense.
-        layer_overrides: {layer: {field: value}} replacing any of the fields above for one layer;
+        layer_overrides: {layer: {field: value}} replacing any of the fields above for one layer (and
+            ``final_topk`` / ``final_topp``, ``refresh_interval`` / ``refresh_search``);
             ``{"dense": True}`` keeps that layer dense.
         tile: token order for the sparse attention: "auto", "none" or a (t, h, w) tile in latent tokens.
+        schedule: how the budget grows sparser over the steps after ``dense_steps``: "constant" (``topk``,
+            ``topp`` throughout), "linear" or "cosine" in the step index (from the first sparse step to step
+            ``num_steps - 1``), or "snr": in the noise level of the step, progress ``1 - sigma`` with
+            ``sigma = timestep / num_train_timesteps`` (follows the sampler's own timesteps, shift included).
+        final_topk, final_topp: the budget at the end of the schedule (None: that part stays constant);
+            ``final_topk`` is of topk's kind (fraction or count) and not larger; ``final_topp <= topp``.
+        num_steps: the number of denoising steps ("linear" and "cosine").
+        num_train_timesteps: the timestep of pure noise ("snr"; 1000 for diffusers' flow-matching schedulers).
+        refresh_interval: a layer's mask is predicted at one step and reused for the next
+            ``refresh_interval - 1`` steps (1: a new mask every step).
+        refresh_search: how a due refresh searches: "full" (predict over all tiles), "within" (only the tiles
+            of the previous mask are candidates, ``predict_mask(within=...)``) or "exact" (choose among the
+            previous mask's tiles by the exact tile masses its attention produced on the step before the
+            refresh; Triton / reference backends, inference only; otherwise as "within").
     """
 
     rule: str = "hybrid"
@@ -130,12 +204,21 @@ class SparseConfig:
     dense_steps: int = 0
     layer_overrides: dict[int, dict[str, Any]] = field(default_factory=dict)
     tile: str | tuple[int, int, int] = "auto"
+    schedule: str = "constant"
+    final_topk: float | int | None = None
+    final_topp: float | None = None
+    num_steps: int | None = None
+    num_train_timesteps: float = 1000.0
+    refresh_interval: int = 1
+    refresh_search: str = "full"
 
     def __post_init__(self) -> None:
         self.tile = _as_tile(self.tile)
         if isinstance(self.dense_layers, (list, set, frozenset)):
             self.dense_layers = tuple(sorted(self.dense_layers))
-        _check_plan_fields({k: getattr(self, k) for k in PLAN_FIELDS}, where="")
+        _check_plan_fields({k: getattr(self, k) for k in PLAN_FIELDS + SCHEDULE_FIELDS}, where="")
+        self._check_schedule()
+        _check_final({k: getattr(self, k) for k in ("topk", "topp") + SCHEDULE_FIELDS}, where="")
         if not isinstance(self.dense_layers, tuple) or not all(_is_int(i) and i >= 0 for i in self.dense_layers):
             raise ValueError(f"dense_layers must be a tuple of layer indices >= 0, got {self.dense_layers!r}")
         if not _is_int(self.dense_steps) or self.dense_steps < 0:
@@ -149,30 +232,72 @@ class SparseConfig:
                 raise ValueError(f"layer_overrides keys must be layer indices >= 0, got {layer!r}")
             if not isinstance(values, dict):
                 raise TypeError(f"layer_overrides[{index}] must be a dict of fields, got {values!r}")
-            unknown = set(values) - set(PLAN_FIELDS) - {"dense"}
+            unknown = set(values) - set(PLAN_FIELDS + SCHEDULE_FIELDS) - {"dense"}
             if unknown:
                 raise ValueError(f"layer_overrides[{index}] has unknown fields {sorted(unknown)}; "
-                                 f"allowed: {PLAN_FIELDS + ('dense',)}")
+                                 f"allowed: {PLAN_FIELDS + SCHEDULE_FIELDS + ('dense',)}")
             values = {k: _as_tile(v) if k == "tile" else v for k, v in values.items()}
             if "dense" in values and not isinstance(values["dense"], bool):
                 raise TypeError(f"layer_overrides[{index}].dense must be a bool, got {values['dense']!r}")
             _check_plan_fields(values, where=f"layer_overrides[{index}].")
+            _check_final(self._layer_values(values), where=f"layer_overrides[{index}].")
             overrides[index] = values
         self.layer_overrides = overrides
 
+    def _check_schedule(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        has_final = self.final_topk is not None or self.final_topp is not None
+        if self.schedule == "constant" and has_final:
+            raise ValueError("final_topk / final_topp are set but schedule is 'constant'; choose a schedule "
+                             f"among {SCHEDULES[1:]}")
+        if self.schedule != "constant" and not has_final:
+            raise ValueError(f"schedule={self.schedule!r} needs final_topk and/or final_topp (the final budget)")
+        if self.num_steps is not None and (not _is_int(self.num_steps) or self.num_steps < 1):
+            raise ValueError(f"num_steps must be None or an int >= 1, got {self.num_steps!r}")
+        if self.schedule in ("linear", "cosine") and (self.num_steps is None or self.num_steps <= self.dense_steps):
+            raise ValueError(f"schedule={self.schedule!r} needs num_steps (an int > dense_steps={self.dense_steps}), "
+                             f"got {self.num_steps!r}")
+        if not _is_number(self.num_train_timesteps) or self.num_train_timesteps <= 0:
+            raise ValueError(f"num_train_timesteps must be a positive number, got {self.num_train_timesteps!r}")
+
+    def _layer_values(self, override: dict[str, Any]) -> dict[str, Any]:
+        """The plan and schedule fields of one layer: the config's, with the layer's override applied."""
+        values = {k: getattr(self, k) for k in PLAN_FIELDS + SCHEDULE_FIELDS}
+        values.update({k: v for k, v in override.items() if k != "dense"})
+        return values
+
     # ------------------------------------------------------------------ the decision
-    def plan(self, layer: int, step: int | None) -> LayerPlan | None:
+    def progress(self, step: int | None, timestep: float | None = None) -> float:
+        """How far the schedule is at ``step`` (with that step's ``timestep``), in [0, 1]: 0 at the first
+        sparse step, 1 at the last ("linear", "cosine") or at sigma = 0 ("snr"); 0 for "constant" and
+        whenever the step (or, for "snr", the timestep) is unknown."""
+        if self.schedule == "snr":
+            if timestep is None:
+                return 0.0
+            return min(max(1.0 - float(timestep) / self.num_train_timesteps, 0.0), 1.0)
+        if self.schedule == "constant" or step is None:
+            return 0.0
+        span = self.num_steps - 1 - self.dense_steps
+        linear = 1.0 if span <= 0 else min(max((step - self.dense_steps) / span, 0.0), 1.0)
+        return linear if self.schedule == "linear" else 0.5 - 0.5 * math.cos(math.pi * linear)
+
+    def plan(self, layer: int, step: int | None, timestep: float | None = None) -> LayerPlan | None:
         """The plan for self-attention ``layer`` at denoising ``step`` (None if unknown); None = dense.
 
-        This is the single per-(layer, step) decision of the integration; schedules extend it.
+        ``timestep``: the step's timestep value (the "snr" schedule follows it). This is the single
+        per-(layer, step) decision of the integration: dense layers and steps, per-layer overrides, and the
+        budget of the step, ``topk + (final_topk - topk) * progress`` (counts rounded; likewise ``topp``).
         """
         if layer in self.dense_layers or (step is not None and step < self.dense_steps):
             return None
         override = self.layer_overrides.get(layer, {})
         if override.get("dense", False):
             return None
-        values = {k: getattr(self, k) for k in PLAN_FIELDS}
-        values.update({k: v for k, v in override.items() if k != "dense"})
+        values = self._layer_values(override)
+        progress = self.progress(step, timestep)
+        values["topk"] = _interpolate(values["topk"], values.pop("final_topk"), progress)
+        values["topp"] = _interpolate(values["topp"], values.pop("final_topp"), progress)
         return LayerPlan(**values)
 
     # ------------------------------------------------------------------ serialisation
