@@ -9,10 +9,13 @@ For a fixed list of (caption, seed) pairs it samples every clip densely and unde
 * attention recall and relative L1 of the attention output per layer, measured on the real q, k, v
   that the dense run feeds its self-attentions at a few probe steps (the configuration's mask is
   predicted from them exactly as the sparse processor would),
-* wall time of sampling (and the ratio to dense).
+* wall time of sampling (and the ratio to dense), and the part of it spent searching masks
+  (``search_s``: mask prediction, near zero for masks a training-free config reuses) with the number of
+  sparse calls by mask source (predicted, reused, within, exact).
 """
 from __future__ import annotations
 
+import collections
 import json
 import time
 from dataclasses import dataclass, field
@@ -90,13 +93,15 @@ class _Probe:
 
 
 def probe_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config, layer: int, step: int,
-                grid: tuple[int, int, int], scale: float | None) -> tuple[float, float]:
+                grid: tuple[int, int, int], scale: float | None,
+                timestep: float | None = None) -> tuple[float, float]:
     """(recall, relative L1) of ``config``'s mask for one self-attention call q, k, v [B, H, N, D] over a
-    (T, H, W) token grid, the mask predicted as the sparse processor predicts it (1.0, 0.0 if dense)."""
+    (T, H, W) token grid, the mask predicted afresh with the budget of the step (``timestep``: the model's
+    timestep, for schedules that follow it) as the sparse processor predicts it (1.0, 0.0 if dense)."""
     from ..models.processors import predict_video_mask, tile_order
     from .metrics import attention_recall, sparse_output_error
 
-    plan = config.plan(layer, step)
+    plan = config.plan(layer, step, timestep)
     if plan is None:
         return 1.0, 0.0
     if plan.tile != "none":
@@ -116,11 +121,12 @@ class _SelfAttentionProbe:
         self.configs, self.probes, self.grid, self.probe_steps = configs, probes, grid, set(probe_steps)
         self.video_tokens = grid[0] * grid[1] * grid[2]
         self.step = self.layer = 0
+        self.timestep = None
         self.seconds = 0.0  # time spent probing (excluded from the dense wall time)
 
     def on_step(self, i: int, t: float) -> None:
-        """Sampler callback: step ``i`` begins."""
-        self.step, self.layer = i, 0
+        """Sampler callback: step ``i`` begins at noise level ``t`` (model timestep ``1000 t``)."""
+        self.step, self.layer, self.timestep = i, 0, 1000.0 * t
 
     def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
         out = torch.nn.functional.scaled_dot_product_attention(
@@ -130,7 +136,7 @@ class _SelfAttentionProbe:
             start = time.perf_counter()
             for name, config in self.configs.items():
                 self.probes[name].add(self.layer, *probe_layer(query, key, value, config, self.layer, self.step,
-                                                               self.grid, scale))
+                                                               self.grid, scale, self.timestep))
             self.seconds += time.perf_counter() - start
             self.layer += 1
         return out
@@ -203,9 +209,8 @@ def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS
 
     for name, config in configs.items():
         apply_sparse_attention(transformer, config, collect_stats=True)
-        sparsity: list[float] = []
-        hook = transformer.register_forward_hook(
-            lambda *_: sparsity.extend(r["sparsity"] for r in attention_stats(transformer)))
+        calls: list[dict] = []
+        hook = transformer.register_forward_hook(lambda *_: calls.extend(attention_stats(transformer)))
         try:
             videos, seconds = [], 0.0
             for caption, seed in jobs:
@@ -217,12 +222,15 @@ def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS
         finally:
             hook.remove()
             remove_sparse_attention(transformer)
+        sparsity = [r["sparsity"] for r in calls]
+        sources = collections.Counter(r["mask_source"] for r in calls if "mask_source" in r)
         sparse = torch.cat(videos)
         clips[name] = sparse
         p, s = psnr(sparse, dense), ssim(sparse, dense)
         results["configs"][name] = {
             "config": config.to_dict(), "sparsity": sum(sparsity) / len(sparsity), "seconds": seconds,
-            "speedup": dense_seconds / seconds, "psnr": float(p.mean()), "ssim": float(s.mean()),
+            "speedup": dense_seconds / seconds, "search_s": sum(r["predict_ms"] or 0.0 for r in calls) / 1e3,
+            "mask_sources": dict(sources), "psnr": float(p.mean()), "ssim": float(s.mean()),
             "psnr_per_clip": p.tolist(), "ssim_per_clip": s.tolist(), **probes[name].summary()}
     bar.close()
     results["clips"] = clips
