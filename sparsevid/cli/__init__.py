@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-COMMAND_MODULES = ("demo", "train", "eval")
+COMMAND_MODULES = ("demo", "train", "eval", "distill")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,8 +50,12 @@ def export_builtin(model, directory: str | Path, dtype: torch.dtype = torch.bflo
 
 def save_training_state(path: str | Path, model: torch.nn.Module, ema: dict[str, torch.Tensor],
                         optimizer: torch.optim.Optimizer, step: int, info: dict | None = None) -> Path:
-    """One file holding model weights, EMA weights, the optimizer state and the step count."""
+    """One file holding model weights, EMA weights, the optimizer state, the step count, the global torch
+    RNG states (CPU and the current CUDA device) and ``info`` (JSON-serialisable)."""
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    tensors["rng.cpu"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        tensors["rng.cuda"] = torch.cuda.get_rng_state()
     tensors.update({f"ema.{k}": v for k, v in ema.items()})
     param_index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
     for p, state in optimizer.state.items():
@@ -63,13 +67,17 @@ def save_training_state(path: str | Path, model: torch.nn.Module, ema: dict[str,
 
 def load_training_state(path: str | Path, model: torch.nn.Module, ema: dict[str, torch.Tensor],
                         optimizer: torch.optim.Optimizer) -> tuple[int, dict]:
-    """Restore what :func:`save_training_state` wrote, in place. Returns (step, info)."""
+    """Restore what :func:`save_training_state` wrote, in place (RNG states included). Returns (step, info)."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    if "rng.cpu" in tensors:
+        torch.set_rng_state(tensors["rng.cpu"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
     for name, value in ema.items():
         value.copy_(tensors[f"ema.{name}"])
     params = [p for g in optimizer.param_groups for p in g["params"]]

@@ -18,17 +18,21 @@ def sample_t(batch: int, generator: torch.Generator | None = None, device: torch
     return shift_t(t, shift).to(device)
 
 
+def noisy(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """x_t = (1 - t) x0 + t noise for x0, noise [B, ...] and t [B] in [0, 1]."""
+    if x0.shape != noise.shape:
+        raise ValueError(f"x0 {tuple(x0.shape)} and noise {tuple(noise.shape)} must have the same shape")
+    if t.shape != x0.shape[:1]:
+        raise ValueError(f"t must have shape [{x0.shape[0]}], got {tuple(t.shape)}")
+    tt = t.view(-1, *([1] * (x0.dim() - 1))).to(x0.dtype)
+    return (1 - tt) * x0 + tt * noise
+
+
 def flow_matching_loss(model, x0: torch.Tensor, tokens: torch.Tensor, t: torch.Tensor,
                        noise: torch.Tensor) -> torch.Tensor:
     """Mean squared error of the predicted velocity.
 
     model(x_t, t, tokens) -> velocity; x0, noise: [B, C, T, H, W]; tokens: int64 [B, L]; t: [B] in [0, 1].
     """
-    if x0.shape != noise.shape:
-        raise ValueError(f"x0 {tuple(x0.shape)} and noise {tuple(noise.shape)} must have the same shape")
-    if t.shape != x0.shape[:1]:
-        raise ValueError(f"t must have shape [{x0.shape[0]}], got {tuple(t.shape)}")
-    tt = t.view(-1, *([1] * (x0.dim() - 1))).to(x0.dtype)
-    x_t = (1 - tt) * x0 + tt * noise
-    prediction = model(x_t, t, tokens)
+    prediction = model(noisy(x0, noise, t), t, tokens)
     return torch.nn.functional.mse_loss(prediction.float(), (noise - x0).float())

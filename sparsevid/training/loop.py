@@ -1,8 +1,10 @@
 """A reusable training loop: AdamW, warm-up + cosine learning rate, bf16 autocast, gradient clipping,
-EMA, time or step budget, atomic checkpoints. The objective is a callable, so other losses
-(e.g. distillation) reuse the loop unchanged."""
+optional EMA, time or step budget, atomic resumable checkpoints, a per-step JSONL log, and data-parallel
+training (a ``DistributedDataParallel`` model: every rank runs the loop, rank 0 logs and checkpoints).
+The objective is a callable, so the flow-matching and distillation losses share the loop."""
 from __future__ import annotations
 
+import json
 import math
 import time
 from contextlib import nullcontext
@@ -12,7 +14,8 @@ from typing import Callable
 
 import torch
 
-from .checkpoint import load_training_state, save_training_state
+from .checkpoint import load_training_state, save_training_state, write_text_atomic
+from .distributed import global_mean, is_main_process, unwrap
 from .ema import EMA
 
 
@@ -20,7 +23,7 @@ from .ema import EMA
 class LoopConfig:
     """Optimiser and budget settings. Training stops at ``max_steps`` or after ``max_seconds``,
     whichever comes first (at least one must be set); the cosine decay follows whichever budget is
-    closer to being used up."""
+    closer to being used up. ``ema_decay`` None trains without EMA; ``progress`` shows a tqdm bar."""
 
     lr: float = 4e-4
     min_lr_ratio: float = 0.1
@@ -28,12 +31,13 @@ class LoopConfig:
     betas: tuple[float, float] = (0.9, 0.99)
     warmup_steps: int = 200
     grad_clip: float = 1.0
-    ema_decay: float = 0.999
+    ema_decay: float | None = 0.999
     max_steps: int | None = None
     max_seconds: float | None = None
     bf16: bool = True
     log_every: int = 25
     checkpoint_every: int = 500
+    progress: bool = False
 
     def __post_init__(self) -> None:
         if self.max_steps is None and self.max_seconds is None:
@@ -71,32 +75,62 @@ def learning_rate(config: LoopConfig, step: int, elapsed: float) -> float:
 
 def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], config: LoopConfig,
                state_path: str | Path | None = None, resume: bool = False,
-               log: Callable[[str], None] = print) -> TrainResult:
-    """Minimise ``loss_fn(step)`` (a scalar; it draws its own batch) over ``model``'s parameters.
+               log: Callable[[str], None] = print, *, run_info: dict | None = None,
+               jsonl_path: str | Path | None = None) -> TrainResult:
+    """Minimise ``loss_fn(step)`` (a scalar; it draws its own batch) over ``model``'s trainable parameters.
 
-    Writes the full training state (weights, EMA, optimiser) to ``state_path`` every
-    ``checkpoint_every`` steps and at the end; with ``resume`` it starts from that file if present.
+    ``model`` may be wrapped in ``DistributedDataParallel`` (``loss_fn`` must call the wrapper); every
+    rank then runs this loop and rank 0 alone logs and writes files. Writes the full training state
+    (weights, EMA, optimiser, step, elapsed time, RNG states and ``run_info``) to ``state_path`` every
+    ``checkpoint_every`` steps and at the end; with ``resume`` it starts from that file if present, after
+    checking that its ``run_info`` equals this run's (a run whose data order depends on e.g. the batch
+    size cannot continue under another). ``jsonl_path``: one JSON row per step (step, loss averaged over
+    ranks, lr, grad_norm, seconds); on resume, rows past the restored step are dropped.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
+    module = unwrap(model)
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("model has no trainable parameters (requires_grad=True)")
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     device_type = params[0].device.type
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=config.lr, betas=config.betas, fused=device_type == "cuda")
-    ema = EMA(model, config.ema_decay)
-    step = 0
+    ema = EMA(module, config.ema_decay) if config.ema_decay is not None else None
+    main = is_main_process()
+    step, elapsed_before = 0, 0.0
     if resume and state_path is not None and Path(state_path).is_file():
-        step, _ = load_training_state(state_path, model, ema.shadow, optimizer)
-        ema.updates = step
-        log(f"resumed from {state_path} at step {step}")
+        step, info = load_training_state(state_path, module, {} if ema is None else ema.shadow, optimizer)
+        saved = info.get("run", {})
+        if run_info is not None and saved != run_info:
+            changed = sorted(k for k in set(saved) | set(run_info) if saved.get(k) != run_info.get(k))
+            raise ValueError(f"cannot resume from {state_path}: it was written by a run with different "
+                             f"settings {changed} (saved {[saved.get(k) for k in changed]}, "
+                             f"now {[run_info.get(k) for k in changed]})")
+        elapsed_before = float(info.get("elapsed", 0.0))
+        if ema is not None:
+            ema.updates = step
+        if main:
+            log(f"resumed from {state_path} at step {step}")
+    if jsonl_path is not None and main:
+        _truncate_jsonl(Path(jsonl_path), step)
     autocast = (torch.autocast(device_type, dtype=torch.bfloat16) if config.bf16 and device_type == "cuda"
                 else nullcontext())
     history: list[dict] = []
     window: list[torch.Tensor] = []
-    start = time.perf_counter()
+    start = time.perf_counter() - elapsed_before
     model.train()
     first_step = step
+    total = config.max_steps if config.max_steps is not None else None
+    bar = _progress_bar(config.progress and main, total, step)
+    jsonl = Path(jsonl_path).open("a") if jsonl_path is not None and main else None
+
+    def checkpoint() -> None:
+        if state_path is not None and main:
+            info = {"elapsed": time.perf_counter() - start, "run": run_info or {}}
+            save_training_state(state_path, module, {} if ema is None else ema.shadow, optimizer, step, info)
+
     while True:
         elapsed = time.perf_counter() - start
         if (config.max_steps is not None and step >= config.max_steps) or \
@@ -111,9 +145,18 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
         optimizer.step()
-        ema.update(model)
-        window.append(loss.detach())
+        if ema is not None:
+            ema.update(module)
+        mean_loss = global_mean(loss.detach())
+        window.append(mean_loss)
         step += 1
+        if jsonl is not None:
+            row = {"step": step, "loss": float(mean_loss), "lr": lr, "grad_norm": float(grad_norm),
+                   "seconds": round(time.perf_counter() - start, 3)}
+            jsonl.write(json.dumps(row) + "\n")
+            jsonl.flush()
+        if bar is not None:
+            bar.update(1)
         if step % config.log_every == 0 or step == first_step + 1:
             mean = float(torch.stack(window).mean())
             window.clear()
@@ -122,13 +165,36 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
             row = {"step": step, "loss": mean, "lr": lr, "grad_norm": float(grad_norm),
                    "seconds": round(time.perf_counter() - start, 2)}
             history.append(row)
-            log(f"step {step:6d}  loss {mean:.4f}  lr {lr:.2e}  grad {row['grad_norm']:.3f}  {row['seconds']:.0f}s")
-        if state_path is not None and step % config.checkpoint_every == 0:
-            save_training_state(state_path, model, ema.shadow, optimizer, step)
+            if bar is not None:
+                bar.set_postfix(loss=f"{mean:.4g}", lr=f"{lr:.2e}")
+            elif main:
+                log(f"step {step:6d}  loss {mean:.4f}  lr {lr:.2e}  grad {row['grad_norm']:.3f}  "
+                    f"{row['seconds']:.0f}s")
+        if step % config.checkpoint_every == 0:
+            checkpoint()
     if window:
         history.append({"step": step, "loss": float(torch.stack(window).mean()), "lr": lr,
                         "grad_norm": float(grad_norm), "seconds": round(time.perf_counter() - start, 2)})
-    if state_path is not None and step > first_step:
-        save_training_state(state_path, model, ema.shadow, optimizer, step)
+    if step > first_step and step % config.checkpoint_every:
+        checkpoint()
+    for handle in (bar, jsonl):
+        if handle is not None:
+            handle.close()
     model.eval()
     return TrainResult(steps=step, seconds=time.perf_counter() - start, history=history, ema=ema)
+
+
+def _progress_bar(enabled: bool, total: int | None, initial: int):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="training", unit="step", dynamic_ncols=True)
+
+
+def _truncate_jsonl(path: Path, step: int) -> None:
+    """Keep the rows of the per-step log at steps <= ``step`` (all of them are dropped at step 0)."""
+    rows = []
+    if step > 0 and path.is_file():
+        rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    write_text_atomic("".join(line + "\n" for line in rows), path)

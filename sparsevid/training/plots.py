@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def plot_loss(history: list[dict], path: str | Path, title: str = "training loss") -> Path:
+def plot_loss(history: list[dict], path: str | Path, title: str = "training loss",
+              ylabel: str = "flow-matching loss (MSE)") -> Path:
     """Draw loss against step (log scale) from ``history`` rows with "step" and "loss" into a PNG."""
     import matplotlib
 
@@ -16,7 +17,7 @@ def plot_loss(history: list[dict], path: str | Path, title: str = "training loss
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
     ax.plot([r["step"] for r in history], [r["loss"] for r in history], lw=1.2)
     ax.set_xlabel("step")
-    ax.set_ylabel("flow-matching loss (MSE)")
+    ax.set_ylabel(ylabel)
     ax.set_yscale("log")
     ax.set_title(title)
     ax.grid(alpha=0.3)

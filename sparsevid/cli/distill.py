@@ -1,0 +1,117 @@
+"""``sparsevid distill``: fine-tune the built-in video DiT into a sparse-attention student, by velocity
+distillation from its dense self (``--objective distill``) or by the flow-matching loss on the data
+(``--objective diffusion``, the baseline). Runs on one process or under ``torchrun`` (data parallel)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+DEFAULT_SPARSE = "rule=hybrid,topk=0.05,topp=0.9"
+DATA_KINDS = ("procedural", "dir", "teacher")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("distill", help="train sparse attention by velocity distillation (or the "
+                                              "diffusion-loss baseline)")
+    p.add_argument("--out", required=True, help="directory for the state, log, loss curve and the student")
+    p.add_argument("--objective", default="distill", choices=("distill", "diffusion"))
+    p.add_argument("--config", default=DEFAULT_SPARSE, metavar="SPEC",
+                   help=f"the student's SparseConfig, 'key=value,...' or a JSON file (default {DEFAULT_SPARSE})")
+    p.add_argument("--model", default=None, help="pretrained model directory (default: the shipped model)")
+    p.add_argument("--tiny", action="store_true", help="an untrained tiny model instead (smoke test)")
+    p.add_argument("--data", default="procedural", choices=DATA_KINDS,
+                   help="procedural clips, clip files in --data-dir, or clips sampled from the teacher")
+    p.add_argument("--data-dir", default=None, help="clip files (--data dir) or the teacher cache "
+                                                    "(--data teacher; default OUT/teacher_cache)")
+    p.add_argument("--data-seed", type=int, default=1, help="seed of the procedural clips / file order")
+    p.add_argument("--max-objects", type=int, default=None, help="procedural clips with at most this many "
+                                                                 "objects (default: the model's)")
+    p.add_argument("--teacher-samples", type=int, default=64, help="clips in the teacher cache")
+    p.add_argument("--teacher-steps", type=int, default=None, help="sampler steps for the teacher cache")
+    p.add_argument("--batch-size", type=int, default=16, help="global batch (split over processes)")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--minutes", type=float, default=None, help="wall-clock budget (with or instead of --max-steps)")
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--warmup", type=int, default=20, help="warm-up steps")
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--ema", type=float, default=None, help="EMA decay (default: no EMA)")
+    p.add_argument("--trainable", default="all", choices=("all", "attention"))
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--no-bf16", action="store_true", help="fp32 on CUDA (bf16 autocast otherwise)")
+    p.add_argument("--train-shift", type=float, default=None,
+                   help="shift of the logit-normal noise levels (default: the model's pre-training value)")
+    p.add_argument("--null-prob", type=float, default=None,
+                   help="probability of the null caption (default: the model's pre-training value)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the noise and noise levels")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/state.safetensors if present")
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.set_defaults(func=run)
+
+
+def _source(args, model, job):
+    """The fine-tuning data named by --data."""
+    from ..data import ProceduralVideos
+    from ..training.sources import DirectorySource, ProceduralSource
+    from ..training.teacher_cache import teacher_cache
+
+    if args.data == "procedural" and args.data_dir is not None:
+        raise ValueError("--data-dir needs --data dir or --data teacher, got --data procedural")
+    if args.data == "dir":
+        if args.data_dir is None:
+            raise ValueError("--data dir needs --data-dir")
+        return DirectorySource(args.data_dir, seed=args.data_seed)
+    data = model.data
+    if args.max_objects is not None:
+        if not 1 <= args.max_objects <= data.max_objects:
+            raise ValueError(f"--max-objects must be in [1, {data.max_objects}] (the model's captions), "
+                             f"got {args.max_objects}")
+        data = ProceduralVideos(**{**data.config(), "max_objects": args.max_objects})
+    if args.data == "procedural":
+        return ProceduralSource(data, seed=args.data_seed)
+    directory = Path(args.data_dir) if args.data_dir else Path(args.out) / "teacher_cache"
+    return teacher_cache(model, directory, args.teacher_samples, seed=args.data_seed, steps=args.teacher_steps,
+                         rank=job.rank, world_size=job.world_size, progress=not args.no_progress)
+
+
+def run(args) -> int:
+    from ..eval.harness import parse_config
+    from ..training import LoopConfig
+    from ..training.distill import DistillConfig, distill
+    from ..training.distributed import is_main_process, setup, teardown
+    from .demo import load_model
+
+    if args.minutes is None and args.max_steps is None:
+        raise ValueError("give --minutes or --max-steps")
+    job = setup(args.device)
+    try:
+        args.device = str(job.device)
+        model = load_model(args).float()
+        pretraining = model.config.get("training", {}).get("arguments", {})
+        config = DistillConfig(
+            objective=args.objective, sparse=parse_config(args.config), trainable=args.trainable,
+            batch_size=args.batch_size, seed=args.seed,
+            shift=args.train_shift if args.train_shift is not None else pretraining.get("train_shift", 1.0),
+            null_prob=args.null_prob if args.null_prob is not None else pretraining.get("null_prob", 0.1),
+            gradient_checkpointing=args.gradient_checkpointing)
+        loop = LoopConfig(lr=args.lr, warmup_steps=args.warmup, grad_clip=args.grad_clip,
+                          weight_decay=args.weight_decay, ema_decay=args.ema, max_steps=args.max_steps,
+                          max_seconds=None if args.minutes is None else args.minutes * 60, bf16=not args.no_bf16,
+                          log_every=args.log_every, checkpoint_every=args.checkpoint_every,
+                          progress=not args.no_progress)
+        source = _source(args, model, job)
+        result = distill(model, source, config, loop, out=args.out, resume=args.resume, device=job.device)
+        if is_main_process():
+            if not result.history:
+                print(f"nothing to train: the state in {args.out} is already at step {result.steps}")
+            else:
+                print(f"trained to step {result.steps} in {result.seconds:.0f}s, final loss "
+                      f"{result.history[-1]['loss']:.3g}; wrote the student to {args.out} (builtin.safetensors, "
+                      f"transformer/, sparse_config.json), log.jsonl and loss.png")
+    finally:
+        teardown()
+    return 0

@@ -1,0 +1,110 @@
+"""Fine-tuning data addressed by global sample index, so every rank of a data-parallel job (and a resumed
+run) draws exactly the clips, noise and noise levels the index names, whatever the world size.
+
+A source returns clips for a list of indices: ``clips(indices, device) -> (video float32 [B, C, T, H, W],
+captions list[str])``, and has ``clip_shape`` (C, T, H, W) and ``describe()`` (a JSON-able dict).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .clipfiles import list_clip_files, read_clip
+
+MASK64 = (1 << 64) - 1
+STREAM_DATA, STREAM_NOISE, STREAM_SHUFFLE, STREAM_TEACHER = 1, 2, 3, 4
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def sample_seed(seed: int, index: int, stream: int) -> int:
+    """A 63-bit seed for sample ``index`` of random ``stream`` in a run seeded by ``seed``."""
+    return _splitmix64(_splitmix64(_splitmix64(seed) ^ stream) ^ index) >> 1
+
+
+def sample_generator(seed: int, index: int, stream: int) -> torch.Generator:
+    """A CPU generator for sample ``index`` of ``stream`` (see :func:`sample_seed`)."""
+    return torch.Generator().manual_seed(sample_seed(seed, index, stream))
+
+
+def _check_indices(indices: Sequence[int]) -> None:
+    if not indices or not all(isinstance(i, int) and i >= 0 for i in indices):
+        raise ValueError(f"indices must be a non-empty list of ints >= 0, got {indices!r}")
+
+
+class ProceduralSource:
+    """Procedural clips (:class:`~sparsevid.data.ProceduralVideos`), clip ``i`` drawn from its own seed.
+
+    ``seed`` makes the stream differ from pre-training (which drew batches from one sequential generator).
+    """
+
+    def __init__(self, data, seed: int = 0):
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        self.data, self.seed = data, seed
+        self.clip_shape = (3, data.frames, data.height, data.width)
+
+    def captions(self, indices: Sequence[int]) -> list[str]:
+        """The captions of clips ``indices`` (without rendering them)."""
+        return self._scenes(indices).captions()
+
+    def clips(self, indices: Sequence[int], device: torch.device | str = "cpu"):
+        scenes = self._scenes(indices)
+        return self.data.render(scenes, device), scenes.captions()
+
+    def _scenes(self, indices: Sequence[int]):
+        _check_indices(indices)
+        parts = [self.data.sample_scenes(1, sample_generator(self.seed, i, STREAM_DATA)) for i in indices]
+        return type(parts[0])(**{f.name: torch.cat([getattr(p, f.name) for p in parts])
+                                 for f in dataclasses.fields(parts[0])})
+
+    def describe(self) -> dict:
+        return {"kind": "procedural", "seed": self.seed, **self.data.config()}
+
+
+class DirectorySource:
+    """Clip files in a directory (format: :mod:`sparsevid.training.clipfiles`), visited in a fresh random
+    order every epoch: index ``i`` is position ``i % n`` of epoch ``i // n``'s permutation."""
+
+    def __init__(self, directory: str | Path, seed: int = 0):
+        self.directory = Path(directory)
+        self.files = list_clip_files(self.directory)
+        self.seed = seed
+        first, _ = read_clip(self.files[0])
+        self.clip_shape = tuple(first.shape)
+        self._orders: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def file(self, index: int) -> Path:
+        """The file that sample ``index`` reads."""
+        epoch, position = divmod(index, len(self.files))
+        if epoch not in self._orders:
+            generator = sample_generator(self.seed, epoch, STREAM_SHUFFLE)
+            self._orders = {epoch: torch.randperm(len(self.files), generator=generator).tolist()}
+        return self.files[self._orders[epoch][position]]
+
+    def clips(self, indices: Sequence[int], device: torch.device | str = "cpu"):
+        _check_indices(indices)
+        videos, captions = [], []
+        for index in indices:
+            path = self.file(index)
+            video, caption = read_clip(path)
+            if tuple(video.shape) != self.clip_shape:
+                raise ValueError(f"{path}: clip shape {tuple(video.shape)} differs from {self.clip_shape} "
+                                 f"(of {self.files[0].name}); all clips of a directory must have one shape")
+            videos.append(video)
+            captions.append(caption)
+        return torch.stack(videos).to(device), captions
+
+    def describe(self) -> dict:
+        return {"kind": "directory", "directory": str(self.directory), "files": len(self.files), "seed": self.seed}
