@@ -90,16 +90,7 @@ def _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn, o_d
     b_l = b_l * b_alpha + b_psum
     b_acc = b_acc * b_alpha[:, None]
     b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc, input_precision=DOT_PRECISION)
-    return b_acc, b_m_new, b_l, b_psum
-
-
-@triton.jit
-def _tile_sum_update(b_tm, b_tl, b_m_new, b_psum, first):
-    """Running base-2 (max, sum) of the current kept tile's row sums: ``b_tm + log2(b_tl)`` is the row
-    log-sum-exp over the tile's columns seen so far. ``first`` starts a new tile; ``b_psum`` is the sub-tile's
-    row sum relative to the running max ``b_m_new``, so one exp2 per row rescales the earlier sub-tiles."""
-    b_tl = tl.where(first, 0.0, b_tl * tl.math.exp2(b_tm - b_m_new)) + b_psum
-    return b_m_new, b_tl
+    return b_acc, b_m_new, b_l, b_psum, b_alpha
 
 
 # TileMass is zeroed after tuning: a config owning fewer rows writes more splits than the one finally chosen.
@@ -145,29 +136,31 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
     b_l = tl.zeros([ROWS], dtype=tl.float32)
     b_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     if WITH_MASS:
+        # b_tl: the current tile's row sums relative to the running max, so b_m + log2(b_tl) is the tile's row
+        # log-sum-exp (base 2); rescaled by the same factor as b_l, no extra exp2.
         o_in_block = (pid_m * ROWS) % BLOCK_M + tl.arange(0, ROWS)
         p_tile_lse = TileLse + (pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block) * TILE_SLOTS * BLOCK_M + o_in_block
-        b_tm = b_m
         b_tl = b_l
     for it in range(0, num_full * SUBS):
         start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB_N
-        b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn, o_d,
-                                            M, scale_log2, HEAD_DIM, BLOCK_D, SUB_N, False, DOT_PRECISION)
+        b_acc, b_m, b_l, b_psum, b_alpha = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn,
+                                                     o_d, M, scale_log2, HEAD_DIM, BLOCK_D, SUB_N, False,
+                                                     DOT_PRECISION)
         if WITH_MASS:
-            b_tm, b_tl = _tile_sum_update(b_tm, b_tl, b_m, b_psum, (it % SUBS) == 0)
+            b_tl = tl.where((it % SUBS) == 0, 0.0, b_tl * b_alpha) + b_psum
             if (it % SUBS) == SUBS - 1:
-                tl.store(p_tile_lse + (it // SUBS) * BLOCK_M, b_tm + tl.math.log2(b_tl))
+                tl.store(p_tile_lse + (it // SUBS) * BLOCK_M, b_m + tl.math.log2(b_tl))
     if ragged_tail:
         for sub in range(0, SUBS):
             start_n = last_block * BLOCK_N + sub * SUB_N
             if start_n < M:
-                b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn,
-                                                    o_d, M, scale_log2, HEAD_DIM, BLOCK_D, SUB_N, True,
-                                                    DOT_PRECISION)
+                b_acc, b_m, b_l, b_psum, b_alpha = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn,
+                                                             stride_vn, o_d, M, scale_log2, HEAD_DIM, BLOCK_D,
+                                                             SUB_N, True, DOT_PRECISION)
                 if WITH_MASS:
-                    b_tm, b_tl = _tile_sum_update(b_tm, b_tl, b_m, b_psum, sub == 0)
+                    b_tl = tl.where(sub == 0, 0.0, b_tl * b_alpha) + b_psum
         if WITH_MASS:
-            tl.store(p_tile_lse + num_full * BLOCK_M, b_tm + tl.math.log2(b_tl))
+            tl.store(p_tile_lse + num_full * BLOCK_M, b_m + tl.math.log2(b_tl))
 
     has_keys = b_l > 0.0
     b_out = b_acc / tl.where(has_keys, b_l, 1.0)[:, None]
@@ -183,10 +176,15 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
         rows_in_block = tl.minimum(BLOCK_M, N - q_block * BLOCK_M).to(tl.float32)
         p_mass = TileMass + ((pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block) * (BLOCK_M // 64)
                              + ((pid_m * ROWS) % BLOCK_M) // ROWS) * NUM_KV_BLOCKS
-        for slot in range(0, count):
-            b_w = tl.math.exp2(tl.load(p_tile_lse + slot * BLOCK_M) - b_lse2)
-            b_w = tl.where(o_m < N, b_w, 0.0)
-            tl.store(p_mass + tl.load(p_index + slot), tl.sum(b_w, 0) / rows_in_block)
+        # SLOTS kept tiles at a time: one [SLOTS, ROWS] load and one row reduction per chunk.
+        SLOTS: tl.constexpr = 16
+        for s0 in range(0, count, SLOTS):
+            o_slot = s0 + tl.arange(0, SLOTS)
+            m_slot = o_slot < count
+            b_t = tl.load(p_tile_lse[None, :] + o_slot[:, None] * BLOCK_M, mask=m_slot[:, None], other=0.0)
+            b_w = tl.where((o_m < N)[None, :], tl.math.exp2(b_t - b_lse2[None, :]), 0.0)
+            cols = tl.load(p_index + o_slot, mask=m_slot, other=0)
+            tl.store(p_mass + cols, tl.sum(b_w, 1) / rows_in_block, mask=m_slot)
 
 
 @triton.jit
