@@ -32,8 +32,12 @@ from pathlib import Path
 
 import torch
 
-if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+def _cpu_requested(argv: list[str]) -> bool:
+    return "--device=cpu" in argv or any(a == "--device" and b == "cpu" for a, b in zip(argv, argv[1:]))
+
+
+if _cpu_requested(sys.argv):
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run interpreted; set before they are imported
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
@@ -173,10 +177,14 @@ def bench_loop(args, device, dtype) -> list[dict]:
 
 
 def table(kernel_rows, loop_rows) -> str:
-    lines = ["| sparsity | forward ms | with tile masses ms | overhead | mass error vs fp64 |", "|---|---|---|---|---|"]
-    lines += [f"| {r['sparsity']:.3f} | {r['forward_ms']:.3f} | {r['forward_with_tile_mass_ms']:.3f} | "
-              f"{r['overhead']:+.1%} | {r['mass_max_error_vs_float64']:.1e} |" for r in kernel_rows]
-    lines += ["", "| setting | generation s | speedup | search s | mean sparsity |", "|---|---|---|---|---|"]
+    lines = []
+    if kernel_rows:
+        lines += ["| sparsity | forward ms | with tile masses ms | overhead | mass error vs fp64 |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['sparsity']:.3f} | {r['forward_ms']:.3f} | {r['forward_with_tile_mass_ms']:.3f} | "
+                  f"{r['overhead']:+.1%} | {r['mass_max_error_vs_float64']:.1e} |" for r in kernel_rows]
+    if loop_rows:
+        lines += ["", "| setting | generation s | speedup | search s | mean sparsity |", "|---|---|---|---|---|"]
     lines += [f"| {r['setting']} | {r['generation_s']:.2f} | {r['speedup']:.2f}x | {r['search_s']:.3f} | "
               f"{r['mean_sparsity']:.3f} |" for r in loop_rows]
     for r in loop_rows:

@@ -24,10 +24,6 @@ import torch
 from ..ops import SparseMask, predict_mask, select_from_mass
 from .config import LayerPlan
 
-# How the mask of a call was obtained (stats: ``mask_source``).
-SOURCES = ("predicted", "reused", "within", "exact")
-
-
 @dataclass
 class _Entry:
     """The last mask of one branch: made at ``step`` under ``plan``; ``share`` float32 [B, H, QB] is the share
@@ -60,7 +56,8 @@ class MaskReuse:
 
     def mask(self, q: torch.Tensor, k: torch.Tensor, plan: LayerPlan, scale: float | None, *, step: int | None,
              branch: int = 0, generation: int = 0) -> tuple[SparseMask, str]:
-        """The mask for this call over q [B, H, N, D], k [B, H, M, D] and how it was obtained (one of SOURCES).
+        """The mask for this call over q [B, H, N, D], k [B, H, M, D] and how it was obtained: "predicted",
+        "reused", "within" or "exact" (the integration's stats report it as ``mask_source``).
 
         step: the denoising step (None: unknown, predict and keep nothing); branch: the guidance pass within
         the step; generation: changes when a new generation starts, which drops every kept mask.
