@@ -147,3 +147,17 @@ def test_tile_mass_requests_are_checked():
             sv.block_sparse_attention(q, k, v, mask, return_tile_mass=1, backend="reference")
         out, mass = sv.block_sparse_attention(q, k, v, mask, return_tile_mass=True, backend="reference")
         assert mass.shape == (1, 1, 2, 2)
+
+
+def test_triton_tile_mass_when_one_program_owns_a_whole_query_block(monkeypatch, nan_poisoned_outputs):
+    """The interpreter's default config splits a 128-row block over two programs (ROWS=64); on the GPU the
+    autotuner may give one program all 128 rows (and whole 64-key tiles): the masses must not change."""
+    import triton
+
+    monkeypatch.setattr(triton_attention._bsa_fwd_kernel, "configs",
+                        [triton.Config({"ROWS": 128, "SUB_N": 64}, num_warps=4, num_stages=1)])
+    b, h, n, m, d = 1, 2, 333, 200, 64
+    mask = make_mask("random", b, h, n, m, 128, 64)
+    q, k, v = rand_qkv(b, h, n, m, d, torch.float32)
+    _, mass = sv.block_sparse_attention(q, k, v, mask, return_tile_mass=True, backend="triton")
+    assert (mass.double() - dense_tile_mass(q, k, mask)).abs().max() < 5e-6
