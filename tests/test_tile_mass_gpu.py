@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import sparsevid as sv
+from oracles import rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -24,5 +25,6 @@ def test_bf16_tile_masses_match_float64(case):
     # bf16 products are exact in float32 and accumulate in float32: only float32 rounding separates the
     # masses from the float64 ones (a few 1e-6 of a row's unit mass).
     assert (mass.double() - ref.double()).abs().max() < 1e-5
-    assert torch.equal(out, plain)
+    # Tuned separately, the variant may split rows and sub-tiles differently: equal up to bf16 rounding.
+    assert rel_err(out, plain) < 5e-3
     assert torch.equal(mass[~mask.keep.expand_as(mass)], torch.zeros_like(mass[~mask.keep.expand_as(mass)]))
