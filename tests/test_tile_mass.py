@@ -77,9 +77,10 @@ def test_triton_tile_mass_matches_dense_float64(shape, kind, dtype, nan_poisoned
     # float64), so only float32 rounding of scores up to ~30 separates them: a few 1e-6 of a row's unit mass at most.
     assert (mass.double() - expected).abs().max() < 5e-6
     assert torch.equal(mass[~mask.keep.expand_as(mass)], torch.zeros_like(mass[~mask.keep.expand_as(mass)]))
-    # The variant's out and lse are those of the plain forward.
+    # The variant's out and lse are those of the plain forward, up to the output dtype's rounding (on a GPU
+    # the two are tuned separately and may accumulate in another order).
     plain_out, plain_lse = sv.block_sparse_attention(q, k, v, mask, return_lse=True, backend="triton")
-    assert rel_err(out, plain_out) < 1e-6
+    assert rel_err(out, plain_out) < (1e-6 if dtype == torch.float32 else 2e-3)
     assert rel_err(lse, plain_lse) < 1e-6
 
 
