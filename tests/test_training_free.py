@@ -81,6 +81,7 @@ def test_layer_overrides_keep_working_with_schedules():
      r"layer_overrides\[2\].final_topk must be of the same kind"),
     (dict(layer_overrides={1: {"refresh_interval": -2}}), ValueError, r"layer_overrides\[1\].refresh_interval"),
     (dict(layer_overrides={1: {"schedule": "linear"}}), ValueError, "unknown fields"),
+    (dict(layer_overrides={1: {"final_topp": 0.5}}), ValueError, r"layer_overrides\[1\] sets \['final_topp'\]"),
 ])
 def test_bad_schedule_configs_raise_errors_naming_the_field(kwargs, error, match):
     with pytest.raises(error, match=match):

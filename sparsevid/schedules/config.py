@@ -240,6 +240,9 @@ class SparseConfig:
             if "dense" in values and not isinstance(values["dense"], bool):
                 raise TypeError(f"layer_overrides[{index}].dense must be a bool, got {values['dense']!r}")
             _check_plan_fields(values, where=f"layer_overrides[{index}].")
+            if self.schedule == "constant" and set(values) & set(SCHEDULE_FIELDS):
+                raise ValueError(f"layer_overrides[{index}] sets {sorted(set(values) & set(SCHEDULE_FIELDS))} but "
+                                 "schedule is 'constant'")
             _check_final(self._layer_values(values), where=f"layer_overrides[{index}].")
             overrides[index] = values
         self.layer_overrides = overrides
