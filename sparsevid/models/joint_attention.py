@@ -119,7 +119,8 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
 
     q, k, v: [B, H, N, D] (any strides), N = layout.total. predict: ``(q_video, k_video, plan, scale) -> SparseMask``
     over the (tiled) video tokens. on_tile_mass: None, or a callable that receives the exact tile masses
-    float32 [B, H, QB, KB] of the video-to-video attention (``return_tile_mass``; inference only). attn_mask: the key-padding mask the text rows use (as in SDPA);
+    float32 [B, H, QB, KB] of the video-to-video attention (``return_tile_mass``; inference only).
+    attn_mask: the key-padding mask the text rows use (as in SDPA);
     key_sets: its valid text keys per batch entry (see :func:`text_key_sets`), None if all are valid.
     clock: optional ``stats.Clock``; marks "reordered", "predicted" and "attended" (before the output is
     put back in the original token order and the text rows are computed).
@@ -142,8 +143,7 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
         if order is None:
             return out_v, mask
     else:
-        out_vv, lse_vv = attend(q_v, k_v, v_v, mask, scale=scale, return_lse=True,
-                                                backend=plan.backend)
+        out_vv, lse_vv = attend(q_v, k_v, v_v, mask, scale=scale, return_lse=True, backend=plan.backend)
         text = layout.text
         out_vt, lse_vt = _attend_text_keys(q_v, k[:, :, text], v[:, :, text], key_sets, plan, scale)
         out_v = merge_partials(out_vv, lse_vv, out_vt, lse_vt)
