@@ -166,6 +166,16 @@ def test_diffusion_baseline_cli_writes_a_loadable_student(tmp_path):
     assert (config.rule, config.topk, config.topp) == ("hybrid", 0.25, 0.5)
     assert (out / "loss.png").stat().st_size > 0
 
+    compared = tmp_path / "compare"
+    assert main(["compare", "--tiny", "--student", f"baseline={out}", "--training-free",
+                 "rule=topk,topk=1.0,block_q=64,block_k=64", "--captions", "1", "--steps", "2",
+                 "--out", str(compared)]) == 0
+    results = json.loads((compared / "results.json").read_text())["candidates"]
+    assert results["training-free rule=topk,topk=1.0,block_q=64,block_k=64"]["psnr"] > 60  # all kept: ~dense
+    assert 10 < results["baseline"]["psnr"] < 60  # two steps of training changed the model
+    with pytest.raises(ValueError, match="LABEL=DIR"):
+        main(["compare", "--tiny", "--student", str(out)])
+
 
 def test_two_processes_match_one(tmp_path):
     args = ["distill", "--tiny", "--max-steps", "3", "--batch-size", "4", "--lr", "1e-3", "--warmup", "1",

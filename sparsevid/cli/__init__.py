@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-COMMAND_MODULES = ("demo", "train", "eval", "distill")
+COMMAND_MODULES = ("demo", "train", "eval", "distill", "compare")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,68 @@
+"""Sparse students against their dense teacher: sample the same captions and seeds with the reference
+model (dense attention) and with each candidate (a model with a sparse configuration, e.g. a distilled
+student or the reference itself training-free), and report PSNR / SSIM of each candidate's clips against
+the reference clips, with sampling time."""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+
+def _sample(model, captions, seeds, steps, guidance) -> tuple[torch.Tensor, float]:
+    from ..models.sampling import generate
+
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    videos = generate(model, list(captions), list(seeds), steps=steps, guidance=guidance)
+    return videos, time.perf_counter() - start
+
+
+def compare_to_reference(reference, candidates: dict, captions: Sequence[str], seeds: Sequence[int],
+                         steps: int | None = None, guidance: float | None = None) -> dict:
+    """PSNR / SSIM of each candidate's clips against ``reference``'s dense clips.
+
+    reference: a dense :class:`~sparsevid.models.BuiltinVideoDiT`; candidates: {label: (model, SparseConfig)}
+    (the model may be ``reference`` itself; sparse attention is applied for the candidate's run and
+    removed after). Every caption is sampled with every seed. Returns {"reference": {...}, "candidates":
+    {label: {"psnr", "ssim" (means), "psnr_per_clip", "ssim_per_clip", "seconds"}}} and "clips" (label ->
+    float32 [n, 3, T, H, W], not JSON).
+    """
+    from ..models import apply_sparse_attention, is_sparse, remove_sparse_attention
+    from .video_metrics import clip_similarity
+
+    if not candidates:
+        raise ValueError("candidates must name at least one (model, SparseConfig) pair")
+    jobs = [(c, s) for c in captions for s in seeds]
+    if not jobs:
+        raise ValueError("captions and seeds must not be empty")
+    if is_sparse(reference.transformer):
+        raise ValueError("reference must run dense attention (remove its sparse attention first)")
+    texts, noise_seeds = [c for c, _ in jobs], [s for _, s in jobs]
+    dense, dense_s = _sample(reference, texts, noise_seeds, steps, guidance)
+    results = {"reference": {"seconds": dense_s}, "candidates": {}, "clips": {"reference": dense}}
+    for label, (model, config) in candidates.items():
+        apply_sparse_attention(model.transformer, config)
+        try:
+            clips, seconds = _sample(model, texts, noise_seeds, steps, guidance)
+        finally:
+            remove_sparse_attention(model.transformer)
+        similarity = clip_similarity(clips, dense)
+        results["candidates"][label] = {
+            "config": config.to_dict(), "psnr": sum(similarity["psnr"]) / len(jobs),
+            "ssim": sum(similarity["ssim"]) / len(jobs), "psnr_per_clip": similarity["psnr"],
+            "ssim_per_clip": similarity["ssim"], "seconds": seconds}
+        results["clips"][label] = clips
+    return results
+
+
+def comparison_table(results: dict) -> str:
+    """Markdown: one row per candidate (PSNR / SSIM against the reference, sampling seconds)."""
+    lines = ["| candidate | PSNR vs reference (dB) | SSIM vs reference | seconds |", "|---|---|---|---|",
+             f"| reference (dense) | - | - | {results['reference']['seconds']:.1f} |"]
+    for label, r in results["candidates"].items():
+        lines.append(f"| {label} | {r['psnr']:.2f} | {r['ssim']:.4f} | {r['seconds']:.1f} |")
+    return "\n".join(lines) + "\n"
