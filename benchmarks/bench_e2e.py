@@ -2,7 +2,8 @@
 
 The transformers are built from the Wan2.1 configs with random weights (bf16, the fp32 modules diffusers keeps
 in fp32 stay fp32). Per model and setting it measures the transformer forward (CUDA-event median), the
-per-layer attention time split into tiling, mask prediction, kernels and restore (from
+once-per-forward token reordering into 3D tiles and back (``sparsevid.forward_stats``), the per-layer
+attention time split into in-layer reordering, mask prediction, kernels and restore (from
 ``sparsevid.attention_stats``), the time per layer outside the attention kernels, and projects the forward
 time to a 50-step generation with classifier-free guidance. Writes results.json and table.md under --out.
 
@@ -111,15 +112,18 @@ def dense_sdpa_context(device, backend: str):
 
 
 def layer_breakdown(model, inputs) -> dict:
-    """Mean per-layer attention times (ms) and achieved sparsity from one forward with stats on."""
+    """Mean per-layer attention times (ms), achieved sparsity and the per-forward token reordering (tile,
+    reorder / restore ms) from one forward with stats on."""
     sv.set_collect_stats(model, True)
     model(**inputs)
     stats = sv.attention_stats(model)
+    forward = sv.forward_stats(model)
     sv.set_collect_stats(model, False)
     keys = ("attention_ms", "reorder_ms", "predict_ms", "kernel_ms", "restore_ms")
     out = {k: statistics.fmean(s[k] for s in stats) if all(s[k] is not None for s in stats) else None for k in keys}
     out["sparsity"] = statistics.fmean(s["sparsity"] for s in stats)
     out["layers"] = len(stats)
+    out["forward"] = forward
     return out
 
 
@@ -158,6 +162,9 @@ def run_model(name: str, args, device, dtype) -> list[dict]:
                 "layers": config["num_layers"], "heads": config["num_attention_heads"], "config": cfg.to_dict(),
                 "forward_ms": forward_ms, "forward_ms_all": times,
                 "achieved_sparsity": breakdown["sparsity"],
+                "token_tile": breakdown["forward"]["tile"],
+                "reorder_ms_per_forward": breakdown["forward"]["reorder_ms"],
+                "restore_ms_per_forward": breakdown["forward"]["restore_ms"],
                 "attention_ms_per_layer": breakdown["attention_ms"],
                 "reorder_ms_per_layer": breakdown["reorder_ms"], "predict_ms_per_layer": breakdown["predict_ms"],
                 "kernel_ms_per_layer": kernel_ms, "restore_ms_per_layer": breakdown["restore_ms"],
@@ -182,14 +189,15 @@ def fmt(value, spec=".2f"):
 
 
 def table(rows, args) -> str:
-    head = ("| model | setting | tokens | achieved sparsity | forward ms | speedup | attn/layer ms | tiling ms | "
-            f"predict ms | kernel ms | restore ms | outside kernels/layer ms | {args.steps}-step s | "
-            f"{args.steps}-step s ({args.dense_steps} dense) |")
+    head = ("| model | setting | tokens | achieved sparsity | forward ms | speedup | tiling/forward ms | "
+            "untiling/forward ms | attn/layer ms | in-layer tiling ms | predict ms | kernel ms | restore ms | "
+            f"outside kernels/layer ms | {args.steps}-step s | {args.steps}-step s ({args.dense_steps} dense) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['setting']} | {r['tokens']} | {r['achieved_sparsity']:.3f} | {r['forward_ms']:.1f} | "
-            f"{r['speedup_forward']:.2f}x | {fmt(r['attention_ms_per_layer'])} | {fmt(r['reorder_ms_per_layer'])} | "
+            f"{r['speedup_forward']:.2f}x | {r['reorder_ms_per_forward']:.2f} | {r['restore_ms_per_forward']:.2f} | "
+            f"{fmt(r['attention_ms_per_layer'])} | {fmt(r['reorder_ms_per_layer'])} | "
             f"{fmt(r['predict_ms_per_layer'])} | {fmt(r['kernel_ms_per_layer'])} | {fmt(r['restore_ms_per_layer'])} | "
             f"{r['outside_kernels_ms_per_layer']:.2f} | {r['generation_s']:.1f} | {r['generation_s_with_dense_steps']:.1f} |")
     return "\n".join(lines)

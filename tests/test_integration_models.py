@@ -10,54 +10,10 @@ from sparsevid.models.joint_attention import TokenLayout, TokenOrder, joint_spar
 from sparsevid.ops import random_block_mask
 from sparsevid.ops.mask import expand_block_mask
 
-diffusers = pytest.importorskip("diffusers")
+pytest.importorskip("diffusers")
+from tiny_models import MODELS, VIDEO_TOKENS, build as _build  # noqa: E402
 
 SMALL_BLOCKS = {"block_q": 64, "block_k": 64}
-
-
-def _wan():
-    model = diffusers.WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
-        text_dim=16, freq_dim=32, ffn_dim=32, num_layers=3, cross_attn_norm=True, rope_max_seq_len=32)
-    inputs = {"hidden_states": torch.randn(1, 4, 4, 16, 20), "timestep": torch.tensor([700]),
-              "encoder_hidden_states": torch.randn(1, 12, 16)}
-    return model, inputs
-
-
-def _hunyuan():
-    model = diffusers.HunyuanVideoTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=2,
-        num_single_layers=2, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
-        text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4))
-    text_mask = torch.ones(2, 12, dtype=torch.long)
-    text_mask[0, 7:] = 0  # different padding per batch entry
-    text_mask[1, 10:] = 0
-    inputs = {"hidden_states": torch.randn(2, 4, 3, 10, 10), "timestep": torch.tensor([700, 700]),
-              "encoder_hidden_states": torch.randn(2, 12, 16), "encoder_attention_mask": text_mask,
-              "pooled_projections": torch.randn(2, 8), "guidance": torch.tensor([3000.0, 3000.0])}
-    return model, inputs
-
-
-def _cogvideox():
-    model = diffusers.CogVideoXTransformer3DModel(
-        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=2,
-        text_embed_dim=8, num_layers=2, sample_width=20, sample_height=16, sample_frames=13, patch_size=2,
-        temporal_compression_ratio=4, max_text_seq_length=8, use_rotary_positional_embeddings=True)
-    frames, height, width = 4, 8, 10  # latent grid after 2x2 patching
-    angles = torch.randn(frames * height * width, 4).repeat_interleave(2, dim=-1)  # [N, head_dim]
-    inputs = {"hidden_states": torch.randn(1, frames, 4, 2 * height, 2 * width), "timestep": torch.tensor([700]),
-              "encoder_hidden_states": torch.randn(1, 8, 8), "image_rotary_emb": (angles.cos(), angles.sin())}
-    return model, inputs
-
-
-MODELS = {"wan": _wan, "hunyuan_video": _hunyuan, "cogvideox": _cogvideox}
-VIDEO_TOKENS = {"wan": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10}
-
-
-def _build(name):
-    torch.manual_seed(0)
-    model, inputs = MODELS[name]()
-    return model.eval(), inputs
 
 
 @torch.no_grad()
@@ -100,7 +56,7 @@ def test_remove_restores_the_same_processors_and_outputs(name):
     sv.remove_sparse_attention(model)
     assert not sv.is_sparse(model)
     assert all(a is b for a, b in zip(_processors(model), before))
-    assert not model._forward_pre_hooks
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
     assert torch.equal(_run(model, inputs), ref)
     assert _rel(sparse, ref) > 1e-3
 

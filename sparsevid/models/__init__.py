@@ -3,9 +3,9 @@
 diffusers itself is imported only when a processor needs it.
 """
 from .builtin import BuiltinVideoDiT, load_builtin
-from .integration import (apply_sparse_attention, attention_stats, denoising_step, is_sparse,
+from .integration import (apply_sparse_attention, attention_stats, denoising_step, forward_stats, is_sparse,
                           remove_sparse_attention, reset_denoising_step, set_collect_stats, set_denoising_step)
 
 __all__ = ["BuiltinVideoDiT", "load_builtin",
-           "apply_sparse_attention", "attention_stats", "denoising_step", "is_sparse", "remove_sparse_attention",
-           "reset_denoising_step", "set_collect_stats", "set_denoising_step"]
+           "apply_sparse_attention", "attention_stats", "denoising_step", "forward_stats", "is_sparse",
+           "remove_sparse_attention", "reset_denoising_step", "set_collect_stats", "set_denoising_step"]

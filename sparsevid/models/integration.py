@@ -10,6 +10,7 @@ from ..schedules import SparseConfig
 from .adapters import ModelAdapter, adapter_for, forward_argument
 from .processors import SparseAttnProcessor
 from .step_context import StepContext
+from .token_order import forward_tile, install_reordering, tile_order
 
 _STATE_ATTR = "_sparsevid_state"
 
@@ -22,14 +23,21 @@ class SparseState:
     context: StepContext
     attentions: list
     originals: list
-    hook: torch.utils.hooks.RemovableHandle
+    hooks: list[torch.utils.hooks.RemovableHandle]
 
 
-def _begin_forward(adapter: ModelAdapter, context: StepContext, module, args, kwargs):
-    """Forward pre-hook: advance the denoising step from ``timestep`` and record the latent grid."""
+def _begin_forward(adapter: ModelAdapter, config: SparseConfig, num_layers: int, context: StepContext, module,
+                   args, kwargs):
+    """Forward pre-hook: advance the denoising step from ``timestep``, record the latent grid and choose the
+    video token order of this forward (the tile most sparse layers of this step use; raster if none)."""
     hidden_states = forward_argument(module, "hidden_states", args, kwargs)
-    context.begin_forward(forward_argument(module, "timestep", args, kwargs),
-                          adapter.grid(hidden_states, module.config))
+    grid = adapter.grid(hidden_states, module.config)
+    context.begin_forward(forward_argument(module, "timestep", args, kwargs), grid)
+    tile = None
+    if grid is not None and adapter.reorders_forward(module.config):
+        tile = forward_tile(config.plan(layer, context.step, context.timestep) for layer in range(num_layers))
+    order = None if tile is None else tile_order(grid, tile, hidden_states.device)
+    context.begin_order(tile, order, hidden_states.device)
 
 
 def _check_layers(config: SparseConfig, num_layers: int) -> None:
@@ -46,6 +54,14 @@ def _state(transformer) -> SparseState:
         raise ValueError(f"sparse attention is not applied to this {type(transformer).__name__}; "
                          f"call sparsevid.apply_sparse_attention first")
     return state
+
+
+def _stats_context(transformer) -> StepContext:
+    context = _state(transformer).context
+    if not context.collect_stats:
+        raise ValueError("stats are off; pass collect_stats=True to apply_sparse_attention or call "
+                         "sparsevid.set_collect_stats(transformer, True)")
+    return context
 
 
 def apply_sparse_attention(transformer: torch.nn.Module, config: SparseConfig | None = None, *,
@@ -75,18 +91,20 @@ def apply_sparse_attention(transformer: torch.nn.Module, config: SparseConfig | 
     processors = [SparseAttnProcessor(proc, i, config, context, adapter) for i, proc in enumerate(originals)]
     for attn, processor in zip(attentions, processors):
         attn.set_processor(processor)
-    hook = transformer.register_forward_pre_hook(functools.partial(_begin_forward, adapter, context),
-                                                 with_kwargs=True)
-    setattr(transformer, _STATE_ATTR, SparseState(config, context, attentions, originals, hook))
+    begin = functools.partial(_begin_forward, adapter, config, len(attentions), context)
+    hooks = [transformer.register_forward_pre_hook(begin, with_kwargs=True)]
+    hooks += install_reordering(transformer, adapter.token_sites, adapter.output_module, context)
+    setattr(transformer, _STATE_ATTR, SparseState(config, context, attentions, originals, hooks))
     return transformer
 
 
 def remove_sparse_attention(transformer: torch.nn.Module) -> torch.nn.Module:
-    """Put back the exact processor objects ``apply_sparse_attention`` replaced and remove its hook."""
+    """Put back the exact processor objects ``apply_sparse_attention`` replaced and remove its hooks."""
     state = _state(transformer)
     for attn, original in zip(state.attentions, state.originals):
         attn.set_processor(original)
-    state.hook.remove()
+    for hook in state.hooks:
+        hook.remove()
     delattr(transformer, _STATE_ATTR)
     return transformer
 
@@ -99,18 +117,29 @@ def is_sparse(transformer: torch.nn.Module) -> bool:
 def attention_stats(transformer: torch.nn.Module) -> list[dict]:
     """Per self-attention call of the last forward, a dict of: layer, step, dense, sparsity (video-to-video,
     area-weighted), video_tokens, text_tokens and the times in ms of the attention call (``attention_ms``,
-    the whole stand-in for SDPA) and its parts: ``reorder_ms`` (tiling q/k/v), ``predict_ms`` (mask
-    prediction), ``kernel_ms`` (block-sparse kernels, plus text keys and merge for joint attention) and
-    ``restore_ms`` (undoing the tiling, plus dense text rows). Dense calls have attention_ms only.
+    the whole stand-in for SDPA) and its parts: ``reorder_ms`` (selecting the video q/k/v, and tiling them
+    when this layer's tile differs from the forward's token order), ``predict_ms`` (mask prediction),
+    ``kernel_ms`` (block-sparse kernels, plus text keys and merge for joint attention) and ``restore_ms``
+    (placing the output, undoing a per-layer tiling, plus dense text rows). Dense calls have attention_ms
+    only. The once-per-forward token reordering is reported by :func:`forward_stats`.
 
     Needs ``collect_stats=True`` (see :func:`apply_sparse_attention` / :func:`set_collect_stats`).
     Reading the numbers synchronises with the device.
     """
-    state = _state(transformer)
-    if not state.context.collect_stats:
-        raise ValueError("stats are off; pass collect_stats=True to apply_sparse_attention or call "
-                         "sparsevid.set_collect_stats(transformer, True)")
-    return [record.as_dict() for record in state.context.records]
+    return [record.as_dict() for record in _stats_context(transformer).records]
+
+
+def forward_stats(transformer: torch.nn.Module) -> dict:
+    """Per-forward stats of the last forward: step, ``tile`` (the 3D tile its video tokens were ordered in,
+    None for raster order) and the times in ms of putting the tokens in that order once (``reorder_ms``:
+    patch embedding, RoPE tables, per-token inputs) and back (``restore_ms``: the output projection).
+
+    Needs stats on (see :func:`attention_stats`); reading the numbers synchronises with the device.
+    """
+    record = _stats_context(transformer).forward_record
+    if record is None:
+        raise ValueError("no forward has run with stats on yet")
+    return record.as_dict()
 
 
 def set_collect_stats(transformer: torch.nn.Module, enabled: bool) -> None:

@@ -69,16 +69,19 @@ def text_key_sets(attn_mask: torch.Tensor | None, layout: TokenLayout, batch: in
     return [torch.nonzero(row[layout.text]).flatten() for row in keys]
 
 
-def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax over the union of two disjoint key sets from each set's output [B, H, n, D] and lse [B, H, n].
 
-    Computed in float32 (float64 for float64 inputs), returned in out_a's dtype. lse_b must be finite.
+    Computed in float32 (float64 for float64 inputs), returned in out_a's dtype, or written into ``out``
+    [B, H, n, D] (any strides; the cast and the placement are then one copy) and returned. lse_b must be finite.
     """
     compute = torch.promote_types(out_a.dtype, torch.float32)
     lse = torch.logaddexp(lse_a, lse_b)
     weight_a = torch.exp(lse_a - lse).unsqueeze(-1)
     weight_b = torch.exp(lse_b - lse).unsqueeze(-1)
-    return (out_a.to(compute) * weight_a + out_b.to(compute) * weight_b).to(out_a.dtype)
+    merged = out_a.to(compute) * weight_a + out_b.to(compute) * weight_b
+    return merged.to(out_a.dtype) if out is None else out.copy_(merged)
 
 
 def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch.Tensor,
@@ -123,7 +126,10 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     attn_mask: the key-padding mask the text rows use (as in SDPA);
     key_sets: its valid text keys per batch entry (see :func:`text_key_sets`), None if all are valid.
     clock: optional ``stats.Clock``; marks "reordered", "predicted" and "attended" (before the output is
-    put back in the original token order and the text rows are computed).
+    put back in the original token order and the text rows are computed). order: the token order the
+    sparse part runs in, relative to q's (None: as given). No copies of q, k, v or the output are made
+    beyond ``order``'s gathers and scatter: the video-to-video output lands in q's layout, merged joint rows
+    go straight into the output buffer.
     Returns out [B, H, N, D] and the video mask.
     """
     batch, heads, total, dim = q.shape
@@ -137,23 +143,22 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     attend = block_sparse_attention if on_tile_mass is None else functools.partial(_attend_with_mass, on_tile_mass)
     mask = predict(q_v, k_v, plan, scale)
     _mark(clock, "predicted")
-    if layout.text_len == 0:
+    if layout.text_len == 0 and order is None:
+        # The triton kernels write q's layout: for diffusers' transposed [B, N, H, D] view, where diffusers reads.
         out_v = attend(q_v, k_v, v_v, mask, scale=scale, backend=plan.backend)
         _mark(clock, "attended")
-        if order is None:
-            return out_v, mask
+        return out_v, mask
+    out = q.new_empty(batch, total, heads, dim).transpose(1, 2)
+    out_video = out[:, :, video]
+    if layout.text_len == 0:
+        out_v = attend(q_v, k_v, v_v, mask, scale=scale, backend=plan.backend)
     else:
         out_vv, lse_vv = attend(q_v, k_v, v_v, mask, scale=scale, return_lse=True, backend=plan.backend)
-        text = layout.text
-        out_vt, lse_vt = _attend_text_keys(q_v, k[:, :, text], v[:, :, text], key_sets, plan, scale)
-        out_v = merge_partials(out_vv, lse_vv, out_vt, lse_vt)
-        _mark(clock, "attended")
-
-    out = q.new_empty(batch, total, heads, dim).transpose(1, 2)
+        out_vt, lse_vt = _attend_text_keys(q_v, k[:, :, layout.text], v[:, :, layout.text], key_sets, plan, scale)
+        out_v = merge_partials(out_vv, lse_vv, out_vt, lse_vt, out=out_video if order is None else None)
+    _mark(clock, "attended")
     if order is not None:
-        out[:, :, video].index_copy_(2, order.perm, out_v)
-    else:
-        out[:, :, video] = out_v
+        out_video.index_copy_(2, order.perm, out_v)
     if layout.text_len:
         text = layout.text
         out[:, :, text] = F.scaled_dot_product_attention(q[:, :, text], k, v, attn_mask=attn_mask, scale=scale)

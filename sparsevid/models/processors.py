@@ -21,6 +21,7 @@ from .adapters import ModelAdapter
 from .joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets
 from .stats import AttentionRecord, Clock
 from .step_context import StepContext
+from .token_order import plan_tile, relative_order, tile_order
 
 
 class SDPAInterceptor(TorchFunctionMode):
@@ -55,14 +56,6 @@ def predict_video_mask(q, k, plan: LayerPlan, scale):
 
     mask, _ = predict_mask(q, k, scale=scale, backend=plan.predict_backend, **plan.predict_kwargs())
     return mask
-
-
-def tile_order(grid: tuple[int, int, int], tile, device: torch.device) -> TokenOrder:
-    """The 3D-tile order of a (T, H, W) token grid (``tile``: "auto" or (t, h, w)); cached by ``ops.tiling``."""
-    from ..ops.tiling import tile_permutation
-
-    perm, inverse = tile_permutation(grid, tile=None if tile == "auto" else tile, device=device)
-    return TokenOrder(perm, inverse)
 
 
 class SparseAttnProcessor:
@@ -117,13 +110,19 @@ class SparseAttnProcessor:
         return TokenLayout(start, video, video + text)
 
     def _token_order(self, plan: LayerPlan, layout: TokenLayout, device: torch.device) -> TokenOrder | None:
-        grid = self.context.grid
-        if plan.tile == "none" or grid is None:
+        """How this layer reorders its video tokens: from the forward's order to the plan's (None: already so)."""
+        context, wanted = self.context, plan_tile(plan.tile)
+        if context.grid is None or wanted == context.tile:
             return None
+        grid = context.grid
         if grid[0] * grid[1] * grid[2] != layout.video_len:
             raise ValueError(f"the latent grid {grid} has {grid[0] * grid[1] * grid[2]} tokens but the attention "
                              f"sees {layout.video_len} video tokens")
-        return tile_order(grid, plan.tile, device)
+        key = ("token_order", wanted)
+        if key not in context.forward_cache:
+            target = None if wanted is None else tile_order(grid, wanted, device)
+            context.forward_cache[key] = relative_order(context.order, target)
+        return context.forward_cache[key]
 
     def _key_sets(self, attn_mask, layout: TokenLayout, batch: int):
         if attn_mask is None or layout.text_len == 0:

@@ -1,10 +1,11 @@
-"""Per-layer attention statistics, recorded without host syncs and read on request.
+"""Per-layer attention and per-forward token-order statistics, recorded without host syncs and read on request.
 
 Timings use CUDA events on CUDA tensors (resolved when the stats are read) and ``time.perf_counter``
 elsewhere; the sparsity stays a device tensor until read.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -64,3 +65,31 @@ class AttentionRecord:
             "restore_ms": self.clock.elapsed_ms("attended", "end"),
             **self.extra,
         }
+
+
+@dataclass
+class ForwardRecord:
+    """One transformer forward: its step, the token order it ran in (a tile or None for raster order) and
+    the time spent putting tokens into that order ("reorder": patch embedding, RoPE tables, per-token
+    inputs) and back ("restore": the output projection's tokens)."""
+
+    step: int | None
+    tile: tuple[int, int, int] | None
+    clock: Clock
+    spans: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def span(self, kind: str):
+        """Time the body as one more span of ``kind`` ("reorder" or "restore")."""
+        start, end = f"{len(self.spans)}:start", f"{len(self.spans)}:end"
+        self.clock.mark(start)
+        yield
+        self.clock.mark(end)
+        self.spans.append((kind, start, end))
+
+    def as_dict(self) -> dict:
+        """Plain numbers (reads device values: call after the forward, not inside it)."""
+        totals = {"reorder_ms": 0.0, "restore_ms": 0.0}
+        for kind, start, end in self.spans:
+            totals[f"{kind}_ms"] += self.clock.elapsed_ms(start, end)
+        return {"step": self.step, "tile": self.tile, **totals}

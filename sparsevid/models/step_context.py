@@ -5,12 +5,17 @@ A forward pre-hook on the transformer (installed by ``apply_sparse_attention``) 
 counts distinct timesteps of one generation: a timestep equal to the previous one is the same step
 (e.g. the unconditional pass of classifier-free guidance), a smaller one the next step, a larger one
 the start of a new generation (step 0). :meth:`reset` or :meth:`set_step` override the counting.
+:meth:`begin_order` then sets the video token order the forward runs in (see ``token_order``).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
+
+from .joint_attention import TokenOrder
+from .stats import Clock, ForwardRecord
 
 
 @dataclass
@@ -21,13 +26,17 @@ class StepContext:
         step: denoising step of the current forward (None before the first forward).
         timestep: the timestep value of the current forward (largest entry of the ``timestep`` tensor).
         grid: (T, H, W) latent token grid of the current forward after patching, or None.
-        forward_cache: values computed once per forward (the valid text keys), cleared by
+        forward_cache: values computed once per forward (the valid text keys, per-layer token orders), cleared by
             every forward.
         collect_stats: record per-layer stats (see ``attention_stats``).
         branch: index of the current forward among the forwards of its step (0, then 1 for the second pass of
             classifier-free guidance when the pipeline makes two calls).
         generation: incremented when a new generation starts (per-layer mask caches drop their masks).
         records: the stats records of the last forward.
+        tile: the 3D tile the video tokens of the current forward are ordered in, None for raster order.
+        order: that order as a permutation of the raster tokens (None for raster order).
+        reordering: inside a forward that runs in ``order`` (the token-order hooks act only then).
+        forward_record: the per-forward stats record of the last forward (with stats on).
     """
 
     step: int | None = None
@@ -38,6 +47,10 @@ class StepContext:
     forward_cache: dict = field(default_factory=dict)
     collect_stats: bool = False
     records: list = field(default_factory=list)
+    tile: tuple[int, int, int] | None = None
+    order: TokenOrder | None = None
+    reordering: bool = False
+    forward_record: ForwardRecord | None = None
     _pinned_step: int | None = None
 
     def begin_forward(self, timestep, grid: tuple[int, int, int] | None) -> None:
@@ -64,6 +77,15 @@ class StepContext:
         self.grid = grid
         self.forward_cache.clear()
         self.records = []
+
+    def begin_order(self, tile: tuple[int, int, int] | None, order: TokenOrder | None, device: torch.device) -> None:
+        """Set the video token order of the current forward (after :meth:`begin_forward`); starts its stats record."""
+        self.tile, self.order = tile, order
+        self.forward_record = ForwardRecord(self.step, tile, Clock(device)) if self.collect_stats else None
+
+    def forward_span(self, kind: str):
+        """Context timing a token-order span of the current forward ("reorder" | "restore") when stats are on."""
+        return contextlib.nullcontext() if self.forward_record is None else self.forward_record.span(kind)
 
     def reset(self) -> None:
         """Forget the step count: the next forward is step 0 of a new generation."""

@@ -1,0 +1,58 @@
+"""Tiny diffusers video transformers built from configs, with inputs, for the integration tests (float32, CPU).
+
+Import after ``pytest.importorskip("diffusers")``.
+"""
+import diffusers
+import torch
+
+
+def wan(**config):
+    """WanTransformer3DModel on a 4 x 8 x 10 token grid (320 tokens); ``config`` overrides the model config."""
+    model = diffusers.WanTransformer3DModel(**{
+        "patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4,
+        "out_channels": 4, "text_dim": 16, "freq_dim": 32, "ffn_dim": 32, "num_layers": 3, "cross_attn_norm": True,
+        "rope_max_seq_len": 32, **config})
+    inputs = {"hidden_states": torch.randn(1, 4, 4, 16, 20), "timestep": torch.tensor([700]),
+              "encoder_hidden_states": torch.randn(1, 12, 16)}
+    return model, inputs
+
+
+def hunyuan_video(**config):
+    """HunyuanVideoTransformer3DModel on a 3 x 10 x 10 grid, batch 2 with different text padding."""
+    model = diffusers.HunyuanVideoTransformer3DModel(**{
+        "in_channels": 4, "out_channels": 4, "num_attention_heads": 2, "attention_head_dim": 10, "num_layers": 2,
+        "num_single_layers": 2, "num_refiner_layers": 1, "patch_size": 1, "patch_size_t": 1,
+        "guidance_embeds": True, "text_embed_dim": 16, "pooled_projection_dim": 8, "rope_axes_dim": (2, 4, 4),
+        **config})
+    text_mask = torch.ones(2, 12, dtype=torch.long)
+    text_mask[0, 7:] = 0  # different padding per batch entry
+    text_mask[1, 10:] = 0
+    inputs = {"hidden_states": torch.randn(2, 4, 3, 10, 10), "timestep": torch.tensor([700, 700]),
+              "encoder_hidden_states": torch.randn(2, 12, 16), "encoder_attention_mask": text_mask,
+              "pooled_projections": torch.randn(2, 8), "guidance": torch.tensor([3000.0, 3000.0])}
+    return model, inputs
+
+
+def cogvideox(**config):
+    """CogVideoXTransformer3DModel (RoPE given as an argument) on a 4 x 8 x 10 grid after 2x2 patching."""
+    model = diffusers.CogVideoXTransformer3DModel(**{
+        "num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 4, "out_channels": 4, "time_embed_dim": 2,
+        "text_embed_dim": 8, "num_layers": 2, "sample_width": 20, "sample_height": 16, "sample_frames": 13,
+        "patch_size": 2, "temporal_compression_ratio": 4, "max_text_seq_length": 8,
+        "use_rotary_positional_embeddings": True, **config})
+    frames, height, width = 4, 8, 10  # latent grid after 2x2 patching
+    angles = torch.randn(frames * height * width, 4).repeat_interleave(2, dim=-1)  # [N, head_dim]
+    inputs = {"hidden_states": torch.randn(1, frames, 4, 2 * height, 2 * width), "timestep": torch.tensor([700]),
+              "encoder_hidden_states": torch.randn(1, 8, 8), "image_rotary_emb": (angles.cos(), angles.sin())}
+    return model, inputs
+
+
+MODELS = {"wan": wan, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox}
+VIDEO_TOKENS = {"wan": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10}
+
+
+def build(name, **config):
+    """(model in eval mode, inputs) of the tiny ``name`` model, seeded."""
+    torch.manual_seed(0)
+    model, inputs = MODELS[name](**config)
+    return model.eval(), inputs
