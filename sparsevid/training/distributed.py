@@ -67,6 +67,16 @@ def global_mean(value: torch.Tensor) -> torch.Tensor:
     return value / torch.distributed.get_world_size()
 
 
+def broadcast_float(value: float, device: torch.device) -> float:
+    """Rank 0's ``value`` on every rank (``value`` itself when not distributed); ``device`` is where the
+    process group's backend communicates (CUDA for NCCL, CPU for gloo)."""
+    if not _active():
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    torch.distributed.broadcast(tensor, 0)
+    return float(tensor)
+
+
 def wrap(model: torch.nn.Module, dist_info: Distributed) -> torch.nn.Module:
     """``model`` in ``DistributedDataParallel`` when the job has several processes, else unchanged."""
     if dist_info.world_size == 1:

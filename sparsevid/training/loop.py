@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from .checkpoint import load_training_state, save_training_state, write_text_atomic
-from .distributed import global_mean, is_main_process, unwrap
+from .distributed import broadcast_float, global_mean, is_main_process, unwrap
 from .ema import EMA
 
 
@@ -133,6 +133,8 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
 
     while True:
         elapsed = time.perf_counter() - start
+        if config.max_seconds is not None:  # every rank follows rank 0's clock (learning rate, stopping)
+            elapsed = broadcast_float(elapsed, params[0].device)
         if (config.max_steps is not None and step >= config.max_steps) or \
                 (config.max_seconds is not None and elapsed >= config.max_seconds):
             break
