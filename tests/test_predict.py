@@ -116,7 +116,7 @@ def test_full_keep_when_every_block_is_asked_for():
 BAD_INPUTS = [
     pytest.param(dict(q="x"), TypeError, "q", id="q-not-tensor"),
     pytest.param(dict(q=torch.randn(2, 64, 8)), ValueError, "q", id="q-3d"),
-    pytest.param(dict(k=torch.randn(1, 2, 64, 16)), ValueError, "share B, H and D", id="k-head-dim"),
+    pytest.param(dict(k=torch.randn(1, 2, 64, 16)), ValueError, r"share \[B, H\] and the head dim D", id="k-head-dim"),
     pytest.param(dict(k=torch.randn(1, 2, 64, 8).double()), TypeError, "dtype", id="k-dtype"),
     pytest.param(dict(q=torch.ones(1, 2, 64, 8, dtype=torch.int32)), TypeError, "q", id="q-int"),
     pytest.param(dict(rule="topq"), ValueError, "rule", id="rule"),

@@ -10,16 +10,14 @@ Backends:
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
 from .mask import SparseMask
 from .reference import reference_block_sparse_attention
+from .validation import check_choice, check_head_tensors, check_scale, check_triton_inputs, triton_fits
 
 BACKENDS = ("auto", "triton", "flex", "reference")
-TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_TRITON_HEAD_DIM = 256
 
 
 # --------------------------------------------------------------------------- triton op (custom op + autograd)
@@ -124,52 +122,24 @@ def _lse_request():
 
 # --------------------------------------------------------------------------- public op
 
-def _triton_available_for(t: torch.Tensor) -> bool:
-    return t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1")
-
-
 def _check_inputs(q, k, v, mask, scale, backend) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have shape [B, H, T, D], got {tuple(t.shape)}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if not isinstance(mask, SparseMask):
-        raise TypeError(f"mask must be a sparsevid.SparseMask, got {type(mask).__name__}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    b, h, n, d = q.shape
-    if k.shape[:2] != (b, h) or v.shape[:2] != (b, h):
-        raise ValueError(f"q, k, v must share [B, H]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    check_head_tensors(q=q, k=k, v=v)
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if k.shape[-1] != d:
-        raise ValueError(f"q and k must share the head dim D, got {d} and {k.shape[-1]}")
-    if n == 0 or k.shape[2] == 0 or d == 0:
-        raise ValueError(f"q, k, v must have non-empty T and D, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    mask.check_compatible(b, h, n, k.shape[2], q.device)
-    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
-        raise ValueError(f"scale must be None or a positive number, got {scale!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if not isinstance(mask, SparseMask):
+        raise TypeError(f"mask must be a sparsevid.SparseMask, got {type(mask).__name__}")
+    mask.check_compatible(q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.device)
+    check_scale(scale)
+    check_choice("backend", backend, BACKENDS)
     if backend == "triton":
-        if not _triton_available_for(q):
-            raise ValueError(f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU); q is on {q.device}")
-        if q.dtype not in TRITON_DTYPES:
-            raise TypeError(f"backend='triton' supports dtypes {TRITON_DTYPES}, got {q.dtype}")
-        if d > MAX_TRITON_HEAD_DIM:
-            raise ValueError(f"backend='triton' supports head dims up to {MAX_TRITON_HEAD_DIM}, got {d}")
+        check_triton_inputs(q)
 
 
 def resolve_backend(backend: str, q: torch.Tensor) -> str:
     """The backend "auto" stands for on q's device (others unchanged)."""
     if backend != "auto":
         return backend
-    return "triton" if q.is_cuda and q.dtype in TRITON_DTYPES and q.shape[-1] <= MAX_TRITON_HEAD_DIM else "reference"
+    return "triton" if q.is_cuda and triton_fits(q) else "reference"
 
 
 def _check_tile_mass_request(return_tile_mass, backend: str, q, k, v) -> None:

@@ -11,7 +11,6 @@ the same masks up to rows whose threshold falls between two scores closer than f
 from __future__ import annotations
 
 import numbers
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -20,10 +19,9 @@ from .mask import SparseMask, _check_block_size, num_blocks
 from .pooling import block_similarity, pool_blocks, pooled_scores
 from .selection import (RULES, add_option_blocks, diagonal_blocks, resolve_similarity_threshold, resolve_topk,
                         resolve_topp, threshold_keep, uses_topk, uses_topp)
+from .validation import check_choice, check_head_tensors, check_scale, check_triton_inputs, triton_fits
 
 BACKENDS = ("auto", "triton", "torch")
-TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_TRITON_HEAD_DIM = 256
 
 
 @dataclass(frozen=True)
@@ -48,52 +46,23 @@ class MaskStats:
         return self.mask.sparsity
 
 
-def _check_tensors(q, k) -> None:
-    for name, t in (("q", q), ("k", k)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have shape [B, H, T, D], got {tuple(t.shape)}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-        if 0 in t.shape:
-            raise ValueError(f"{name} must have non-empty dims, got shape {tuple(t.shape)}")
-    if q.dtype != k.dtype:
-        raise TypeError(f"q and k must share one dtype, got {q.dtype} and {k.dtype}")
-    if q.device != k.device:
-        raise ValueError(f"q and k must be on one device, got {q.device} and {k.device}")
-    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q [B, H, N, D] and k [B, H, M, D] must share B, H and D, got {tuple(q.shape)} "
-                         f"and {tuple(k.shape)}")
-
-
 def _check_options(rule, scale, keep_sink, keep_diagonal, min_blocks, backend, q) -> None:
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    if scale is not None and not (isinstance(scale, numbers.Real) and not isinstance(scale, bool) and scale > 0):
-        raise ValueError(f"scale must be None or a positive number, got {scale!r}")
+    check_choice("rule", rule, RULES)
+    check_scale(scale)
     for name, flag in (("keep_sink", keep_sink), ("keep_diagonal", keep_diagonal)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     if not isinstance(min_blocks, numbers.Integral) or isinstance(min_blocks, bool) or min_blocks < 0:
         raise ValueError(f"min_blocks must be an int >= 0, got {min_blocks!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_choice("backend", backend, BACKENDS)
     if backend == "triton":
-        if not (q.is_cuda or (q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1")):
-            raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU); "
-                             f"q is on {q.device}")
-        if q.dtype not in TRITON_DTYPES:
-            raise TypeError(f"backend='triton' supports dtypes {TRITON_DTYPES}, got {q.dtype}")
-        if q.shape[-1] > MAX_TRITON_HEAD_DIM:
-            raise ValueError(f"backend='triton' supports head dims up to {MAX_TRITON_HEAD_DIM}, got {q.shape[-1]}")
+        check_triton_inputs(q)
 
 
 def _resolve_backend(backend: str, q: torch.Tensor) -> str:
     if backend != "auto":
         return backend
-    usable = q.is_cuda and q.dtype in TRITON_DTYPES and q.shape[-1] <= MAX_TRITON_HEAD_DIM
-    return "triton" if usable else "torch"
+    return "triton" if q.is_cuda and triton_fits(q) else "torch"
 
 
 def _torch_predict(q, k, *, rule, rule_topk, rule_topp, min_blocks, keep_sink, keep_diagonal, threshold,
@@ -162,7 +131,7 @@ def predict_mask(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", topk=0.
         (mask, stats): a :class:`SparseMask` [B, H, QB, KB] whose kv index tables are already built on
         the triton backend, and :class:`MaskStats`. Not differentiable; runs eagerly under torch.compile.
     """
-    _check_tensors(q, k)
+    check_head_tensors(q=q, k=k)
     _check_options(rule, scale, keep_sink, keep_diagonal, min_blocks, backend, q)
     _check_block_size("block_q", block_q)
     _check_block_size("block_k", block_k)
