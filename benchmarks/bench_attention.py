@@ -14,7 +14,6 @@ import csv
 import json
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,19 +23,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
+from run_info import git_commit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 SHAPES = {"wan1.3b-480p": (1, 12, 32760, 128), "wan14b-720p": (1, 40, 75600, 128)}
 BLOCKS = {"128x128": (128, 128), "128x64": (128, 64)}
-
-
-def git_commit() -> str:
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       cwd=Path(__file__).parent).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def attention_flops(n: int, m: int, heads: int, batch: int, d: int, kept: float, backward: bool) -> float:

@@ -19,7 +19,6 @@ import contextlib
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
+from run_info import git_commit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 # Wan2.1 configs; grid = latent (T, H, W) after 1x2x2 patching.
 MODELS = {
@@ -39,14 +39,6 @@ MODELS = {
 COMMON = {"patch_size": (1, 2, 2), "in_channels": 16, "out_channels": 16, "text_dim": 4096, "freq_dim": 256,
           "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6}
 TEXT_TOKENS = 512
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       cwd=Path(__file__).parent).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def parse_grid(text: str) -> tuple[int, int, int]:

@@ -28,7 +28,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ import sparsevid as sv  # noqa: E402
 from sparsevid.eval import attention_recall  # noqa: E402
 from sparsevid.ops.mask import kept_index_table  # noqa: E402
 from sparsevid.ops.tiling import tile_tokens  # noqa: E402
+from run_info import git_commit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 # name: (B, H, N, D, (T, H, W) grid of the tokens)
 SHAPES = {
@@ -55,16 +55,6 @@ SHAPES = {
 TILES = {"2x8x8": (2, 8, 8), "4x4x8": (4, 4, 8), "1x8x16": (1, 8, 16), "2x4x16": (2, 4, 16)}
 RULE = dict(rule="hybrid", topk=0.05, topp=0.9, block_q=128, block_k=64)
 MAX_DIFFERING_ROWS = 1e-3
-
-
-def git_commit() -> str:
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       cwd=Path(__file__).parent).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def video_field(grid, heads: int, d: int, batch: int = 1, amp: float = 12.0, noise: float = 0.5,
@@ -91,7 +81,6 @@ def video_field(grid, heads: int, d: int, batch: int = 1, amp: float = 12.0, noi
 def naive_predict(q, k, topk: float, topp: float, block_q: int, block_k: int):
     """Baseline: pool (pad + mean), softmax, full sort, cumsum, threshold, index table by sort."""
     b, h, n, d = q.shape
-    m = k.shape[2]
 
     def pool(x, block):
         length = x.shape[2]
