@@ -28,7 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
-from bench_e2e import MODELS, build_transformer, git_commit, parse_grid, sync  # noqa: E402
+from bench_e2e import MODELS, build_transformer, parse_grid, sync  # noqa: E402
+from run_info import git_commit  # noqa: E402
 from sparsevid.training import distillation_loss, sample_t  # noqa: E402
 
 

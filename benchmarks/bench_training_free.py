@@ -41,7 +41,8 @@ if _cpu_requested(sys.argv):
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
-from bench_e2e import (MODELS, build_transformer, dense_sdpa_context, git_commit, make_inputs,  # noqa: E402
+from run_info import git_commit  # noqa: E402
+from bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs,  # noqa: E402
                        parse_grid, sync)
 
 
