@@ -19,7 +19,7 @@ import torch
 
 from ..schedules import SparseConfig
 from .checkpoint import export_builtin, write_text_atomic
-from .distributed import is_main_process, setup, unwrap, wrap
+from .distributed import is_main_process, setup, wrap
 from .flow import flow_matching_loss, noisy, sample_t
 from .loop import LoopConfig, train_loop
 from .sources import STREAM_NOISE, sample_generator
