@@ -237,7 +237,6 @@ def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS
     return results
 
 
-
 def markdown_table(results: dict) -> str:
     """The per-configuration summary of :func:`run_harness` results as a Markdown table."""
     settings = results["settings"]
