@@ -98,7 +98,8 @@ def probe_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config, layer
     """(recall, relative L1) of ``config``'s mask for one self-attention call q, k, v [B, H, N, D] over a
     (T, H, W) token grid, the mask predicted afresh with the budget of the step (``timestep``: the model's
     timestep, for schedules that follow it) as the sparse processor predicts it (1.0, 0.0 if dense)."""
-    from ..models.processors import predict_video_mask, tile_order
+    from ..models.processors import predict_video_mask
+    from ..models.token_order import tile_order
     from .metrics import attention_recall, sparse_output_error
 
     plan = config.plan(layer, step, timestep)
