@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
-from bench_e2e import MODELS, build_transformer, parse_grid, sync  # noqa: E402
+from bench_e2e import MODELS, build_transformer, model_config, parse_grid, sync  # noqa: E402
 from run_info import git_commit  # noqa: E402
 from sparsevid.training import distillation_loss, sample_t  # noqa: E402
 
@@ -84,13 +84,7 @@ def time_steps(student, teacher, optimizer, batches, args, device) -> tuple[list
 
 def run(args, device) -> list[dict]:
     spec = MODELS["wan1.3b"]
-    config = dict(spec["config"])
-    if args.layers:
-        config["num_layers"] = args.layers
-    if args.heads:
-        config["num_attention_heads"] = args.heads
-    grid = args.grid or spec["grid"]
-    tokens = grid[0] * grid[1] * grid[2]
+    config, grid, tokens = model_config("wan1.3b", args)
     torch.manual_seed(0)
     teacher = Velocity(build_transformer(config, device, torch.bfloat16 if device.type == "cuda" else torch.float32))
     generator = torch.Generator().manual_seed(0)

@@ -119,7 +119,8 @@ def layer_breakdown(model, inputs) -> dict:
     return out
 
 
-def run_model(name: str, args, device, dtype) -> list[dict]:
+def model_config(name: str, args) -> tuple[dict, tuple[int, int, int], int]:
+    """(transformer config, latent token grid, tokens) of MODELS[name], shrunk by --layers/--heads/--grid."""
     spec = MODELS[name]
     config = dict(spec["config"])
     if args.layers:
@@ -127,7 +128,12 @@ def run_model(name: str, args, device, dtype) -> list[dict]:
     if args.heads:
         config["num_attention_heads"] = args.heads
     grid = args.grid or spec["grid"]
-    tokens = grid[0] * grid[1] * grid[2]
+    return config, grid, grid[0] * grid[1] * grid[2]
+
+
+def run_model(name: str, args, device, dtype) -> list[dict]:
+    spec = MODELS[name]
+    config, grid, tokens = model_config(name, args)
     generator = torch.Generator().manual_seed(0)
     model = build_transformer(config, device, dtype)
     inputs_list = [make_inputs(grid, device, dtype, generator) for _ in range(2)]

@@ -3,7 +3,6 @@ configurations against the dense reference model, by PSNR / SSIM of clips sample
 and seeds (Markdown table + JSON)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -45,8 +44,8 @@ def _student(spec: str, device):
 def run(args) -> int:
     from ..eval.compare import compare_to_reference, comparison_table
     from ..eval.harness import DEFAULT_CAPTIONS, parse_config
-    from ..eval.media import write_clips
     from .demo import load_model
+    from .reports import save_report
 
     if not args.student and not args.training_free:
         raise ValueError("give at least one --student or --training-free configuration")
@@ -59,14 +58,5 @@ def run(args) -> int:
     captions = [c for c in DEFAULT_CAPTIONS if c.count(" and ") < reference.data.max_objects][: args.captions]
     results = compare_to_reference(reference, candidates, captions, args.seeds, steps=args.steps,
                                    guidance=args.guidance)
-    clips = results.pop("clips")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table = comparison_table(results)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "results.md").write_text(table)
-    write_clips([clips[name][0] for name in clips], out / "first_clip")
-    print(table)
-    print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'first_clip.gif'} (reference, then each "
-          f"candidate in order)")
+    save_report(results, comparison_table(results), args.out, "reference, then each candidate in order")
     return 0

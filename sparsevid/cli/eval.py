@@ -3,9 +3,6 @@ with each sparse configuration, and reports sparsity, PSNR/SSIM against dense, p
 recall and relative L1 on the real activations, and wall time (Markdown table + JSON)."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
 
 DEFAULT_CONFIGS = ("rule=hybrid,topk=0.05,topp=0.9", "rule=topk,topk=0.1", "rule=topk,topk=0.25")
@@ -34,8 +31,8 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from ..eval.harness import DEFAULT_CAPTIONS, markdown_table, parse_config, run_harness
-    from ..eval.media import write_clips
     from .demo import load_model
+    from .reports import save_report
 
     specs = args.config or list(DEFAULT_CONFIGS)
     configs = {spec: parse_config(spec) for spec in specs}
@@ -47,14 +44,5 @@ def run(args) -> int:
     results = run_harness(model, configs, captions=captions, seeds=args.seeds,
                           steps=args.steps or model.config["sampling"]["steps"], guidance=args.guidance,
                           probe_steps=args.probe_steps, probe_clips=args.probe_clips)
-    clips = results.pop("clips")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table = markdown_table(results)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "results.md").write_text(table)
-    write_clips([clips[name][0] for name in clips], out / "first_clip")
-    print(table)
-    print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'first_clip.gif'} "
-          f"(dense, then each configuration in order)")
+    save_report(results, markdown_table(results), args.out, "dense, then each configuration in order")
     return 0
