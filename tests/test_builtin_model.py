@@ -9,7 +9,7 @@ from sparsevid.models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT, load_built
 from sparsevid.models.caption_encoder import CaptionEncoder
 from sparsevid.models.sampling import generate, initial_noise
 from sparsevid.training import (EMA, LoopConfig, export_builtin, flow_matching_loss, learning_rate,
-                                load_training_state, sample_t, save_training_state, train_loop)
+                                load_training_state, sample_t, train_loop)
 
 
 @pytest.fixture(scope="module")

@@ -273,7 +273,7 @@ def test_bad_directories_fail_clearly(tmp_path):
 
 def test_teacher_cache_samples_once_and_is_reused(tmp_path):
     model = _tiny().eval()
-    source = teacher_cache(model, tmp_path, count=3, seed=2, steps=1, guidance=1.0, batch_size=2)
+    teacher_cache(model, tmp_path, count=3, seed=2, steps=1, guidance=1.0, batch_size=2)
     files = sorted(p.name for p in tmp_path.glob("clip_*"))
     assert files == ["clip_000000.safetensors", "clip_000001.safetensors", "clip_000002.safetensors"]
     video, caption = read_clip(tmp_path / files[1])

@@ -19,7 +19,6 @@ _STATE_ATTR = "_sparsevid_state"
 class SparseState:
     """What ``apply_sparse_attention`` installed on a transformer (kept to undo it exactly)."""
 
-    config: SparseConfig
     context: StepContext
     attentions: list
     originals: list
@@ -29,13 +28,16 @@ class SparseState:
 def _begin_forward(adapter: ModelAdapter, config: SparseConfig, num_layers: int, context: StepContext, module,
                    args, kwargs):
     """Forward pre-hook: advance the denoising step from ``timestep``, record the latent grid and choose the
-    video token order of this forward (the tile most sparse layers of this step use; raster if none)."""
+    video token order of this forward (the tile most sparse layers of this step use; raster if none). The
+    per-layer plans of this forward are decided here once (``context.forward_cache["plans"]``)."""
     hidden_states = forward_argument(module, "hidden_states", args, kwargs)
     grid = adapter.grid(hidden_states, module.config)
     context.begin_forward(forward_argument(module, "timestep", args, kwargs), grid)
+    plans = [config.plan(layer, context.step, context.timestep) for layer in range(num_layers)]
+    context.forward_cache["plans"] = plans
     tile = None
     if grid is not None and adapter.reorders_forward(module.config):
-        tile = forward_tile(config.plan(layer, context.step, context.timestep) for layer in range(num_layers))
+        tile = forward_tile(plans)
     order = None if tile is None else tile_order(grid, tile, hidden_states.device)
     context.begin_order(tile, order, hidden_states.device)
 
@@ -94,7 +96,7 @@ def apply_sparse_attention(transformer: torch.nn.Module, config: SparseConfig | 
     begin = functools.partial(_begin_forward, adapter, config, len(attentions), context)
     hooks = [transformer.register_forward_pre_hook(begin, with_kwargs=True)]
     hooks += install_reordering(transformer, adapter.token_sites, adapter.output_module, context)
-    setattr(transformer, _STATE_ATTR, SparseState(config, context, attentions, originals, hooks))
+    setattr(transformer, _STATE_ATTR, SparseState(context, attentions, originals, hooks))
     return transformer
 
 

@@ -66,7 +66,10 @@ def text_key_sets(attn_mask: torch.Tensor | None, layout: TokenLayout, batch: in
     keys = attn_mask[:, 0, 0].expand(batch, layout.total)
     if not bool(keys[:, layout.video].all()):
         raise ValueError("sparse attention needs every video token to be a valid key; the attention mask hides some")
-    return [torch.nonzero(row[layout.text]).flatten() for row in keys]
+    text = keys[:, layout.text]
+    if bool((text == text[:1]).all()):  # one padding pattern for the whole batch: one tensor, shared
+        return [torch.nonzero(text[0]).flatten()] * batch
+    return [torch.nonzero(row).flatten() for row in text]
 
 
 def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,
@@ -93,7 +96,7 @@ def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch
 
     if key_sets is None:
         return attend(q_video, k_text, v_text)
-    if all(torch.equal(key_sets[0], s) for s in key_sets[1:]):
+    if all(s is key_sets[0] or torch.equal(key_sets[0], s) for s in key_sets[1:]):
         keys = key_sets[0]
         return attend(q_video, k_text.index_select(2, keys), v_text.index_select(2, keys))
     outs, lses = zip(*(attend(q_video[b:b + 1], k_text[b:b + 1].index_select(2, keys),

@@ -85,7 +85,9 @@ class SparseAttnProcessor:
 
     def __call__(self, attn, *args, **kwargs):
         context = self.context
-        plan = self.config.plan(self.layer, context.step, context.timestep)
+        plans = context.forward_cache.get("plans")  # decided once per forward by the transformer's pre-hook
+        plan = plans[self.layer] if plans is not None else self.config.plan(self.layer, context.step,
+                                                                             context.timestep)
         if plan is None and not context.collect_stats:
             return self.original(attn, *args, **kwargs)
         bound = self._signature.bind(attn, *args, **kwargs).arguments

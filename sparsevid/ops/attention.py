@@ -92,8 +92,12 @@ def _(q, k, v, kv_count, kv_index, block_q, block_k, scale):
 def _triton_backend(q, k, v, mask: SparseMask, scale: float, return_tile_mass: bool = False):
     if return_tile_mass:
         return _triton_attn_tile_mass(q, k, v, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k, scale)
-    return _triton_attn(q, k, v, mask.kv_count, mask.kv_index, mask.q_count, mask.q_index, mask.block_q,
-                        mask.block_k, scale)
+    # The transposed table (a sort over the block map) only serves the backward pass: build it only then.
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        q_count, q_index = mask.q_count, mask.q_index
+    else:
+        q_count, q_index = mask.kv_count.new_empty(0), mask.kv_index.new_empty(0)
+    return _triton_attn(q, k, v, mask.kv_count, mask.kv_index, q_count, q_index, mask.block_q, mask.block_k, scale)
 
 
 # --------------------------------------------------------------------------- flex backend

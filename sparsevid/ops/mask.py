@@ -272,9 +272,3 @@ def expand_block_mask(mask: SparseMask) -> torch.Tensor:
     """bool [B|1, H|1, N, M]: the token-level mask. Only for small sizes (tests, references)."""
     keep = mask.keep.repeat_interleave(mask.block_q, dim=-2)[..., : mask.q_len, :]
     return keep.repeat_interleave(mask.block_k, dim=-1)[..., : mask.kv_len]
-
-
-def tiles_per_row(mask: SparseMask) -> float:
-    """Mean number of kept key blocks per query-block row (for reports)."""
-    return float(mask.kv_count.float().mean())
-

@@ -46,12 +46,13 @@ def _chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep_row
     row_max = scores.amax(dim=-1, keepdim=True).masked_fill(empty.unsqueeze(-1), 0.0).detach()
     weights = torch.exp(scores - row_max)
     total = weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(compute).tiny)
-    out = torch.matmul(weights / total, v.to(compute))
+    probs = weights / total
+    out = torch.matmul(probs, v.to(compute))
     lse = (row_max + torch.log(total)).squeeze(-1)
     lse = torch.where(empty, torch.full_like(lse, float("-inf")), lse)
     result = (out.to(q.dtype), lse.to(torch.promote_types(q.dtype, torch.float32)))
     if block_q:
-        result += (_tile_mass(weights / total, block_q, block_k),)
+        result += (_tile_mass(probs, block_q, block_k),)
     return result
 
 
