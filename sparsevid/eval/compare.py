@@ -4,21 +4,9 @@ student or the reference itself training-free), and report PSNR / SSIM of each c
 the reference clips, with sampling time."""
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
-import torch
-
-
-def _sample(model, captions, seeds, steps, guidance) -> tuple[torch.Tensor, float]:
-    from ..models.sampling import generate
-
-    device = next(model.parameters()).device
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    videos = generate(model, list(captions), list(seeds), steps=steps, guidance=guidance)
-    return videos, time.perf_counter() - start
+from .harness import timed_generate
 
 
 def compare_to_reference(reference, candidates: dict, captions: Sequence[str], seeds: Sequence[int],
@@ -42,12 +30,12 @@ def compare_to_reference(reference, candidates: dict, captions: Sequence[str], s
     if is_sparse(reference.transformer):
         raise ValueError("reference must run dense attention (remove its sparse attention first)")
     texts, noise_seeds = [c for c, _ in jobs], [s for _, s in jobs]
-    dense, dense_s = _sample(reference, texts, noise_seeds, steps, guidance)
+    dense, dense_s = timed_generate(reference, texts, noise_seeds, steps, guidance)
     results = {"reference": {"seconds": dense_s}, "candidates": {}, "clips": {"reference": dense}}
     for label, (model, config) in candidates.items():
         apply_sparse_attention(model.transformer, config)
         try:
-            clips, seconds = _sample(model, texts, noise_seeds, steps, guidance)
+            clips, seconds = timed_generate(model, texts, noise_seeds, steps, guidance)
         finally:
             remove_sparse_attention(model.transformer)
         similarity = clip_similarity(clips, dense)

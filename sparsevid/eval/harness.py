@@ -54,8 +54,6 @@ def parse_config(spec: str):
             values[key] = json.loads(raw)
         except json.JSONDecodeError:
             values[key] = raw
-    if isinstance(values.get("tile"), list):
-        values["tile"] = tuple(values["tile"])
     return SparseConfig.from_dict(values)
 
 
@@ -98,7 +96,7 @@ def probe_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config, layer
     """(recall, relative L1) of ``config``'s mask for one self-attention call q, k, v [B, H, N, D] over a
     (T, H, W) token grid, the mask predicted afresh with the budget of the step (``timestep``: the model's
     timestep, for schedules that follow it) as the sparse processor predicts it (1.0, 0.0 if dense)."""
-    from ..models.processors import predict_video_mask
+    from ..schedules.reuse import predict_plan_mask
     from ..models.token_order import tile_order
     from .metrics import attention_recall, sparse_output_error
 
@@ -108,7 +106,7 @@ def probe_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config, layer
     if plan.tile != "none":
         order = tile_order(grid, plan.tile, q.device)
         q, k, v = (t.index_select(2, order.perm) for t in (q, k, v))
-    mask = predict_video_mask(q, k, plan, scale)
+    mask, _ = predict_plan_mask(q, k, plan, scale)
     recall = float(attention_recall(q, k, mask, scale=scale).mean())
     return recall, sparse_output_error(q, k, v, mask, scale=scale, backend=plan.backend)["relative_l1"]
 
@@ -143,14 +141,17 @@ class _SelfAttentionProbe:
         return out
 
 
-def _generate(model, caption: str, seed: int, steps: int, guidance: float, on_step=None) -> tuple[torch.Tensor, float]:
+def timed_generate(model, captions: Sequence[str], seeds: Sequence[int], steps: int | None, guidance: float | None,
+                   on_step=None) -> tuple[torch.Tensor, float]:
+    """Clips float32 [B, 3, T, H, W] sampled by :func:`~sparsevid.models.sampling.generate`, and the wall time
+    in seconds (the device is synchronised before the clock starts; ``generate`` returns CPU tensors)."""
     from ..models.sampling import generate
 
     device = next(model.parameters()).device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    video = generate(model, [caption], [seed], steps=steps, guidance=guidance, on_step=on_step)
+    video = generate(model, list(captions), list(seeds), steps=steps, guidance=guidance, on_step=on_step)
     return video, time.perf_counter() - start
 
 
@@ -167,7 +168,8 @@ def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS
     """
     from tqdm.auto import tqdm
 
-    from ..models import apply_sparse_attention, attention_stats, remove_sparse_attention, reset_denoising_step
+    from ..models import apply_sparse_attention, remove_sparse_attention, reset_denoising_step
+    from ..models.integration import attention_records
     from ..models.processors import SDPAInterceptor
     from .video_metrics import psnr, ssim
 
@@ -194,10 +196,10 @@ def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS
         if index < probe_clips:
             probe = _SelfAttentionProbe(configs, probes, grid, probe_steps)
             with SDPAInterceptor(probe):
-                video, seconds = _generate(model, caption, seed, steps, guidance, on_step=probe.on_step)
+                video, seconds = timed_generate(model, [caption], [seed], steps, guidance, on_step=probe.on_step)
             seconds -= probe.seconds
         else:
-            video, seconds = _generate(model, caption, seed, steps, guidance)
+            video, seconds = timed_generate(model, [caption], [seed], steps, guidance)
         dense_clips.append(video)
         dense_seconds += seconds
         bar.update()
@@ -210,19 +212,20 @@ def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS
 
     for name, config in configs.items():
         apply_sparse_attention(transformer, config, collect_stats=True)
-        calls: list[dict] = []
-        hook = transformer.register_forward_hook(lambda *_: calls.extend(attention_stats(transformer)))
+        per_forward: list[list] = []  # raw records; read from the device only after the timed sampling
+        hook = transformer.register_forward_hook(lambda *_: per_forward.append(attention_records(transformer)))
         try:
             videos, seconds = [], 0.0
             for caption, seed in jobs:
                 reset_denoising_step(transformer)
-                video, dt = _generate(model, caption, seed, steps, guidance)
+                video, dt = timed_generate(model, [caption], [seed], steps, guidance)
                 videos.append(video)
                 seconds += dt
                 bar.update()
         finally:
             hook.remove()
             remove_sparse_attention(transformer)
+        calls = [record.as_dict() for records in per_forward for record in records]
         sparsity = [r["sparsity"] for r in calls]
         sources = collections.Counter(r["mask_source"] for r in calls if "mask_source" in r)
         sparse = torch.cat(videos)

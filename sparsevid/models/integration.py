@@ -128,7 +128,13 @@ def attention_stats(transformer: torch.nn.Module) -> list[dict]:
     Needs ``collect_stats=True`` (see :func:`apply_sparse_attention` / :func:`set_collect_stats`).
     Reading the numbers synchronises with the device.
     """
-    return [record.as_dict() for record in _stats_context(transformer).records]
+    return [record.as_dict() for record in attention_records(transformer)]
+
+
+def attention_records(transformer: torch.nn.Module) -> list:
+    """The raw per-call records of the last forward, without reading the device (a new list each forward;
+    ``record.as_dict()`` gives what :func:`attention_stats` reports). For collecting many forwards cheaply."""
+    return _stats_context(transformer).records
 
 
 def forward_stats(transformer: torch.nn.Module) -> dict:

@@ -50,14 +50,6 @@ def _native_copy(processor):
     return pinned
 
 
-def predict_video_mask(q, k, plan: LayerPlan, scale):
-    """Block mask over video tokens q [B, H, Nv, D], k [B, H, Nv, D] by ``sparsevid.predict_mask``."""
-    from ..ops.predict import predict_mask
-
-    mask, _ = predict_mask(q, k, scale=scale, backend=plan.predict_backend, **plan.predict_kwargs())
-    return mask
-
-
 class SparseAttnProcessor:
     """Replaces the processor of one video self-attention module (see module docstring).
 

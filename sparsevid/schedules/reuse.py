@@ -44,6 +44,14 @@ class _Entry:
                 and (self.plan.block_q, self.plan.block_k, self.plan.tile) == (plan.block_q, plan.block_k, plan.tile))
 
 
+def predict_plan_mask(q, k, plan: LayerPlan, scale, within: SparseMask | None = None):
+    """The mask a layer's plan predicts for video q, k [B, H, Nv, D] (``within``: search only its tiles), and
+    the pooled mass each query-block row keeps, float32 [B, H, QB]."""
+    mask, stats = predict_mask(q, k, scale=scale, backend=plan.predict_backend, within=within,
+                               **plan.predict_kwargs())
+    return mask, stats.kept_mass
+
+
 class MaskReuse:
     """The masks of one sparse layer across the steps of a generation, one entry per guidance branch."""
 
@@ -67,17 +75,17 @@ class MaskReuse:
             self._generation = generation
         entry = self._entries.get(branch)
         if step is None or entry is None or step < entry.step or not entry.fits(q, k, plan):
-            return self._keep(branch, step, plan, *self._predict(q, k, plan, scale), "predicted")
+            return self._keep(branch, step, plan, *predict_plan_mask(q, k, plan, scale), "predicted")
         if step - entry.step < plan.refresh_interval:
             return entry.mask, "reused"
         if plan.refresh_search == "full":
-            return self._keep(branch, step, plan, *self._predict(q, k, plan, scale), "predicted")
+            return self._keep(branch, step, plan, *predict_plan_mask(q, k, plan, scale), "predicted")
         if plan.refresh_search == "exact" and entry.tile_mass is not None and entry.mass_step == step - 1:
             mask, stats = select_from_mass(entry.tile_mass, entry.mask, rule=plan.rule, topk=plan.topk,
                                            topp=plan.topp, min_blocks=plan.min_blocks, keep_sink=plan.keep_sink,
                                            keep_diagonal=plan.keep_diagonal, row_share=entry.share)
             return self._keep(branch, step, plan, mask, stats.kept_mass, "exact")
-        return self._keep(branch, step, plan, *self._predict(q, k, plan, scale, within=entry.mask), "within")
+        return self._keep(branch, step, plan, *predict_plan_mask(q, k, plan, scale, within=entry.mask), "within")
 
     def wants_tile_mass(self, q: torch.Tensor, plan: LayerPlan, *, step: int | None, branch: int = 0) -> bool:
         """Whether the attention of the call about to get its mask from :meth:`mask` should emit exact tile
@@ -96,12 +104,6 @@ class MaskReuse:
         :meth:`mask` returned for the branch at this step."""
         entry = self._entries[branch]
         entry.tile_mass, entry.mass_step = tile_mass, step
-
-    @staticmethod
-    def _predict(q, k, plan: LayerPlan, scale, within: SparseMask | None = None):
-        mask, stats = predict_mask(q, k, scale=scale, backend=plan.predict_backend, within=within,
-                                   **plan.predict_kwargs())
-        return mask, stats.kept_mass
 
     def _keep(self, branch: int, step: int | None, plan: LayerPlan, mask: SparseMask, share: torch.Tensor,
               source: str) -> tuple[SparseMask, str]:
