@@ -122,11 +122,23 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
     start = time.perf_counter() - elapsed_before
     model.train()
     first_step = step
-    total = config.max_steps if config.max_steps is not None else None
-    bar = _progress_bar(config.progress and main, total, step)
+    bar = _progress_bar(config.progress and main, config.max_steps, step)
     jsonl = Path(jsonl_path).open("a") if jsonl_path is not None and main else None
+    pending: list[tuple] = []  # per-step JSONL rows whose loss / grad norm are still on the device
+
+    def flush_jsonl() -> None:
+        """Write the pending per-step rows (one device read for all of them)."""
+        if not pending:
+            return
+        values = torch.stack([torch.stack([loss_.float(), norm_.float()]) for _, loss_, _, norm_, _ in pending]).tolist()
+        for (step_, _, lr_, _, seconds), (loss_, norm_) in zip(pending, values):
+            jsonl.write(json.dumps(_row(step_, loss_, lr_, norm_, seconds, 3)) + "\n")
+        jsonl.flush()
+        pending.clear()
 
     def checkpoint() -> None:
+        if jsonl is not None:
+            flush_jsonl()
         if state_path is not None and main:
             info = {"elapsed": time.perf_counter() - start, "run": run_info or {}}
             save_training_state(state_path, module, {} if ema is None else ema.shadow, optimizer, step, info)
@@ -153,19 +165,17 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
         window.append(mean_loss)
         step += 1
         if jsonl is not None:
-            row = {"step": step, "loss": float(mean_loss), "lr": lr, "grad_norm": float(grad_norm),
-                   "seconds": round(time.perf_counter() - start, 3)}
-            jsonl.write(json.dumps(row) + "\n")
-            jsonl.flush()
+            pending.append((step, mean_loss, lr, grad_norm.detach(), time.perf_counter() - start))
         if bar is not None:
             bar.update(1)
         if step % config.log_every == 0 or step == first_step + 1:
+            if jsonl is not None:
+                flush_jsonl()
             mean = float(torch.stack(window).mean())
             window.clear()
             if not math.isfinite(mean):
                 raise FloatingPointError(f"mean loss became {mean} by step {step}")
-            row = {"step": step, "loss": mean, "lr": lr, "grad_norm": float(grad_norm),
-                   "seconds": round(time.perf_counter() - start, 2)}
+            row = _row(step, mean, lr, float(grad_norm), time.perf_counter() - start, 2)
             history.append(row)
             if bar is not None:
                 bar.set_postfix(loss=f"{mean:.4g}", lr=f"{lr:.2e}")
@@ -175,8 +185,10 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
         if step % config.checkpoint_every == 0:
             checkpoint()
     if window:
-        history.append({"step": step, "loss": float(torch.stack(window).mean()), "lr": lr,
-                        "grad_norm": float(grad_norm), "seconds": round(time.perf_counter() - start, 2)})
+        history.append(_row(step, float(torch.stack(window).mean()), lr, float(grad_norm),
+                            time.perf_counter() - start, 2))
+    if jsonl is not None:
+        flush_jsonl()
     if step > first_step and step % config.checkpoint_every:
         checkpoint()
     for handle in (bar, jsonl):
@@ -184,6 +196,11 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
             handle.close()
     model.eval()
     return TrainResult(steps=step, seconds=time.perf_counter() - start, history=history, ema=ema)
+
+
+def _row(step: int, loss: float, lr: float, grad_norm: float, seconds: float, digits: int) -> dict:
+    """One logged row: the step, its (mean) loss, learning rate, gradient norm and wall seconds so far."""
+    return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "seconds": round(seconds, digits)}
 
 
 def _progress_bar(enabled: bool, total: int | None, initial: int):
