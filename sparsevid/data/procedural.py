@@ -148,18 +148,21 @@ class ProceduralVideos:
         ys = (torch.arange(self.height, device=device, dtype=torch.float32) + 0.5) / self.height
         xs = (torch.arange(self.width, device=device, dtype=torch.float32) + 0.5) / self.width
         shade = (1.15 - 0.3 * ys).view(1, 1, 1, -1, 1)
-        video = BACKGROUND_RGB.to(device)[scenes.background].view(b, 3, 1, 1, 1) * shade
+        video = BACKGROUND_RGB[scenes.background].to(device).view(b, 3, 1, 1, 1) * shade
         video = video.expand(b, 3, self.frames, self.height, self.width).clamp(0, 1)
-        centre = scenes.centre.to(device)
+        # Every scene tensor moves to the device once, not once per object.
+        centre, radius, kinds, present, textures = (t.to(device) for t in (
+            scenes.centre, scenes.radius, scenes.shape, scenes.present, scenes.texture))
+        colours = COLOUR_RGB[scenes.colour].to(device)  # [B, K, 3]
         pixel = float(min(self.height, self.width))
         for k in range(self.max_objects):
-            r = scenes.radius[:, k].to(device).view(b, 1, 1, 1)
+            r = radius[:, k].view(b, 1, 1, 1)
             dx = (xs.view(1, 1, 1, -1) - centre[:, k, :, 0].view(b, -1, 1, 1)) * (self.width / pixel)
             dy = (ys.view(1, 1, -1, 1) - centre[:, k, :, 1].view(b, -1, 1, 1)) * (self.height / pixel)
-            alpha = self._coverage(scenes.shape[:, k].to(device).view(b, 1, 1, 1), dx, dy, r, pixel)
-            alpha = alpha * scenes.present[:, k].to(device).view(b, 1, 1, 1)
-            tex = self._texture(scenes.texture[:, k].to(device).view(b, 1, 1, 1), dx, dy, r)
-            colour = COLOUR_RGB.to(device)[scenes.colour[:, k]].view(b, 3, 1, 1, 1)
+            alpha = self._coverage(kinds[:, k].view(b, 1, 1, 1), dx, dy, r, pixel)
+            alpha = alpha * present[:, k].view(b, 1, 1, 1)
+            tex = self._texture(textures[:, k].view(b, 1, 1, 1), dx, dy, r)
+            colour = colours[:, k].view(b, 3, 1, 1, 1)
             alpha = alpha.unsqueeze(1)
             video = video * (1 - alpha) + alpha * colour * tex.unsqueeze(1)
         return video * 2 - 1

@@ -91,5 +91,5 @@ def load_builtin(directory: str | Path | None = None, device: torch.device | str
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found (train the model with `python -m sparsevid train`)")
     model = BuiltinVideoDiT(json.loads(config_path.read_text()))
-    model.load_state_dict({k: v.to(torch.float32) for k, v in load_file(str(weights)).items()})
+    model.load_state_dict(load_file(str(weights)))  # copied into the fp32 parameters, cast on the way
     return model.to(device, dtype).eval()

@@ -13,9 +13,7 @@ def save_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | Path,
     """Write ``tensors`` to ``path`` so that readers see either the old file or the complete new one."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    path, tmp = _temporary_beside(path)
     try:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
         os.chmod(tmp, 0o644)
@@ -27,12 +25,20 @@ def save_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | Path,
 
 def write_text_atomic(text: str, path: str | Path) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
+    path, tmp = _temporary_beside(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _temporary_beside(path: str | Path) -> tuple[Path, Path]:
+    """(path, a temporary file name in its folder), the folder created; the rename onto path is atomic."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    return path, path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
 def export_builtin(model, directory: str | Path, dtype: torch.dtype = torch.bfloat16,

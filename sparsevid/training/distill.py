@@ -204,18 +204,19 @@ def distill(model, source, config: DistillConfig, loop: LoopConfig, out: str | P
         return distillation_loss(student, teacher, x0, tokens, t, noise)
 
     out = Path(out) if out is not None else None
+    run_info = config.run_info(source)
     if is_main_process():
         log(f"{config.objective}: {trainable / 1e6:.2f}M trainable parameters ({config.trainable}), global batch "
             f"{config.batch_size} over {job.world_size} process(es), data {source.describe()}")
     result = train_loop(student, loss_fn, loop, state_path=None if out is None else out / STATE_FILE,
-                        resume=resume, log=log, run_info=config.run_info(source),
+                        resume=resume, log=log, run_info=run_info,
                         jsonl_path=None if out is None else out / LOG_FILE)
     if result.ema is not None:
         result.ema.copy_to(model)
     if out is not None and is_main_process() and result.history:
         summary = {"objective": config.objective, "steps": result.steps, "seconds": round(result.seconds, 1),
                    "final_loss": result.history[-1]["loss"], "trainable": config.trainable,
-                   "world_size": job.world_size, "run": config.run_info(source)}
+                   "world_size": job.world_size, "run": run_info}
         save_student(model, config.sparse, out, summary)
         _plot_log(out / LOG_FILE, out / "loss.png", config.objective)
     return DistillResult(result.steps, result.seconds, result.history, trainable, out)

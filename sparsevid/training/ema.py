@@ -25,10 +25,6 @@ class EMA:
         names = list(self.shadow)
         torch._foreach_lerp_([self.shadow[k] for k in names], [state[k].detach().float() for k in names], 1 - decay)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The averaged weights, keyed like ``model.state_dict()``."""
-        return self.shadow
-
     @torch.no_grad()
     def copy_to(self, model: torch.nn.Module) -> None:
         """Load the averaged weights into ``model`` (other state entries are left alone)."""

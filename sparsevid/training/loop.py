@@ -130,7 +130,8 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
         """Write the pending per-step rows (one device read for all of them)."""
         if not pending:
             return
-        values = torch.stack([torch.stack([loss_.float(), norm_.float()]) for _, loss_, _, norm_, _ in pending]).tolist()
+        values = torch.stack([torch.stack([loss_.float(), norm_.float()])
+                              for _, loss_, _, norm_, _ in pending]).tolist()
         for (step_, _, lr_, _, seconds), (loss_, norm_) in zip(pending, values):
             jsonl.write(json.dumps(_row(step_, loss_, lr_, norm_, seconds, 3)) + "\n")
         jsonl.flush()
