@@ -55,7 +55,7 @@ def run(args) -> int:
     device = next(reference.parameters()).device
     candidates = dict(_student(spec, device) for spec in args.student)
     candidates.update({f"training-free {spec}": (reference, parse_config(spec)) for spec in args.training_free})
-    captions = [c for c in DEFAULT_CAPTIONS if c.count(" and ") < reference.data.max_objects][: args.captions]
+    captions = [c for c in DEFAULT_CAPTIONS if reference.data.fits(c)][: args.captions]
     results = compare_to_reference(reference, candidates, captions, args.seeds, steps=args.steps,
                                    guidance=args.guidance)
     save_report(results, comparison_table(results), args.out, "reference, then each candidate in order")

@@ -39,7 +39,7 @@ def run(args) -> int:
     if not 1 <= args.captions <= len(DEFAULT_CAPTIONS):
         raise ValueError(f"--captions must be in [1, {len(DEFAULT_CAPTIONS)}], got {args.captions}")
     model = load_model(args)
-    captions = args.caption or [c for c in DEFAULT_CAPTIONS if c.count(" and ") < model.data.max_objects]
+    captions = args.caption or [c for c in DEFAULT_CAPTIONS if model.data.fits(c)]
     captions = captions[: args.captions] if not args.caption else captions
     results = run_harness(model, configs, captions=captions, seeds=args.seeds,
                           steps=args.steps or model.config["sampling"]["steps"], guidance=args.guidance,

@@ -104,8 +104,7 @@ def run(args) -> int:
     write_text_atomic(json.dumps(result.history), out / "history.json")
     plot_loss(result.history, out / "loss.png", title=f"built-in DiT, {result.steps} steps")
 
-    captions = [c for c in SAMPLE_CAPTIONS if len(c.split()) <= data.caption_length
-                and c.count(" and ") < data.max_objects]
+    captions = [c for c in SAMPLE_CAPTIONS if data.fits(c)]
     model.eval()
     start = time.perf_counter()
     videos = generate(model, captions, seeds=list(range(len(captions))), steps=args.sample_steps)

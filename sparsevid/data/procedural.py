@@ -191,6 +191,11 @@ class ProceduralVideos:
         scenes = self.sample_scenes(batch, generator)
         return self.render(scenes, device), scenes.captions()
 
+    def fits(self, caption: str) -> bool:
+        """Whether this dataset could have drawn ``caption``: at most ``max_objects`` objects and
+        ``caption_length`` words."""
+        return len(caption.split()) <= self.caption_length and caption.count(" and ") < self.max_objects
+
     def tokenize(self, captions: list[str] | str) -> torch.Tensor:
         """Word ids int64 [B, caption_length] of ``captions`` (see :func:`grammar.tokenize`)."""
         return grammar.tokenize(captions, self.caption_length)
