@@ -145,11 +145,12 @@ class SparseMask:
 
     def tile_areas(self) -> torch.Tensor:
         """float64 [QB, KB]: number of (query, key) pairs each tile covers (edge tiles are smaller)."""
-        rows = torch.full((self.num_q_blocks,), self.block_q, dtype=torch.float64)
+        # Built on the mask's device: a host-to-device copy would wait for the GPU work queued before it.
+        rows = torch.full((self.num_q_blocks,), self.block_q, dtype=torch.float64, device=self.device)
         rows[-1] = self.q_len - (self.num_q_blocks - 1) * self.block_q
-        cols = torch.full((self.num_kv_blocks,), self.block_k, dtype=torch.float64)
+        cols = torch.full((self.num_kv_blocks,), self.block_k, dtype=torch.float64, device=self.device)
         cols[-1] = self.kv_len - (self.num_kv_blocks - 1) * self.block_k
-        return torch.outer(rows, cols).to(self.device)
+        return torch.outer(rows, cols)
 
     def sparsity_per_head(self) -> torch.Tensor:
         """float64 [B|1, H|1]: fraction of (query, key) pairs skipped, per batch entry and head."""
