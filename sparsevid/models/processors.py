@@ -18,6 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..schedules import LayerPlan, MaskReuse, SparseConfig
 from .adapters import ModelAdapter
+from .context_parallel import check_parallel_config, check_video_only, local_heads
 from .joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets
 from .stats import AttentionRecord, Clock
 from .step_context import StepContext
@@ -53,8 +54,13 @@ def _native_copy(processor):
 class SparseAttnProcessor:
     """Replaces the processor of one video self-attention module (see module docstring).
 
+    Under diffusers' Ulysses context parallelism (``enable_parallelism``, before or after applying) the
+    sparse core runs between diffusers' all-to-alls on the whole sequence of this rank's heads
+    (``context_parallel``).
+
     Args:
-        original: the processor it replaces (kept unmodified; ``remove_sparse_attention`` puts it back).
+        original: the processor it replaces (kept unmodified but for the ``_parallel_config`` that
+            ``enable_parallelism`` sets through this processor; ``remove_sparse_attention`` puts it back).
         layer: index of this self-attention in the transformer.
         config: the SparseConfig deciding dense/sparse per (layer, step).
         context: the transformer's shared StepContext.
@@ -62,8 +68,7 @@ class SparseAttnProcessor:
     """
 
     def __init__(self, original, layer: int, config: SparseConfig, context: StepContext, adapter: ModelAdapter):
-        if getattr(original, "_parallel_config", None) is not None:
-            raise ValueError("sparse attention does not support context-parallel attention processors")
+        check_parallel_config(getattr(original, "_parallel_config", None))
         self.original = original
         self.layer = layer
         self.config = config
@@ -75,21 +80,38 @@ class SparseAttnProcessor:
         # diffusers' Attention.forward filters keyword arguments by the processor's signature: expose the original's.
         self.__call__ = functools.wraps(original.__call__)(functools.partial(type(self).__call__, self))
 
+    @property
+    def _parallel_config(self):
+        """diffusers' context-parallel config of the original (AttributeError where it has none, so that
+        ``enable_parallelism`` treats this processor as it would the original)."""
+        return self.original._parallel_config
+
+    @_parallel_config.setter
+    def _parallel_config(self, config) -> None:
+        self.original._parallel_config = config
+        self._native._parallel_config = config
+
     def __call__(self, attn, *args, **kwargs):
         context = self.context
         plans = context.forward_cache.get("plans")  # decided once per forward by the transformer's pre-hook
         plan = plans[self.layer] if plans is not None else self.config.plan(self.layer, context.step,
                                                                              context.timestep)
+        parallel = getattr(self.original, "_parallel_config", None)
+        check_parallel_config(parallel, attn.heads)
         if plan is None and not context.collect_stats:
             return self.original(attn, *args, **kwargs)
         bound = self._signature.bind(attn, *args, **kwargs).arguments
         layout = self._layout(bound["hidden_states"], bound.get("encoder_hidden_states"))
+        heads = None
+        if parallel is not None:
+            check_video_only(layout)
+            heads = local_heads(parallel, attn.heads)
         record = None
         if context.collect_stats:
             record = AttentionRecord(self.layer, context.step, plan is None, layout.video_len, layout.text_len,
                                      Clock(bound["hidden_states"].device))
             context.records.append(record)
-        handler = functools.partial(self._attend, plan=plan, layout=layout, record=record)
+        handler = functools.partial(self._attend, plan=plan, layout=layout, record=record, heads=heads)
         with SDPAInterceptor(handler) as interceptor:
             out = self._native(attn, *args, **kwargs)
         if interceptor.calls != 1:
@@ -148,8 +170,21 @@ class SparseAttnProcessor:
         return functools.partial(self._masks.record_tile_mass, **where)
 
     def _attend(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                enable_gqa=False, *, plan: LayerPlan | None, layout: TokenLayout, record: AttentionRecord | None):
-        """Stands in for ``F.scaled_dot_product_attention`` (q, k, v [B, H, N, D]) inside the processor."""
+                enable_gqa=False, *, plan: LayerPlan | None, layout: TokenLayout, record: AttentionRecord | None,
+                heads: range | None):
+        """Stands in for ``F.scaled_dot_product_attention`` (q, k, v [B, H, N, D]) inside the processor.
+
+        heads: under Ulysses context parallelism, the global heads of q's H local heads; q, k, v then hold the
+        whole sequence (N tokens) while ``layout`` counted this rank's share of it.
+        """
+        if heads is not None:
+            if query.shape[1] != len(heads):
+                raise RuntimeError(f"expected the {len(heads)} heads {heads.start}..{heads.stop - 1} on this rank, "
+                                   f"got {query.shape[1]}")
+            layout = TokenLayout(0, query.shape[2], query.shape[2])
+            if record is not None:
+                record.video_tokens = layout.video_len
+                record.extra["heads"] = (heads.start, heads.stop)
         if record is not None:
             record.clock.mark("start")
         if plan is None:

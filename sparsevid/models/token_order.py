@@ -17,6 +17,7 @@ import torch
 
 from ..ops.tiling import DEFAULT_TILE, tile_permutation
 from .adapters import TokenSite, forward_argument, replace_argument
+from .context_parallel import output_split
 from .joint_attention import TokenOrder
 from .step_context import StepContext
 
@@ -96,12 +97,20 @@ def _apply(site: TokenSite, value, index: torch.Tensor):
     return reorder_tokens(value, site.dim, index)
 
 
-def _reorder_output(context: StepContext, site: TokenSite, module, args, output):
-    """Forward hook on a submodule: its output in the forward's token order."""
+def _reorder_output(context: StepContext, site: TokenSite, module, args, kwargs, output):
+    """Forward hook on a submodule: its output in the forward's token order.
+
+    When diffusers' context parallelism split that output over the ranks (in raster order), the whole output
+    is recomputed without the split, reordered, and split as diffusers would.
+    """
     if not context.reordering:
         return None
     with context.forward_span("reorder"):
-        return _apply(site, output, context.order.perm)
+        split = output_split(module)
+        if split is None:
+            return _apply(site, output, context.order.perm)
+        whole = type(module).forward(module, *args, **kwargs)
+        return split.post_forward(module, _apply(site, whole, context.order.perm))
 
 
 def _reorder_arguments(context: StepContext, sites: tuple[TokenSite, ...], module, args, kwargs):
@@ -149,7 +158,8 @@ def install_reordering(transformer: torch.nn.Module, sites: tuple[TokenSite, ...
     for site in sites:
         if not site.argument:
             module = transformer.get_submodule(site.name)
-            handles.append(module.register_forward_hook(functools.partial(_reorder_output, context, site)))
+            handles.append(module.register_forward_hook(functools.partial(_reorder_output, context, site),
+                                                        with_kwargs=True))
     output = transformer.get_submodule(output_module)
     handles.append(output.register_forward_hook(functools.partial(_restore_output, context)))
     return handles
