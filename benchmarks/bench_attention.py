@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import platform
@@ -23,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
+from sparsevid.ops import triton_attention  # noqa: E402
 from run_info import git_commit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 SHAPES = {"wan1.3b-480p": (1, 12, 32760, 128), "wan14b-720p": (1, 40, 75600, 128)}
@@ -91,6 +93,9 @@ def main() -> int:
     parser.add_argument("--blocks", default=",".join(BLOCKS))
     parser.add_argument("--sparsities", default="0,0.5,0.8,0.9,0.95,0.97")
     parser.add_argument("--backward-shapes", default="wan1.3b-480p", help="shapes timed forward+backward too")
+    parser.add_argument("--tma", default=os.environ.get("SPARSEVID_TMA", "all"), type=lambda s: s.split("/"),
+                        help="'/'-separated SPARSEVID_TMA settings timed side by side on the same masks, e.g. "
+                             "'all/none' (each a row; default: the environment's setting)")
     parser.add_argument("--check-sparsities", default="0,0.95",
                         help="sparsities at which errors vs float64 are checked before timing ('' for none)")
     args = parser.parse_args()
@@ -120,49 +125,62 @@ def main() -> int:
         for block_name in args.blocks.split(","):
             block_q, block_k = BLOCKS[block_name]
             for sparsity in (float(s) for s in args.sparsities.split(",")):
-                reset_autotuning()
                 mask = sv.random_block_mask(b, h, n, n, sparsity, block_q, block_k, generator=gen, device="cuda")
                 kept = 1.0 - mask.sparsity
                 checked = sparsity in [float(s) for s in args.check_sparsities.split(",") if s]
-                errors = check(mask, (b, h, n, d), dtype) if checked else {}
-                times = {}
-                for backend in ("triton", "flex"):
-                    def attend(q_, k_, v_, backend=backend, mask=mask):
-                        return sv.block_sparse_attention(q_, k_, v_, mask, backend=backend)
-                    times[backend] = {"fwd": time_variant(attend, False, inputs),
-                                      "fwdbwd": time_variant(attend, True, inputs) if with_backward else None}
-                row = {**meta, "shape": shape_name, "B": b, "H": h, "N": n, "D": d, "block": block_name,
-                       "target_sparsity": sparsity, "sparsity": mask.sparsity, "errors": errors}
-                for phase in ("fwd", "fwdbwd"):
-                    for name, t in {**{k_: v_[phase] for k_, v_ in dense.items()},
-                                    **{k_: v_[phase] for k_, v_ in times.items()}}.items():
-                        row[f"{name}_{phase}_ms"] = t
-                    tri = times["triton"][phase]
-                    if isinstance(tri, float):
-                        row[f"triton_{phase}_tflops"] = attention_flops(n, n, h, b, d, kept, phase == "fwdbwd") / tri / 1e9
-                        for name in ("sdpa_cudnn", "sdpa_flash"):
-                            if isinstance(dense[name][phase], float):
-                                row[f"speedup_vs_{name}_{phase}"] = dense[name][phase] / tri
-                        if isinstance(times["flex"][phase], float):
-                            row[f"speedup_vs_flex_{phase}"] = times["flex"][phase] / tri
-                rows.append(row)
-                print(json.dumps({k_: v_ for k_, v_ in row.items() if k_ not in meta}), flush=True)
-                with open(args.out / "results.json", "w") as f:
-                    json.dump(rows, f, indent=1)
+
+                def attend(q_, k_, v_, backend="triton", mask=mask):
+                    return sv.block_sparse_attention(q_, k_, v_, mask, backend=backend)
+                flex = {"fwd": time_variant(functools.partial(attend, backend="flex"), False, inputs),
+                        "fwdbwd": time_variant(functools.partial(attend, backend="flex"), True, inputs)
+                        if with_backward else None}
+                for tma in args.tma:
+                    triton_attention.TMA = triton_attention._tma_kernels(tma)
+                    errors = check(mask, (b, h, n, d), dtype) if checked else {}
+                    reset_autotuning()  # tune for the timed shape (the key has no head count), not the check's
+                    times = {"triton": {"fwd": time_variant(attend, False, inputs),
+                                        "fwdbwd": time_variant(attend, True, inputs) if with_backward else None},
+                             "flex": flex}
+                    row = {**meta, "shape": shape_name, "B": b, "H": h, "N": n, "D": d, "block": block_name,
+                           "tma": tma, "target_sparsity": sparsity, "sparsity": mask.sparsity, "errors": errors}
+                    for phase in ("fwd", "fwdbwd"):
+                        for name, t in {**{k_: v_[phase] for k_, v_ in dense.items()},
+                                        **{k_: v_[phase] for k_, v_ in times.items()}}.items():
+                            row[f"{name}_{phase}_ms"] = t
+                        tri = times["triton"][phase]
+                        if isinstance(tri, float):
+                            row[f"triton_{phase}_tflops"] = attention_flops(n, n, h, b, d, kept,
+                                                                             phase == "fwdbwd") / tri / 1e9
+                            for name in ("sdpa_cudnn", "sdpa_flash"):
+                                if isinstance(dense[name][phase], float):
+                                    row[f"speedup_vs_{name}_{phase}"] = dense[name][phase] / tri
+                            if isinstance(flex[phase], float):
+                                row[f"speedup_vs_flex_{phase}"] = flex[phase] / tri
+                    row["configs"] = tuned_configs()
+                    rows.append(row)
+                    print(json.dumps({k_: v_ for k_, v_ in row.items() if k_ not in meta}), flush=True)
+                    with open(args.out / "results.json", "w") as f:
+                        json.dump(rows, f, indent=1)
     write_csv(rows, args.out / "results.csv")
     plot(rows, args.out / "speedup.png")
     print_table(rows)
     return 0
 
 
+KERNELS = {"fwd": triton_attention._bsa_fwd_kernel, "dq": triton_attention._bsa_bwd_dq_kernel,
+           "dkdv": triton_attention._bsa_bwd_dkdv_kernel}
+
+
 def reset_autotuning() -> None:
     """Forget tuned kernel configs, so each sparsity is timed with the config tuned for it (the autotune
     key holds shapes, not sparsity; in a model the sparsity of a layer is roughly fixed)."""
-    from sparsevid.ops import triton_attention
-
-    for kernel in (triton_attention._bsa_fwd_kernel, triton_attention._bsa_bwd_dq_kernel,
-                   triton_attention._bsa_bwd_dkdv_kernel):
+    for kernel in KERNELS.values():
         kernel.cache.clear()
+
+
+def tuned_configs() -> dict[str, list[str]]:
+    """The configs the autotuner chose for each kernel since the last reset."""
+    return {name: [str(config) for config in kernel.cache.values()] for name, kernel in KERNELS.items()}
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -179,19 +197,19 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key in sorted({(r["shape"], r["block"], r["commit"]) for r in rows}):
+    for key in sorted({(r["shape"], r["block"], r["tma"]) for r in rows}):
         for phase, style in (("fwd", "-o"), ("fwdbwd", "--s")):
             pts = sorted((r["sparsity"], r.get(f"speedup_vs_sdpa_cudnn_{phase}")) for r in rows
-                         if (r["shape"], r["block"], r["commit"]) == key)
+                         if (r["shape"], r["block"], r["tma"]) == key)
             pts = [(s, v) for s, v in pts if isinstance(v, float)]
             if pts:
-                ax.plot(*zip(*pts), style, label=f"{key[0]} {key[1]} {phase} ({key[2]})")
+                ax.plot(*zip(*pts), style, label=f"{key[0]} {key[1]} {phase} (TMA: {key[2]})")
     ax.set_xlabel("sparsity (fraction of tiles skipped)")
     ax.set_ylabel("speed-up vs dense cuDNN SDPA")
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    ax.set_title(f"sparsevid block-sparse attention, {rows[0]['gpu']}, bf16")
+    ax.set_title(f"sparsevid block-sparse attention, {rows[0]['gpu']}, bf16, {rows[0]['commit']}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -201,11 +219,11 @@ def fmt(value) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'shape':14} {'block':7} {'spars':>6} | {'tri fwd':>8} {'flex fwd':>8} {'cudnn':>8} {'x cudnn':>8} "
+    print(f"{'shape':14} {'block':7} {'tma':>12} {'spars':>6} | {'tri fwd':>8} {'flex fwd':>8} {'cudnn':>8} {'x cudnn':>8} "
           f"{'x flex':>8} | {'tri f+b':>8} {'flex f+b':>8} {'x cudnn':>8} {'x flex':>8} | max err")
     for r in rows:
         errs = [v for e in r["errors"].get("triton", {}).values() for v in ([e] if isinstance(e, float) else [])]
-        print(f"{r['shape']:14} {r['block']:7} {r['sparsity']:6.3f} | {fmt(r['triton_fwd_ms'])} {fmt(r['flex_fwd_ms'])} "
+        print(f"{r['shape']:14} {r['block']:7} {r['tma']:>12} {r['sparsity']:6.3f} | {fmt(r['triton_fwd_ms'])} {fmt(r['flex_fwd_ms'])} "
               f"{fmt(r['sdpa_cudnn_fwd_ms'])} {fmt(r.get('speedup_vs_sdpa_cudnn_fwd'))} {fmt(r.get('speedup_vs_flex_fwd'))} | "
               f"{fmt(r['triton_fwdbwd_ms'])} {fmt(r['flex_fwdbwd_ms'])} {fmt(r.get('speedup_vs_sdpa_cudnn_fwdbwd'))} "
               f"{fmt(r.get('speedup_vs_flex_fwdbwd'))} | {max(errs) if errs else float('nan'):.2e}")

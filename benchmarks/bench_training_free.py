@@ -153,6 +153,8 @@ def bench_loop(args, device, dtype) -> list[dict]:
     rows = []
     with torch.no_grad(), dense_sdpa_context(device, args.dense_backend):
         for label, cfg in configs(args, config["num_layers"]).items():
+            if label not in args.settings:
+                continue
             if cfg is not None:
                 sv.apply_sparse_attention(model, cfg)
             generate(model, passes, warm)              # autotuning, every mask source once
@@ -203,6 +205,8 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--parts", default="kernel,loop", help="comma list of kernel, loop")
+    parser.add_argument("--settings", default="dense,training-free,constant sparse",
+                        help="loop part: comma list of dense, training-free, constant sparse")
     parser.add_argument("--sparsities", default="0.95,0.9", help="kernel part: comma list")
     parser.add_argument("--tokens", type=int, default=32760, help="kernel part: sequence length")
     parser.add_argument("--heads", type=int, default=0, help="override the number of heads (shrink)")
@@ -225,6 +229,11 @@ def main(argv=None) -> None:
     parser.add_argument("--refresh-search", default="exact", choices=["full", "within", "exact"])
     args = parser.parse_args(argv)
     args.sparsities = [float(s) for s in args.sparsities.split(",")]
+    args.settings = args.settings.split(",")
+    unknown = set(args.settings) - {"dense", "training-free", "constant sparse"}
+    if unknown or "dense" not in args.settings:
+        parser.error(f"--settings: a comma list of dense, training-free, constant sparse that includes dense, got "
+                     f"{sorted(unknown) or args.settings}")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     parts = set(args.parts.split(","))
     result = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),

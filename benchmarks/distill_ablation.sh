@@ -7,7 +7,7 @@
 #      shipped model training-free (each rule);
 #   3. `sparsevid compare`: every student and every training-free rule against the dense shipped model
 #      (the teacher) on the same captions and seeds -- the number that says whether training helped.
-# Usage: benchmarks/distill_ablation.sh [OUT]   (env: PYTHON, STEPS, BATCH, LR, CAP_MINUTES, MODEL_ARGS)
+# Usage: benchmarks/distill_ablation.sh [OUT]   (env: PYTHON, STEPS, BATCH, LR, CAP_MINUTES, MODEL_ARGS, PARALLEL)
 # CPU smoke run of the same commands on the tiny untrained model:
 #   MODEL_ARGS=--tiny STEPS=2 BATCH=2 PYTHON=.venv/bin/python benchmarks/distill_ablation.sh /tmp/ablation
 set -euo pipefail
@@ -30,10 +30,22 @@ train() {  # name objective config
         --warmup 20 --log-every 25 --checkpoint-every 100 --no-progress $MODEL_ARGS
 }
 
-train distill_hybrid distill "$HYBRID"
-train diffusion_hybrid diffusion "$HYBRID"
-train distill_topk distill "$TOPK"
-train distill_topp distill "$TOPP"
+# PARALLEL=1 trains the four students at once (one small model leaves a large GPU mostly idle); logs then go
+# to OUT/NAME.train.log.
+pids=()
+for spec in "distill_hybrid distill $HYBRID" "diffusion_hybrid diffusion $HYBRID" "distill_topk distill $TOPK" \
+            "distill_topp distill $TOPP"; do
+    read -r name objective config <<< "$spec"
+    if [[ "${PARALLEL:-0}" == 1 ]]; then
+        train "$name" "$objective" "$config" > "$OUT/$name.train.log" 2>&1 &
+        pids+=($!)
+    else
+        train "$name" "$objective" "$config"
+    fi
+done
+for pid in "${pids[@]}"; do
+    wait "$pid"
+done
 
 for run in distill_hybrid diffusion_hybrid distill_topk distill_topp; do
     "$PYTHON" -m sparsevid eval --model "$OUT/$run" --config "$OUT/$run/sparse_config.json" --captions 4 \

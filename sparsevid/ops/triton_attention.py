@@ -18,28 +18,54 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# SPARSEVID_AUTOTUNE=off: one fixed config per kernel instead of tuning (fast start-up, e.g. for tests).
+_AUTOTUNE = os.environ.get("SPARSEVID_AUTOTUNE", "on") != "off"
+
+_TMA_KERNELS = ("fwd", "dq", "dkdv")
+
+
+def _tma_kernels(setting: str) -> frozenset[str]:
+    """SPARSEVID_TMA: "all", "none" or a comma list of fwd, dq, dkdv."""
+    if setting in ("all", "none"):
+        return frozenset(_TMA_KERNELS if setting == "all" else ())
+    chosen = frozenset(name.strip() for name in setting.split(",") if name.strip())
+    if not chosen <= set(_TMA_KERNELS):
+        raise ValueError(f"SPARSEVID_TMA must be 'all', 'none' or a comma list of {_TMA_KERNELS}, got {setting!r}")
+    return chosen
+
+
+# The kernels that read K/V (fwd, dq) or Q/dO (dkdv) through the tensor-memory accelerator where the GPU and
+# the inputs allow it (Hopper or newer); the others use plain pointer loads.
+TMA = _tma_kernels(os.environ.get("SPARSEVID_TMA", "all"))
 
 
 def _configs(split: str, inner: str, splits: tuple[int, ...], inners: tuple[int, ...], warps: tuple[int, ...],
              stages: tuple[int, ...]) -> list[triton.Config]:
     """Autotuning space: rows a program owns (``split``, a divisor of its mask block), the sub-tile of the
     inner loop (``inner``, a divisor of the visited blocks), warps and pipeline stages. When interpreted,
-    one config that exercises both splits."""
+    one config that exercises both splits; with autotuning off, one config valid for every block size."""
     if _INTERPRET:
         return [triton.Config({split: 64, inner: 32}, num_warps=4, num_stages=1)]
+    if not _AUTOTUNE:
+        return [triton.Config({split: 64, inner: 64}, num_warps=4, num_stages=3)]
     return [triton.Config({split: r, inner: t}, num_warps=w, num_stages=s)
             for r in splits for t in inners for w in warps for s in stages]
 
 
-def _prune(split: str, own_block: str, inner: str, inner_block: str):
-    """Drop configs whose splits are larger than the mask blocks they divide."""
+def _prune(split: str, own_block: str, inner: str, inner_block: str, whole_tiles_flag: str | None = None):
+    """Drop configs whose splits are larger than the mask blocks they divide; when the kernel argument
+    ``whole_tiles_flag`` is set (the kernel then ignores ``inner``), keep one inner size only."""
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}
-        return [c for c in configs if c.kwargs[split] <= args[own_block] and c.kwargs[inner] <= args[inner_block]]
+        kept = [c for c in configs if c.kwargs[split] <= args[own_block] and c.kwargs[inner] <= args[inner_block]]
+        if whole_tiles_flag is not None and args[whole_tiles_flag]:
+            largest = max(c.kwargs[inner] for c in kept)
+            kept = [c for c in kept if c.kwargs[inner] == largest]
+        return kept
     return {"early_config_prune": prune}
 
 
-_TUNE_KEY = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "N", "M"]
+_TUNE_KEY = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "N", "M", "USE_TMA"]
 
 
 @triton.jit
@@ -52,37 +78,56 @@ def _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _load_cols(p_base, o_cols, stride_n, o_d, M, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-               MASK_COLS: tl.constexpr, TRANSPOSED: tl.constexpr):
-    """Load rows ``o_cols`` of a [T, D] matrix as [len, BLOCK_D] (or [BLOCK_D, len] when TRANSPOSED);
-    rows past M and columns past HEAD_DIM read as zero, with masks only where they can occur."""
-    if TRANSPOSED:
-        ptrs = p_base + o_cols[None, :].to(tl.int64) * stride_n + o_d[:, None]
-        m_cols = (o_cols < M)[None, :]
-        m_d = (o_d < HEAD_DIM)[:, None]
+def _rows_source(p_base, stride_n, length, HEAD_DIM: tl.constexpr, SUB: tl.constexpr, USE_TMA: tl.constexpr):
+    """What :func:`_load_rows` reads a [length, HEAD_DIM] matrix (unit stride over D) through: a tensor
+    descriptor for the tensor-memory accelerator (SUB-row boxes; HEAD_DIM is then a power of two and the
+    launcher checked the alignment) or the base pointer itself."""
+    if USE_TMA:
+        return tl.make_tensor_descriptor(p_base, shape=[length, HEAD_DIM], strides=[stride_n, 1],
+                                         block_shape=[SUB, HEAD_DIM])
     else:
-        ptrs = p_base + o_cols[:, None].to(tl.int64) * stride_n + o_d[None, :]
-        m_cols = (o_cols < M)[:, None]
-        m_d = (o_d < HEAD_DIM)[None, :]
-    if MASK_COLS:
-        return tl.load(ptrs, mask=m_cols & m_d, other=0.0)
-    elif HEAD_DIM != BLOCK_D:
-        return tl.load(ptrs, mask=m_d, other=0.0)
-    else:
-        return tl.load(ptrs)
+        return p_base
 
 
 @triton.jit
-def _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn, o_d, M, scale_log2,
+def _load_rows(source, start, stride_n, o_d, M, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB: tl.constexpr,
+               MASK_COLS: tl.constexpr, TRANSPOSED: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows [start, start + SUB) of a [M, D] matrix as [SUB, BLOCK_D] (or [BLOCK_D, SUB] when TRANSPOSED),
+    from a source made by :func:`_rows_source`; rows past M and columns past HEAD_DIM read as zero (masked
+    pointer loads only where they can occur: MASK_COLS for the sequence's last block, BLOCK_D > HEAD_DIM)."""
+    if USE_TMA:
+        b_x = source.load([start, 0])  # the accelerator fills rows past M with zeros
+        if TRANSPOSED:
+            b_x = tl.trans(b_x)
+        return b_x
+    else:
+        o_rows = start + tl.arange(0, SUB)
+        if TRANSPOSED:
+            ptrs = source + o_rows[None, :].to(tl.int64) * stride_n + o_d[:, None]
+            m_rows = (o_rows < M)[None, :]
+            m_d = (o_d < HEAD_DIM)[:, None]
+        else:
+            ptrs = source + o_rows[:, None].to(tl.int64) * stride_n + o_d[None, :]
+            m_rows = (o_rows < M)[:, None]
+            m_d = (o_d < HEAD_DIM)[None, :]
+        if MASK_COLS:
+            return tl.load(ptrs, mask=m_rows & m_d, other=0.0)
+        elif HEAD_DIM != BLOCK_D:
+            return tl.load(ptrs, mask=m_d, other=0.0)
+        else:
+            return tl.load(ptrs)
+
+
+@triton.jit
+def _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn, stride_vn, o_d, M, scale_log2,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
+              DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
     """SUB_N key columns of a kept tile: update the running max, sum and output accumulator."""
-    o_cols = start_n + tl.arange(0, SUB_N)
-    b_kt = _load_cols(p_k, o_cols, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, MASK_COLS, True)
-    b_v = _load_cols(p_v, o_cols, stride_vn, o_d, M, HEAD_DIM, BLOCK_D, MASK_COLS, False)
+    b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA)
+    b_v = _load_rows(v_src, start_n, stride_vn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, False, USE_TMA)
     b_s = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
     if MASK_COLS:
-        b_s = tl.where((o_cols < M)[None, :], b_s, float("-inf"))
+        b_s = tl.where((start_n + tl.arange(0, SUB_N) < M)[None, :], b_s, float("-inf"))
     b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * scale_log2)
     b_p = tl.math.exp2(b_s * scale_log2 - b_m_new[:, None])
     b_alpha = tl.math.exp2(b_m - b_m_new)
@@ -90,13 +135,13 @@ def _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn, o_d
     b_l = b_l * b_alpha + b_psum
     b_acc = b_acc * b_alpha[:, None]
     b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc, input_precision=DOT_PRECISION)
-    return b_acc, b_m_new, b_l, b_psum, b_alpha
+    return b_acc, b_m_new, b_l, b_psum
 
 
 # TileMass is zeroed after tuning: a config owning fewer rows writes more splits than the one finally chosen.
 @triton.autotune(configs=_configs("ROWS", "SUB_N", (64, 128), (64, 128), (4, 8), (3, 4)),
                  key=_TUNE_KEY + ["WITH_MASS"], reset_to_zero=["TileMass"],
-                 prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N"))
+                 prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N", whole_tiles_flag="WITH_MASS"))
 @triton.jit
 def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
                     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -107,12 +152,13 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
                     H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, TILE_SLOTS, scale_log2,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    WITH_MASS: tl.constexpr):
+                    WITH_MASS: tl.constexpr, USE_TMA: tl.constexpr):
     """Forward over the kept tiles of ROWS query rows. With WITH_MASS, also the exact softmax mass of each
     kept tile: every tile's row log-sum-exp (base 2) goes to the TileLse scratch [B*H, QB, TILE_SLOTS,
     BLOCK_M] (slot = position in the kv index table), and after the loop, once the rows' final lse is known,
     the program reads its slots back and adds sum_rows exp2(tile_lse - lse) / rows_in_block to TileMass
-    [B*H, QB, BLOCK_M // 64, KB] at the tile's key block, in the split of the block it owns."""
+    [B*H, QB, BLOCK_M // 64, KB] at the tile's key block, in the split of the block it owns. That variant
+    walks whole tiles (no SUB_N sub-tiles), so the loop holds no branch and stays software-pipelined."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
@@ -124,43 +170,39 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
 
     p_q = Q + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :] * stride_qd
     b_q = tl.load(p_q, mask=m_tile, other=0.0)
-    p_k = K + i_b * stride_kb + i_h * stride_kh
-    p_v = V + i_b * stride_vb + i_h * stride_vh
+    SUB: tl.constexpr = BLOCK_N if WITH_MASS else SUB_N
+    SUBS: tl.constexpr = BLOCK_N // SUB
+    k_src = _rows_source(K + i_b * stride_kb + i_h * stride_kh, stride_kn, M, HEAD_DIM, SUB, USE_TMA)
+    v_src = _rows_source(V + i_b * stride_vb + i_h * stride_vh, stride_vn, M, HEAD_DIM, SUB, USE_TMA)
 
     count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + q_block)
     p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + q_block * stride_ir
     num_full, ragged_tail, last_block = _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N)
 
-    SUBS: tl.constexpr = BLOCK_N // SUB_N
     b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([ROWS], dtype=tl.float32)
     b_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     if WITH_MASS:
-        # b_tl: the current tile's row sums relative to the running max, so b_m + log2(b_tl) is the tile's row
-        # log-sum-exp (base 2); rescaled by the same factor as b_l, no extra exp2.
+        # Slot t holds tile t's row log-sum-exps (base 2): b_m + log2(b_psum), b_psum being the tile's row sums
+        # relative to the running max right after it.
         o_in_block = (pid_m * ROWS) % BLOCK_M + tl.arange(0, ROWS)
         p_tile_lse = TileLse + (pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block) * TILE_SLOTS * BLOCK_M + o_in_block
-        b_tl = b_l
     for it in range(0, num_full * SUBS):
-        start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB_N
-        b_acc, b_m, b_l, b_psum, b_alpha = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn, stride_vn,
-                                                     o_d, M, scale_log2, HEAD_DIM, BLOCK_D, SUB_N, False,
-                                                     DOT_PRECISION)
+        start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB
+        b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn,
+                                                     stride_vn, o_d, M, scale_log2, HEAD_DIM, BLOCK_D, SUB, False,
+                                                     DOT_PRECISION, USE_TMA)
         if WITH_MASS:
-            b_tl = tl.where((it % SUBS) == 0, 0.0, b_tl * b_alpha) + b_psum
-            if (it % SUBS) == SUBS - 1:
-                tl.store(p_tile_lse + (it // SUBS) * BLOCK_M, b_m + tl.math.log2(b_tl))
+            tl.store(p_tile_lse + it * BLOCK_M, b_m + tl.math.log2(b_psum))
     if ragged_tail:
         for sub in range(0, SUBS):
-            start_n = last_block * BLOCK_N + sub * SUB_N
+            start_n = last_block * BLOCK_N + sub * SUB
             if start_n < M:
-                b_acc, b_m, b_l, b_psum, b_alpha = _fwd_tile(b_acc, b_m, b_l, b_q, p_k, p_v, start_n, stride_kn,
-                                                             stride_vn, o_d, M, scale_log2, HEAD_DIM, BLOCK_D,
-                                                             SUB_N, True, DOT_PRECISION)
-                if WITH_MASS:
-                    b_tl = tl.where(sub == 0, 0.0, b_tl * b_alpha) + b_psum
+                b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n,
+                                                             stride_kn, stride_vn, o_d, M, scale_log2, HEAD_DIM,
+                                                             BLOCK_D, SUB, True, DOT_PRECISION, USE_TMA)
         if WITH_MASS:
-            tl.store(p_tile_lse + num_full * BLOCK_M, b_m + tl.math.log2(b_tl))
+            tl.store(p_tile_lse + num_full * BLOCK_M, b_m + tl.math.log2(b_psum))
 
     has_keys = b_l > 0.0
     b_out = b_acc / tl.where(has_keys, b_l, 1.0)[:, None]
@@ -212,17 +254,16 @@ def _bsa_bwd_delta_kernel(Out, dOut, dLse, Delta, stride_ob, stride_oh, stride_o
 
 
 @triton.jit
-def _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, start_n, stride_kn, stride_vn, o_d, M, scale_log2,
+def _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, k_src, v_src, start_n, stride_kn, stride_vn, o_d, M, scale_log2,
              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr,
-             DOT_PRECISION: tl.constexpr):
+             DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
     """SUB_N key columns of a kept tile in the dQ pass: recompute P and accumulate dS @ K."""
-    o_cols = start_n + tl.arange(0, SUB_N)
-    b_kt = _load_cols(p_k, o_cols, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, MASK_COLS, True)
-    b_vt = _load_cols(p_v, o_cols, stride_vn, o_d, M, HEAD_DIM, BLOCK_D, MASK_COLS, True)
+    b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA)
+    b_vt = _load_rows(v_src, start_n, stride_vn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA)
     b_s = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
     b_p = tl.math.exp2(b_s * scale_log2 - b_lse2[:, None])
     if MASK_COLS:
-        b_p = tl.where((o_cols < M)[None, :], b_p, 0.0)
+        b_p = tl.where((start_n + tl.arange(0, SUB_N) < M)[None, :], b_p, 0.0)
     b_dp = tl.dot(b_do, b_vt, input_precision=DOT_PRECISION)
     b_ds = b_p * (b_dp - b_delta[:, None])
     return tl.dot(b_ds.to(b_kt.dtype), tl.trans(b_kt), b_dq, input_precision=DOT_PRECISION)
@@ -241,7 +282,7 @@ def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
                        H, N, M, NUM_KV_BLOCKS, scale, scale_log2,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
@@ -261,8 +302,8 @@ def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
     # Padding rows read lse = +inf so that their probabilities are exactly zero.
     b_lse2 = tl.load(Lse + p_row, mask=m_rows, other=float("inf")) * 1.4426950408889634
     b_delta = tl.load(Delta + p_row, mask=m_rows, other=0.0)
-    p_k = K + i_b * stride_kb + i_h * stride_kh
-    p_v = V + i_b * stride_vb + i_h * stride_vh
+    k_src = _rows_source(K + i_b * stride_kb + i_h * stride_kh, stride_kn, M, HEAD_DIM, SUB_N, USE_TMA)
+    v_src = _rows_source(V + i_b * stride_vb + i_h * stride_vh, stride_vn, M, HEAD_DIM, SUB_N, USE_TMA)
 
     count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + q_block)
     p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + q_block * stride_ir
@@ -272,14 +313,14 @@ def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
     b_dq = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     for it in range(0, num_full * SUBS):
         start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB_N
-        b_dq = _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, start_n, stride_kn, stride_vn, o_d, M,
-                        scale_log2, HEAD_DIM, BLOCK_D, SUB_N, False, DOT_PRECISION)
+        b_dq = _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, k_src, v_src, start_n, stride_kn, stride_vn, o_d, M,
+                        scale_log2, HEAD_DIM, BLOCK_D, SUB_N, False, DOT_PRECISION, USE_TMA)
     if ragged_tail:
         for sub in range(0, SUBS):
             start_n = last_block * BLOCK_N + sub * SUB_N
             if start_n < M:
-                b_dq = _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, p_k, p_v, start_n, stride_kn, stride_vn, o_d,
-                                M, scale_log2, HEAD_DIM, BLOCK_D, SUB_N, True, DOT_PRECISION)
+                b_dq = _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, k_src, v_src, start_n, stride_kn, stride_vn,
+                                o_d, M, scale_log2, HEAD_DIM, BLOCK_D, SUB_N, True, DOT_PRECISION, USE_TMA)
     p_dq = dQ + i_b * stride_db + i_h * stride_dh + o_rows * stride_dn + o_d[None, :] * stride_dd
     tl.store(p_dq, (b_dq * scale).to(dQ.dtype.element_ty), mask=m_tile)
 
@@ -298,7 +339,7 @@ def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
                          H, N, M, scale, scale_log2,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, COLS: tl.constexpr, SUB_M: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr):
+                         DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
@@ -313,8 +354,8 @@ def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
                   mask=m_tile, other=0.0)
     b_v = tl.load(V + i_b * stride_vb + i_h * stride_vh + o_cols * stride_vn + o_d[None, :] * stride_vd,
                   mask=m_tile, other=0.0)
-    p_q = Q + i_b * stride_qb + i_h * stride_qh
-    p_do = dOut + i_b * stride_gb + i_h * stride_gh
+    q_src = _rows_source(Q + i_b * stride_qb + i_h * stride_qh, stride_qn, N, HEAD_DIM, SUB_M, USE_TMA)
+    do_src = _rows_source(dOut + i_b * stride_gb + i_h * stride_gh, stride_gn, N, HEAD_DIM, SUB_M, USE_TMA)
     p_rows = Lse + pid_bh.to(tl.int64) * N
     p_delta = Delta + pid_bh.to(tl.int64) * N
 
@@ -324,11 +365,12 @@ def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
     b_dk = tl.zeros([COLS, BLOCK_D], dtype=tl.float32)
     b_dv = tl.zeros([COLS, BLOCK_D], dtype=tl.float32)
     for it in range(0, count * SUBS):
-        o_rows = tl.load(p_index + it // SUBS) * BLOCK_M + (it % SUBS) * SUB_M + tl.arange(0, SUB_M)
+        start_m = tl.load(p_index + it // SUBS) * BLOCK_M + (it % SUBS) * SUB_M
+        o_rows = start_m + tl.arange(0, SUB_M)
         m_rows = o_rows < N
         # Transposed loads: rows are the head dim, columns the queries; padding queries read zeros.
-        b_qt = _load_cols(p_q, o_rows, stride_qn, o_d, N, HEAD_DIM, BLOCK_D, True, True)
-        b_do = _load_cols(p_do, o_rows, stride_gn, o_d, N, HEAD_DIM, BLOCK_D, True, False)
+        b_qt = _load_rows(q_src, start_m, stride_qn, o_d, N, HEAD_DIM, BLOCK_D, SUB_M, True, True, USE_TMA)
+        b_do = _load_rows(do_src, start_m, stride_gn, o_d, N, HEAD_DIM, BLOCK_D, SUB_M, True, False, USE_TMA)
         # Padding queries read lse = +inf so that their probabilities are exactly zero.
         b_lse2 = tl.load(p_rows + o_rows, mask=m_rows, other=float("inf")) * 1.4426950408889634
         b_delta = tl.load(p_delta + o_rows, mask=m_rows, other=0.0)
@@ -367,6 +409,32 @@ def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _use_tma(kernel: str, *tensors: torch.Tensor) -> bool:
+    """Whether ``kernel`` reads these [B, H, T, D] tensors through tensor descriptors: enabled in ``TMA``, a
+    Hopper or newer GPU (or the interpreter), a power-of-two head dim >= 16, unit stride over D, and a
+    16-byte aligned base and strides."""
+    first = tensors[0]
+    if kernel not in TMA or not (_INTERPRET or (first.is_cuda and torch.cuda.get_device_capability(first.device)[0] >= 9)):
+        return False
+    d = first.shape[-1]
+    if d < 16 or d & (d - 1):
+        return False
+    return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+               and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1]) for t in tensors)
+
+
+def _workspace(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global scratch for device-side tensor descriptors, from torch's caching allocator."""
+    return torch.empty(size, dtype=torch.int8, device="cpu" if _INTERPRET else "cuda")
+
+
+def _ensure_workspace_allocator() -> None:
+    """Kernels that build tensor descriptors need Triton's allocator: set ours unless one is already set."""
+    allocation = getattr(triton.runtime, "_allocation", None)
+    if allocation is None or isinstance(allocation._allocator.get(), allocation.NullAllocator):
+        triton.set_allocator(_workspace)
+
+
 def _table_strides(count: torch.Tensor, index: torch.Tensor, batch: int, heads: int) -> tuple[int, ...]:
     """Strides (batch, head) of the count table and (batch, head, row) of the index table; 0 where broadcast."""
     cb = count.stride(0) if count.shape[0] == batch and batch > 1 else 0
@@ -396,13 +464,16 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
     tile_lse = _alloc(q, (b * h * qb * slots * block_q,), torch.float32) if with_tile_mass else lse
     splits = block_q // 64
     tile_mass = torch.zeros((b, h, qb, splits, kb), device=q.device, dtype=torch.float32) if with_tile_mass else lse
+    use_tma = _use_tma("fwd", k, v)
+    if use_tma:
+        _ensure_workspace_allocator()
     _bsa_fwd_kernel[lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h)](
         q, k, v, out, lse, kv_count, kv_index, tile_lse, tile_mass,
         *q.stride(), *k.stride()[:3], *v.stride()[:3], *out.stride(),
         *_table_strides(kv_count, kv_index, b, h),
         h, n, m, qb, kb, slots, scale * LOG2E,
         HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=block_q, BLOCK_N=block_k,
-        DOT_PRECISION=_dot_precision(q.dtype), WITH_MASS=with_tile_mass,
+        DOT_PRECISION=_dot_precision(q.dtype), WITH_MASS=with_tile_mass, USE_TMA=use_tma,
     )
     if not with_tile_mass:
         return out, lse
@@ -427,18 +498,21 @@ def triton_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=128, HAS_DLSE=has_dlse,
     )
     dq, dk, dv = _alloc(q), _alloc(k), _alloc(v)
+    dq_tma, dkdv_tma = _use_tma("dq", k, v), _use_tma("dkdv", q, grad_out)
+    if dq_tma or dkdv_tma:
+        _ensure_workspace_allocator()
     _bsa_bwd_dq_kernel[lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h)](
         q, k, v, grad_out, lse, delta, dq, kv_count, kv_index,
         *q.stride(), *k.stride()[:3], *v.stride()[:3], *grad_out.stride(), *dq.stride(),
         *_table_strides(kv_count, kv_index, b, h),
         h, n, m, kv_index.shape[-1], scale, scale * LOG2E,
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_q, BLOCK_N=block_k, DOT_PRECISION=precision,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_q, BLOCK_N=block_k, DOT_PRECISION=precision, USE_TMA=dq_tma,
     )
     _bsa_bwd_dkdv_kernel[lambda meta: (triton.cdiv(m, meta["COLS"]), b * h)](
         q, k, v, grad_out, lse, delta, dk, dv, q_count, q_index,
         *q.stride()[:3], *k.stride(), *v.stride(), *grad_out.stride()[:3], *dk.stride(), *dv.stride(),
         *_table_strides(q_count, q_index, b, h),
         h, n, m, scale, scale * LOG2E,
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_q, BLOCK_N=block_k, DOT_PRECISION=precision,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_q, BLOCK_N=block_k, DOT_PRECISION=precision, USE_TMA=dkdv_tma,
     )
     return dq, dk, dv
