@@ -90,6 +90,8 @@ def test_harness_on_tiny_model():
     assert one["recall"] < 0.99 and one["rel_l1"] > 1e-3 and len(one["recall_per_layer"]) == 1
     # Two of three steps dense: a third of the calls sparse; the probe of step 0 sees a dense plan.
     assert late["sparsity"] == pytest.approx(0.25)
+    # Every call is timed, dense ones included; the mask search is part of the attention call.
+    assert all(r["attention_s"] > r["search_s"] >= 0.0 for r in (full, one, late))
     assert results["clips"]["dense"].shape == (2, *model.clip_shape)
     table = markdown_table(results)
     assert "| `one` | 0.750 |" in table and "layer 0" in table

@@ -9,9 +9,10 @@ For a fixed list of (caption, seed) pairs it samples every clip densely and unde
 * attention recall and relative L1 of the attention output per layer, measured on the real q, k, v
   that the dense run feeds its self-attentions at a few probe steps (the configuration's mask is
   predicted from them exactly as the sparse processor would),
-* wall time of sampling (and the ratio to dense), and the part of it spent searching masks
-  (``search_s``: mask prediction, near zero for masks a training-free config reuses) with the number of
-  sparse calls by mask source (predicted, reused, within, exact).
+* wall time of sampling (and the ratio to dense), the time of all self-attention calls (``attention_s``,
+  search included) and the part of it spent searching masks (``search_s``: mask prediction, near zero for
+  masks a training-free config reuses) with the number of sparse calls by mask source (predicted, reused,
+  within, exact).
 """
 from __future__ import annotations
 
@@ -155,6 +156,44 @@ def timed_generate(model, captions: Sequence[str], seeds: Sequence[int], steps: 
     return video, time.perf_counter() - start
 
 
+def sample_with_stats(model, config, jobs: Sequence[tuple[str, int]], steps: int | None, guidance: float | None,
+                      on_clip=None) -> tuple[torch.Tensor, float, list[dict]]:
+    """Sample each (caption, seed) of ``jobs``, one clip at a time, under ``config``'s sparse attention (removed
+    after). Returns the clips float32 [len(jobs), 3, T, H, W], the sampling wall time in seconds and the stats
+    of every self-attention call (:func:`~sparsevid.attention_stats` dicts, read from the device after the
+    timed sampling). ``on_clip()`` is called after each clip."""
+    from ..models import apply_sparse_attention, remove_sparse_attention, reset_denoising_step
+    from ..models.integration import attention_records
+
+    transformer = model.transformer
+    apply_sparse_attention(transformer, config, collect_stats=True)
+    per_forward: list[list] = []  # raw records; read from the device only after the timed sampling
+    hook = transformer.register_forward_hook(lambda *_: per_forward.append(attention_records(transformer)))
+    try:
+        videos, seconds = [], 0.0
+        for caption, seed in jobs:
+            reset_denoising_step(transformer)
+            video, dt = timed_generate(model, [caption], [seed], steps, guidance)
+            videos.append(video)
+            seconds += dt
+            if on_clip is not None:
+                on_clip()
+    finally:
+        hook.remove()
+        remove_sparse_attention(transformer)
+    return torch.cat(videos), seconds, [record.as_dict() for records in per_forward for record in records]
+
+
+def summarize_calls(calls: list[dict]) -> dict:
+    """Over self-attention call stats: mean sparsity (dense calls count 0), total attention time
+    (``attention_s``: every call's whole attention, search included) and search time (``search_s``: mask
+    prediction) in seconds, and the number of sparse calls by mask source."""
+    return {"sparsity": sum(r["sparsity"] for r in calls) / len(calls),
+            "attention_s": sum(r["attention_ms"] or 0.0 for r in calls) / 1e3,
+            "search_s": sum(r["predict_ms"] or 0.0 for r in calls) / 1e3,
+            "mask_sources": dict(collections.Counter(r["mask_source"] for r in calls if "mask_source" in r))}
+
+
 def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS[:4], seeds: Sequence[int] = (0,),
                 steps: int = 10, guidance: float | None = None, probe_steps: Sequence[int] | None = None,
                 probe_clips: int = 1, progress: bool = True) -> dict:
@@ -168,8 +207,6 @@ def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS
     """
     from tqdm.auto import tqdm
 
-    from ..models import apply_sparse_attention, remove_sparse_attention, reset_denoising_step
-    from ..models.integration import attention_records
     from ..models.processors import SDPAInterceptor
     from .video_metrics import psnr, ssim
 
@@ -211,30 +248,12 @@ def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS
     clips = {"dense": dense}
 
     for name, config in configs.items():
-        apply_sparse_attention(transformer, config, collect_stats=True)
-        per_forward: list[list] = []  # raw records; read from the device only after the timed sampling
-        hook = transformer.register_forward_hook(lambda *_: per_forward.append(attention_records(transformer)))
-        try:
-            videos, seconds = [], 0.0
-            for caption, seed in jobs:
-                reset_denoising_step(transformer)
-                video, dt = timed_generate(model, [caption], [seed], steps, guidance)
-                videos.append(video)
-                seconds += dt
-                bar.update()
-        finally:
-            hook.remove()
-            remove_sparse_attention(transformer)
-        calls = [record.as_dict() for records in per_forward for record in records]
-        sparsity = [r["sparsity"] for r in calls]
-        sources = collections.Counter(r["mask_source"] for r in calls if "mask_source" in r)
-        sparse = torch.cat(videos)
+        sparse, seconds, calls = sample_with_stats(model, config, jobs, steps, guidance, on_clip=bar.update)
         clips[name] = sparse
         p, s = psnr(sparse, dense), ssim(sparse, dense)
         results["configs"][name] = {
-            "config": config.to_dict(), "sparsity": sum(sparsity) / len(sparsity), "seconds": seconds,
-            "speedup": dense_seconds / seconds, "search_s": sum(r["predict_ms"] or 0.0 for r in calls) / 1e3,
-            "mask_sources": dict(sources), "psnr": float(p.mean()), "ssim": float(s.mean()),
+            "config": config.to_dict(), **summarize_calls(calls), "seconds": seconds,
+            "speedup": dense_seconds / seconds, "psnr": float(p.mean()), "ssim": float(s.mean()),
             "psnr_per_clip": p.tolist(), "ssim_per_clip": s.tolist(), **probes[name].summary()}
     bar.close()
     results["clips"] = clips
