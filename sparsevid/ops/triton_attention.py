@@ -139,7 +139,7 @@ def _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn, stride_vn,
 
 
 # TileMass is zeroed after tuning: a config owning fewer rows writes more splits than the one finally chosen.
-@triton.autotune(configs=_configs("ROWS", "SUB_N", (64, 128), (64, 128), (4, 8), (3, 4)),
+@triton.autotune(configs=_configs("ROWS", "SUB_N", (64, 128), (64, 128), (4, 8), (2, 3, 4)),
                  key=_TUNE_KEY + ["WITH_MASS"], reset_to_zero=["TileMass"],
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N", whole_tiles_flag="WITH_MASS"))
 @triton.jit
