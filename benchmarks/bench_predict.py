@@ -1,19 +1,34 @@
-"""Mask-prediction benchmark: fused ``predict_mask`` (Triton) vs a naive PyTorch version, and attention
-recall of predicted masks for raster vs 3D-tiled token order.
+"""Mask-prediction benchmark: the Triton kernels stage by stage, fused, end to end, against a naive PyTorch
+version and the 95%-sparse attention forward; and attention recall of predicted masks for raster vs
+3D-tiled token order.
 
-1. For each shape (Wan 1.3B: H=12, N=32760; Wan 14B: H=40, N=75600; D=128, block 128x64) the fused masks
-   are first checked against the PyTorch path of ``predict_mask`` (and the naive version), then both are
-   timed (``triton.testing.do_bench`` medians over several input sets): pool + score + select + index table,
-   next to the block-sparse attention forward at 95% sparsity (random mask) for the cost ratio.
-2. Recall: on a video-like field (below) on a Wan-like grid (21x30x52), masks at ~95% sparsity (top-k 5%)
-   are predicted in raster order and in several 3D-tile orders, and the exact attention recall (true
-   softmax mass kept) of each is measured.
+1. Timing. For each shape (Wan 1.3B: H=12, N=32760; Wan 14B: H=40, N=75600; D=128; q and k are [B, N, H, D]
+   tensors viewed as [B, H, N, D], as a DiT's projections give them), each block size (default 128x64, the
+   product's default in ``SparseConfig`` and ``predict_mask``) and each input kind:
+
+   * "random": standard normal q, k. Pooled rows are flat, so the hybrid rule's top-p part keeps ~90% of the
+     tiles (a worst case for the selection's outputs).
+   * "video": the video-like field below with amplitude 20, in the product's 3D-tile token order
+     (``DEFAULT_TILE``). Rows are peaked; the hybrid rule (top-k 5%, top-p 90%) lands near 95% sparsity,
+     the regime the product runs in.
+
+   the fused masks are first checked against the PyTorch path of ``predict_mask`` and the naive version (and
+   the staged launch against the fused one); then, with ``triton.testing.do_bench`` medians (L2 flushed
+   before each call): the pool stage alone, the select stage alone, both staged, the fused launch,
+   ``predict_mask`` end to end (eager, and replayed from a CUDA graph: device time only), its host time per
+   call, the naive version, the time to read q and k once (``torch.sum`` over their storage: the floor), and
+   the block-sparse attention forward at 95% sparsity (random mask) of the same shape. The stages and the
+   fused launch are timed with every candidate config of their kernels (each checked against
+   ``predict_mask``); the stage and fused figures are the fastest of them.
+2. Recall: on the video-like field (amplitude 12) on a Wan-like grid (21x30x52), masks at ~95% sparsity
+   (top-k 5%) are predicted in raster order and in several 3D-tile orders, and the exact attention recall
+   (true softmax mass kept) of each is measured.
 
 Video-like field: for a token at (t, y, x), q and k are ``amp * phi(t / l_t, y / l_s, x / l_s)`` plus
-Gaussian noise of std ``noise`` (amp = 12, noise = 0.5), where ``phi`` are D random Fourier features
+Gaussian noise of std ``noise`` (noise = 0.5), where ``phi`` are D random Fourier features
 ``sqrt(2/D) cos(W p + b)`` (W ~ N(0, 1), b ~ U(0, 2 pi)), so ``q_i . k_j`` approximates
-``amp^2 exp(-|p_i - p_j|^2 / 2)``: attention concentrates on nearby positions in space and time, as in video DiTs. Each head draws its own length
-scales l_t in [1, 4] frames and l_s in [2, 8] tokens.
+``amp^2 exp(-|p_i - p_j|^2 / 2)``: attention concentrates on nearby positions in space and time, as in video
+DiTs. Each head draws its own length scales l_t in [1, 4] frames and l_s in [2, 8] tokens.
 
 Writes results.json under --out and prints a short table last.
 
@@ -42,7 +57,9 @@ import triton  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
 from sparsevid.eval import attention_recall  # noqa: E402
+from sparsevid.ops import triton_predict  # noqa: E402
 from sparsevid.ops.mask import kept_index_table  # noqa: E402
+from sparsevid.ops.predict import prediction_options  # noqa: E402
 from sparsevid.ops.tiling import tile_tokens  # noqa: E402
 from run_info import git_commit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
@@ -52,8 +69,10 @@ SHAPES = {
     "wan14b": (1, 40, 75600, 128, (21, 45, 80)),
     "tiny": (1, 2, 2048, 64, (8, 16, 16)),
 }
+INPUTS = ("random", "video")
+VIDEO_AMPLITUDE = 20.0
 TILES = {"2x8x8": (2, 8, 8), "4x4x8": (4, 4, 8), "1x8x16": (1, 8, 16), "2x4x16": (2, 4, 16)}
-RULE = dict(rule="hybrid", topk=0.05, topp=0.9, block_q=128, block_k=64)
+RULE = dict(rule="hybrid", topk=0.05, topp=0.9)
 MAX_DIFFERING_ROWS = 1e-3
 
 
@@ -76,6 +95,18 @@ def video_field(grid, heads: int, d: int, batch: int = 1, amp: float = 12.0, noi
             per_head.append(feats + noise * torch.randn(batch, pos.shape[0], d, generator=gen, device=device))
         out.append(torch.stack(per_head, dim=2).to(dtype).transpose(1, 2))  # [B, L, H, D] viewed as [B, H, L, D]
     return out[0], out[1]
+
+
+def timing_inputs(kind: str, shape: str, device, dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k [B, H, N, D] of one input kind (module docstring), transposed views of contiguous [B, N, H, D]."""
+    b, h, n, d, grid = SHAPES[shape]
+    if kind == "random":
+        gen = torch.Generator(device=device).manual_seed(seed)
+        return tuple(torch.randn(b, n, h, d, generator=gen, device=device, dtype=dtype).transpose(1, 2)
+                     for _ in range(2))
+    q, k = video_field(grid, h, d, b, amp=VIDEO_AMPLITUDE, device=device, dtype=dtype, seed=seed)
+    # Reorder the [B, L, H*D] tokens into 3D tiles, keeping the [B, N, H, D] storage.
+    return tuple(tile_tokens(x.transpose(1, 2).flatten(2), grid).view(b, n, h, d).transpose(1, 2) for x in (q, k))
 
 
 def naive_predict(q, k, topk: float, topp: float, block_q: int, block_k: int):
@@ -103,7 +134,7 @@ def naive_predict(q, k, topk: float, topp: float, block_q: int, block_k: int):
 
 def timer(device):
     if device.type == "cuda":
-        return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+        return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
     def cpu_median(fn, reps: int = 3) -> float:
         fn()
@@ -121,40 +152,113 @@ def differing_rows(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a != b).any(dim=-1).double().mean())
 
 
-def bench_shape(name: str, device, dtype, input_sets: int) -> dict:
-    b, h, n, d, grid = SHAPES[name]
+def config_name(config: triton.Config) -> str:
+    meta = " ".join(f"{k}={v}" for k, v in config.kwargs.items())
+    return f"warps={config.num_warps} {meta}" + (f" maxnreg={config.maxnreg}" if config.maxnreg else "")
+
+
+def time_candidates(run, candidates, measure, differing) -> tuple[dict, object]:
+    """{config name: median ms} of ``run(config)`` for each candidate, and the fastest config. After each
+    candidate's timing, ``differing()`` (the fraction of rows whose keep map then differs from predict_mask's)
+    must stay within MAX_DIFFERING_ROWS: configs may sum in other orders."""
+    times = {}
+    for config in candidates:
+        times[config_name(config)] = measure(lambda: run(config))
+        if differing() > MAX_DIFFERING_ROWS:
+            raise SystemExit(f"config {config_name(config)}: {differing():.2e} of the rows differ from predict_mask")
+    return times, min(candidates, key=lambda c: times[config_name(c)])
+
+
+def graph_ms(fn, measure) -> float | None:
+    """Median ms of ``fn`` replayed from a CUDA graph (device time without the host), None if not capturable."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return measure(graph.replay)
+    except RuntimeError as error:
+        print(f"  CUDA graph capture failed: {error}")
+        return None
+
+
+def host_us(fn, calls: int = 50) -> float:
+    """Host time per call of ``fn`` (its launches queue behind each other; the device catches up after)."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, attention_ms: dict) -> dict:
+    """One (shape, blocks, input kind): checks, then every timing of the module docstring."""
+    b, h, n, d, _ = SHAPES[name]
+    block_q, block_k = blocks
+    rule = dict(RULE, block_q=block_q, block_k=block_k)
     measure = timer(device)
-    fused_ms, naive_ms, checks = [], [], []
-    for seed in range(input_sets):
-        q, k = video_field(grid, h, d, b, device=device, dtype=dtype, seed=seed)
-        mask, stats = sv.predict_mask(q, k, backend="triton", **RULE)
-        ref, _ = sv.predict_mask(q, k, backend="torch", **RULE)
-        naive_keep, (naive_count, naive_index) = naive_predict(q, k, RULE["topk"], RULE["topp"], RULE["block_q"],
-                                                               RULE["block_k"])
-        count, index = kept_index_table(mask.keep)
-        check = {"differing_rows_vs_torch": differing_rows(mask.keep, ref.keep),
-                 "differing_rows_vs_naive": differing_rows(mask.keep, naive_keep),
-                 "tables_match_keep": bool(torch.equal(count, mask.kv_count) and torch.equal(index, mask.kv_index)),
-                 "sparsity": stats.sparsity}
-        if not (check["tables_match_keep"] and check["differing_rows_vs_torch"] <= MAX_DIFFERING_ROWS
-                and check["differing_rows_vs_naive"] <= MAX_DIFFERING_ROWS):
-            raise SystemExit(f"{name}: fused masks disagree with the PyTorch path: {check}")
-        checks.append(check)
-        fused_ms.append(measure(lambda: sv.predict_mask(q, k, backend="triton", **RULE)))
-        if seed == 0:
-            v = torch.randn_like(q)
-            sparse = sv.random_block_mask(b, h, n, n, 0.95, RULE["block_q"], RULE["block_k"], device=device)
-            attention_ms = measure(lambda: sv.block_sparse_attention(q, k, v, sparse))
-            del v
-        naive_ms.append(measure(lambda: naive_predict(q, k, RULE["topk"], RULE["topp"], RULE["block_q"],
-                                                      RULE["block_k"])))
-        del q, k, mask, ref, naive_keep, naive_count, naive_index
-    fused, naive = statistics.median(fused_ms), statistics.median(naive_ms)
+    cuda = device.type == "cuda"
+    q, k = timing_inputs(kind, name, device, dtype)
+
+    predict = lambda: sv.predict_mask(q, k, backend="triton", **rule)  # noqa: E731
+    mask, stats = predict()
+    ref, _ = sv.predict_mask(q, k, backend="torch", **rule)
+    naive_keep, _ = naive_predict(q, k, RULE["topk"], RULE["topp"], block_q, block_k)
+    launch = triton_predict.PredictLaunch(q, k, **prediction_options(q, k, **rule))
+    launch.pool()
+    launch.select()
+    staged_keep = launch.outputs[0].clone()
+    count, index = kept_index_table(mask.keep)
+    checks = {"differing_rows_vs_torch": differing_rows(mask.keep, ref.keep),
+              "differing_rows_vs_naive": differing_rows(mask.keep, naive_keep),
+              "differing_rows_staged_vs_fused": differing_rows(mask.keep, staged_keep),
+              "tables_match_keep": bool(torch.equal(count, mask.kv_count) and torch.equal(index, mask.kv_index)),
+              "sparsity": stats.sparsity, "kept_mass_mean": float(stats.kept_mass.mean())}
+    if not (checks["tables_match_keep"] and checks["differing_rows_vs_torch"] <= MAX_DIFFERING_ROWS
+            and checks["differing_rows_vs_naive"] <= MAX_DIFFERING_ROWS
+            and checks["differing_rows_staged_vs_fused"] <= MAX_DIFFERING_ROWS):
+        raise SystemExit(f"{name}/{kind}/{block_q}x{block_k}: Triton masks disagree: {checks}")
+    del ref, naive_keep, staged_keep, count, index
+
+    row = {"shape": name, "input": kind, "B": b, "H": h, "N": n, "D": d, **rule,
+           "dtype": str(dtype).removeprefix("torch."), "checks": checks}
+    # Every candidate config of each kernel, timed explicitly (whatever the autotuner would pick).
+    differing = lambda: differing_rows(launch.outputs[0], mask.keep)  # noqa: E731
+    pool_times, best_pool = time_candidates(launch.pool, triton_predict._POOL_CONFIGS, measure,
+                                            lambda: (launch.select(), differing())[1])
+    select_times, best_select = time_candidates(launch.select, triton_predict._SELECT_CONFIGS, measure, differing)
+    fused_times, _ = time_candidates(launch.fused, triton_predict._FUSED_CONFIGS, measure, differing)
+    row["configs_ms"] = {"pool": pool_times, "select": select_times, "fused": fused_times}
+    row["pool_ms"], row["select_ms"], row["fused_ms"] = (min(t.values()) for t in (pool_times, select_times,
+                                                                                   fused_times))
+    row["staged_ms"] = measure(lambda: (launch.pool(best_pool), launch.select(best_select)))
+    row["predict_mask_ms"] = measure(predict)
+    row["naive_ms"] = measure(lambda: naive_predict(q, k, RULE["topk"], RULE["topp"], block_q, block_k))
+    if cuda:
+        row["predict_mask_graph_ms"] = graph_ms(predict, measure)
+        row["predict_mask_host_us"] = host_us(predict)
+        storages = [x.transpose(1, 2) for x in (q, k)]  # the contiguous [B, N, H, D] tensors
+        row["read_floor_ms"] = measure(lambda: [x.sum(dtype=torch.float32) for x in storages])
+    key = (name, blocks)
+    if key not in attention_ms:
+        v = torch.randn_like(q)
+        sparse = sv.random_block_mask(b, h, n, n, 0.95, block_q, block_k, device=device)
+        attention_ms[key] = measure(lambda: sv.block_sparse_attention(q, k, v, sparse))
+        del v, sparse
+    row["attention_95_ms"] = attention_ms[key]
+    best = min(row["fused_ms"], row["staged_ms"])
     read_bytes = 2 * b * h * n * d * torch.finfo(dtype).bits // 8
-    return {"shape": name, "B": b, "H": h, "N": n, "D": d, **RULE, "dtype": str(dtype).removeprefix("torch."),
-            "fused_ms": fused, "naive_ms": naive, "speedup_vs_naive": naive / fused,
-            "attention_95_ms": attention_ms, "fused_over_attention": fused / attention_ms,
-            "fused_read_TBps": read_bytes / (fused * 1e-3) / 1e12, "checks": checks}
+    row.update({"best_ms": best, "best_over_attention": best / row["attention_95_ms"],
+                "speedup_vs_naive": row["naive_ms"] / best, "read_TBps": read_bytes / (best * 1e-3) / 1e12,
+                "pool_read_TBps": read_bytes / (row["pool_ms"] * 1e-3) / 1e12})
+    return row
 
 
 def recall_study(grid, heads: int, d: int, device, dtype, tiles: list[str]) -> list[dict]:
@@ -175,9 +279,11 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="directory for results.json")
     parser.add_argument("--shapes", default="wan1.3b,wan14b" if cuda else "tiny",
                         help=f"comma list of {sorted(SHAPES)}")
-    parser.add_argument("--input-sets", type=int, default=3 if cuda else 1, help="random input sets per shape")
-    parser.add_argument("--recall-grid", default="21,30,52" if cuda else "6,12,16", help="T,H,W token grid")
-    parser.add_argument("--recall-heads", type=int, default=4 if cuda else 2)
+    parser.add_argument("--inputs", default=",".join(INPUTS), help=f"comma list of {list(INPUTS)}")
+    parser.add_argument("--blocks", default="128x64", help="comma list of block_q x block_k, e.g. 128x64,128x128")
+    parser.add_argument("--recall-grid", default="21,30,52" if cuda else "6,12,16",
+                        help="T,H,W token grid of the recall study ('none' skips it)")
+    parser.add_argument("--recall-heads", type=int, default=2)
     parser.add_argument("--tiles", default=",".join(TILES), help=f"comma list of {list(TILES)}")
     args = parser.parse_args()
 
@@ -185,27 +291,47 @@ def main() -> None:
     dtype = torch.bfloat16 if cuda else torch.float32  # the interpreter's dots need fp16/fp32
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    timing = [bench_shape(name, device, dtype, args.input_sets) for name in args.shapes.split(",") if name]
-    grid = tuple(int(v) for v in args.recall_grid.split(","))
-    recall = recall_study(grid, args.recall_heads, 128, device, dtype, [t for t in args.tiles.split(",") if t])
+    blocks = [tuple(int(v) for v in spec.split("x")) for spec in args.blocks.split(",") if spec]
+    attention_ms: dict = {}
+    timing = []
+    for name in [s for s in args.shapes.split(",") if s]:
+        for block in blocks:
+            for kind in [s for s in args.inputs.split(",") if s]:
+                started = time.perf_counter()
+                timing.append(bench_case(name, kind, block, device, dtype, attention_ms))
+                print(f"{name} {block[0]}x{block[1]} {kind}: {time.perf_counter() - started:.1f} s", flush=True)
+                if cuda:
+                    torch.cuda.empty_cache()
     result = {
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-        "torch": torch.__version__, "triton": triton.__version__, "commit": git_commit(),
-        "timing": timing, "recall": {"grid": grid, "heads": args.recall_heads, "rule": "topk 5%",
-                                     "orders": recall},
+        "torch": torch.__version__, "triton": triton.__version__, "commit": git_commit(), "timing": timing,
     }
+    if args.recall_grid != "none":
+        grid = tuple(int(v) for v in args.recall_grid.split(","))
+        result["recall"] = {"grid": grid, "heads": args.recall_heads, "rule": "topk 5%",
+                            "orders": recall_study(grid, args.recall_heads, 128, device, dtype,
+                                                   [t for t in args.tiles.split(",") if t])}
     (out_dir / "results.json").write_text(json.dumps(result, indent=2))
 
     print(f"\n{result['device']}  torch {result['torch']}  triton {result['triton']}  commit {result['commit']}")
-    print(f"{'shape':<10}{'H':>4}{'N':>8}{'fused ms':>10}{'naive ms':>10}{'speedup':>9}{'TB/s':>7}"
-          f"{'attn95 ms':>11}{'fused/attn':>11}")
+    print(f"{'shape':<8}{'blocks':>8}{'input':>7}{'spars':>6}{'pool':>8}{'select':>8}{'staged':>8}{'fused':>8}"
+          f"{'e2e':>8}{'graph':>8}{'host us':>8}{'naive':>8}{'attn95':>8}{'best/attn':>10}{'TB/s':>6}{'floor':>7}")
     for row in timing:
-        print(f"{row['shape']:<10}{row['H']:>4}{row['N']:>8}{row['fused_ms']:>10.4f}{row['naive_ms']:>10.4f}"
-              f"{row['speedup_vs_naive']:>8.1f}x{row['fused_read_TBps']:>7.2f}{row['attention_95_ms']:>11.4f}"
-              f"{row['fused_over_attention']:>11.3f}")
-    print(f"\nrecall at top-k 5% on grid {grid}:")
-    for row in recall:
-        print(f"  {row['order']:<8} sparsity {row['sparsity']:.3f}  recall {row['recall']:.4f}")
+        graph, host, floor = (row.get(key) or float("nan")
+                              for key in ("predict_mask_graph_ms", "predict_mask_host_us", "read_floor_ms"))
+        print(f"{row['shape']:<8}{row['block_q']:>4}x{row['block_k']:<3}{row['input']:>7}"
+              f"{row['checks']['sparsity']:>6.3f}{row['pool_ms']:>8.4f}{row['select_ms']:>8.4f}"
+              f"{row['staged_ms']:>8.4f}{row['fused_ms']:>8.4f}{row['predict_mask_ms']:>8.4f}{graph:>8.4f}"
+              f"{host:>8.1f}{row['naive_ms']:>8.3f}{row['attention_95_ms']:>8.3f}{row['best_over_attention']:>10.3f}"
+              f"{row['read_TBps']:>6.2f}{floor:>7.4f}")
+    for row in timing:
+        for kernel, times in row["configs_ms"].items():
+            listed = "  ".join(f"[{config}] {ms:.4f}" for config, ms in times.items())
+            print(f"{row['shape']} {row['block_q']}x{row['block_k']} {row['input']} {kernel}: {listed}")
+    if "recall" in result:
+        print(f"\nrecall at top-k 5% on grid {result['recall']['grid']}:")
+        for row in result["recall"]["orders"]:
+            print(f"  {row['order']:<8} sparsity {row['sparsity']:.3f}  recall {row['recall']:.4f}")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 import sparsevid as sv
+from sparsevid.ops import triton_predict
 from sparsevid.ops.mask import kept_index_table
 from sparsevid.ops.pooling import block_similarity, pool_blocks, pooled_scores
+from sparsevid.ops.predict import prediction_options
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -72,6 +74,48 @@ def test_triton_matches_torch(shape, rule, options):
     assert torch.equal(mask_t.kv_index, index)
     assert stats_t.sparsity == pytest.approx(mask_t.sparsity)
     assert stats_t.sparsity_per_head.shape == (h,)
+
+
+def launches():
+    """(name, run) for every way to launch the kernels: the fused launch with each candidate config, and the
+    staged launch with each select config (pool configs taken in turn)."""
+    fused = [(f"fused-{i}", lambda launch, c=c: launch.fused(c)) for i, c in enumerate(triton_predict._FUSED_CONFIGS)]
+    pools, selects = triton_predict._POOL_CONFIGS, triton_predict._SELECT_CONFIGS
+    staged = [(f"staged-{i}", lambda launch, p=pools[i % len(pools)], s=s: (launch.pool(p), launch.select(s)))
+              for i, s in enumerate(selects)]
+    return fused + staged
+
+
+# (B, H, N, M, D, block_q, block_k): rows short enough to search whole (KB <= COMPACT), and longer rows whose
+# search finishes on the packed bracket; B > 1, ragged lengths.
+LAUNCH_SHAPES = [
+    pytest.param((2, 2, 333, 1000, 32, 128, 64), id="KB16-B2"),
+    pytest.param((1, 3, 200, 5000, 16, 64, 64), id="KB79-H3"),
+]
+
+
+@pytest.mark.parametrize("shape", LAUNCH_SHAPES)
+def test_every_launch_and_config_matches_torch(shape):
+    """Fused and staged launches, with every candidate config, on per-head budgets, every option and
+    within=: the torch path's keep map and kept mass, and the index tables of that keep map."""
+    torch.manual_seed(sum(shape))
+    b, h, n, m, d, block_q, block_k = shape
+    q = structured(b, h, n, d, torch.float32, transposed=True)
+    k = structured(b, h, m, d, torch.float32)
+    blocks = dict(block_q=block_q, block_k=block_k)
+    earlier, _ = sv.predict_mask(q, k, rule="topk", topk=0.6, backend="torch", **blocks)
+    kwargs = dict(rule="hybrid", topk=per_head(0.2, h, 0.1), topp=per_head(0.7, h, 0.2), keep_sink=True,
+                  keep_diagonal=True, similarity_threshold=0.5, within=earlier, **blocks)
+    ref, ref_stats = sv.predict_mask(q, k, backend="torch", **kwargs)
+    ref_count, ref_index = kept_index_table(ref.keep)
+    options = prediction_options(q, k, **kwargs)
+    for name, run in launches():
+        launch = triton_predict.PredictLaunch(q, k, **options)
+        run(launch)
+        keep, count, index, kept_mass = launch.outputs
+        assert torch.equal(keep, ref.keep), name
+        assert torch.equal(count, ref_count) and torch.equal(index, ref_index), name
+        torch.testing.assert_close(kept_mass, ref_stats.kept_mass, atol=1e-5, rtol=0, msg=name)
 
 
 def test_pooling_matches_float64_brute_force():
@@ -147,8 +191,8 @@ def test_bad_input_names_the_argument(override, error, match):
 
 # --------------------------------------------------------------------------- GPU: real sizes in bf16
 
-def differing_row_fraction(mask_a: sv.SparseMask, mask_b: sv.SparseMask) -> float:
-    return float((mask_a.keep != mask_b.keep).any(dim=-1).double().mean())
+def differing_row_fraction(keep_a: torch.Tensor, keep_b: torch.Tensor) -> float:
+    return float((keep_a != keep_b).any(dim=-1).double().mean())
 
 
 @pytest.mark.gpu
@@ -169,9 +213,28 @@ def test_gpu_triton_matches_torch_bf16(shape, rule):
     # The kernel computes the pooled logits with 3xTF32 products and its own summation order, the torch
     # path with fp32 cuBLAS: a row can only differ where its threshold falls between two scores (or the
     # cumulative mass lands on p) within ~1e-6 relative, which random inputs hit in well under 0.1% of rows.
-    assert differing_row_fraction(mask_t, mask_r) <= 1e-3
+    assert differing_row_fraction(mask_t.keep, mask_r.keep) <= 1e-3
     same = ~(mask_t.keep != mask_r.keep).any(dim=-1)
     torch.testing.assert_close(stats_t.kept_mass[same], stats_r.kept_mass[same], atol=1e-5, rtol=0)
     count, index = kept_index_table(mask_t.keep)
     assert torch.equal(mask_t.kv_count, count)
     assert torch.equal(mask_t.kv_index, index)
+
+
+@pytest.mark.gpu
+def test_gpu_every_launch_and_config_bf16():
+    """40 heads (many per-head counters in the fused launch), ragged N, bf16: every launch and config against
+    the torch path, within the rounding allowance of test_gpu_triton_matches_torch_bf16."""
+    torch.manual_seed(8)
+    q = structured(1, 40, 8200, 128, torch.bfloat16, transposed=True)
+    k = structured(1, 40, 8200, 128, torch.bfloat16, transposed=True)
+    kwargs = dict(rule="hybrid", topk=0.05, topp=0.9, block_q=128, block_k=64)
+    ref, _ = sv.predict_mask(q, k, backend="torch", **kwargs)
+    options = prediction_options(q, k, **kwargs)
+    for name, run in launches():
+        launch = triton_predict.PredictLaunch(q, k, **options)
+        run(launch)
+        keep, count, index, _ = launch.outputs
+        assert differing_row_fraction(keep, ref.keep) <= 1e-3, name
+        ref_count, ref_index = kept_index_table(keep)
+        assert torch.equal(count, ref_count) and torch.equal(index, ref_index), name

@@ -117,6 +117,35 @@ def test_ties_at_the_threshold_are_all_kept(backend):
     assert kept_set(mask, 0, 0, 0) == {0, 1, 2, 3}
 
 
+def expected_with_ties(row: torch.Tensor, k: int | None, p: float | None) -> set[int]:
+    """Brute force like expected_prefix, keeping every entry tied with the last one of the prefix."""
+    order = sorted(range(len(row)), key=lambda j: -float(row[j]))
+    tau = float(row[order[len(expected_prefix(row, k, p)) - 1]])
+    return {j for j in range(len(row)) if float(row[j]) >= tau}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rule", ["topk", "topp", "hybrid"])
+def test_long_rows(backend, rule):
+    """Rows of 200 key blocks, longer than the 64 entries below which the Triton search packs its bracket:
+    90 exact ties straddling the top-k threshold (more than fit the packing), a flat row, a sink row and a
+    random row."""
+    kb = 200
+    gen = torch.Generator().manual_seed(2)
+    tied = torch.cat([torch.full((10,), 8.0), torch.full((90,), 2.0), 0.1 + 0.9 * torch.rand(100, generator=gen)])
+    tied = tied[torch.randperm(kb, generator=gen)]
+    rows = torch.stack([normalise(tied), flat_row(kb), sink_row(kb),
+                        normalise(torch.rand(kb, generator=gen, dtype=torch.float64) ** 3 + 1e-3)])
+    topk, topp = 0.2, 0.8
+    mask, stats = predict(rows.view(1, 1, 4, kb), backend, rule=rule, topk=topk, topp=topp)
+    k = resolve_topk(topk, kb, 1) if rule != "topp" else None
+    p = topp if rule != "topk" else None
+    for i in range(4):
+        want = expected_with_ties(rows[i], k, p)
+        assert kept_set(mask, 0, 0, i) == want, i
+        assert float(stats.kept_mass[0, 0, i]) == pytest.approx(sum(float(rows[i, j]) for j in want), abs=1e-5)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_per_head_thresholds(backend):
     kb = 16

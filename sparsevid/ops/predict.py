@@ -4,7 +4,7 @@ Q and K are mean-pooled per block, the pooled rows ``softmax(scale * q_bar k_bar
 score each tile, and a rule picks the tiles of each row (``selection.py`` defines the rules, the options
 and how ties are treated; ``pooling.py`` defines pooling and block self-similarity).
 
-Backends: "triton" (two fused kernels, CUDA; on the CPU only under ``TRITON_INTERPRET=1``), "torch"
+Backends: "triton" (one fused launch, CUDA; on the CPU only under ``TRITON_INTERPRET=1``), "torch"
 (plain PyTorch with sort-based selection, any device), "auto" (triton on CUDA, torch elsewhere). Both give
 the same masks up to rows whose threshold falls between two scores closer than fp32 rounding.
 """
@@ -65,7 +65,7 @@ def _resolve_backend(backend: str, q: torch.Tensor) -> str:
     return "triton" if q.is_cuda and triton_fits(q) else "torch"
 
 
-def _torch_predict(q, k, *, rule, rule_topk, rule_topp, min_blocks, keep_sink, keep_diagonal, threshold,
+def _torch_predict(q, k, *, rule, rule_topk, rule_topp, min_blocks, keep_sink, keep_diagonal, similarity_threshold,
                    block_q, block_k, scale, within) -> tuple[torch.Tensor, torch.Tensor]:
     """keep bool [B, H, QB, KB] and kept pooled mass float32 [B, H, QB], in plain PyTorch."""
     q_pooled, k_pooled = pool_blocks(q, block_q), pool_blocks(k, block_k)
@@ -73,13 +73,13 @@ def _torch_predict(q, k, *, rule, rule_topk, rule_topp, min_blocks, keep_sink, k
     # Non-candidates score 0: they are never needed to reach a target, and the final "& within" drops them.
     candidates = scores if within is None else scores * within
     keep = threshold_keep(candidates, rule, rule_topk, rule_topp, min_blocks)
-    with_sim = threshold is not None
+    with_sim = similarity_threshold is not None
     keep = add_option_blocks(
         keep, keep_sink=keep_sink,
         diagonal=diagonal_blocks(q.shape[2], k.shape[2], block_q, block_k, q.device) if keep_diagonal else None,
         q_similarity=block_similarity(q, block_q, q_pooled) if with_sim else None,
         k_similarity=block_similarity(k, block_k, k_pooled) if with_sim else None,
-        threshold=threshold,
+        threshold=similarity_threshold,
     )
     if within is not None:
         keep &= within
@@ -97,6 +97,27 @@ def _within_keep(within, q, k, block_q: int, block_k: int) -> torch.Tensor | Non
                          f"({block_q}, {block_k})")
     within.check_compatible(q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.device)
     return within.keep.contiguous()
+
+
+def prediction_options(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", topk=0.05, topp=0.9,
+                       block_q: int = 128, block_k: int = 64, scale: float | None = None, keep_sink: bool = False,
+                       keep_diagonal: bool = False, similarity_threshold=None, min_blocks: int = 1,
+                       backend: str = "auto", within: SparseMask | None = None) -> dict:
+    """The checked arguments of :func:`predict_mask`, resolved as both backends take them (all but ``rule``
+    and ``backend``): top-k count and top-p mass (scalars or per-head tensors, None where the rule has no
+    such part), similarity threshold, option flags, blocks, scale, and ``within`` as a bool map or None."""
+    check_head_tensors(q=q, k=k)
+    _check_options(rule, scale, keep_sink, keep_diagonal, min_blocks, backend, q)
+    _check_block_size("block_q", block_q)
+    _check_block_size("block_k", block_k)
+    heads = q.shape[1]
+    kb = num_blocks(k.shape[2], block_k)
+    return dict(rule_topk=resolve_topk(topk, kb, heads) if uses_topk(rule) else None,
+                rule_topp=resolve_topp(topp, heads) if uses_topp(rule) else None,
+                similarity_threshold=resolve_similarity_threshold(similarity_threshold, heads),
+                min_blocks=int(min_blocks), keep_sink=keep_sink, keep_diagonal=keep_diagonal, block_q=block_q,
+                block_k=block_k, scale=float(scale) if scale is not None else q.shape[-1] ** -0.5,
+                within=_within_keep(within, q, k, block_q, block_k))
 
 
 @torch.compiler.disable
@@ -131,26 +152,15 @@ def predict_mask(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", topk=0.
         (mask, stats): a :class:`SparseMask` [B, H, QB, KB] whose kv index tables are already built on
         the triton backend, and :class:`MaskStats`. Not differentiable; runs eagerly under torch.compile.
     """
-    check_head_tensors(q=q, k=k)
-    _check_options(rule, scale, keep_sink, keep_diagonal, min_blocks, backend, q)
-    _check_block_size("block_q", block_q)
-    _check_block_size("block_k", block_k)
-    heads, n, m = q.shape[1], q.shape[2], k.shape[2]
-    kb = num_blocks(m, block_k)
-    rule_topk = resolve_topk(topk, kb, heads) if uses_topk(rule) else None
-    rule_topp = resolve_topp(topp, heads) if uses_topp(rule) else None
-    threshold = resolve_similarity_threshold(similarity_threshold, heads)
-    scale = float(scale) if scale is not None else q.shape[-1] ** -0.5
-    within_keep = _within_keep(within, q, k, block_q, block_k)
-    options = dict(rule_topk=rule_topk, rule_topp=rule_topp, min_blocks=int(min_blocks), keep_sink=keep_sink,
-                   keep_diagonal=keep_diagonal, block_q=block_q, block_k=block_k, scale=scale)
+    options = prediction_options(q, k, rule, topk, topp, block_q, block_k, scale, keep_sink, keep_diagonal,
+                                 similarity_threshold, min_blocks, backend, within)
+    n, m = q.shape[2], k.shape[2]
     if _resolve_backend(backend, q) == "triton":
         from .triton_predict import triton_predict
 
-        keep, count, index, kept_mass = triton_predict(q, k, similarity_threshold=threshold, within=within_keep,
-                                                       **options)
+        keep, count, index, kept_mass = triton_predict(q, k, **options)
         mask = SparseMask.from_dense(keep, n, m, block_q, block_k, kv_table=(count, index))
     else:
-        keep, kept_mass = _torch_predict(q, k, rule=rule, threshold=threshold, within=within_keep, **options)
+        keep, kept_mass = _torch_predict(q, k, rule=rule, **options)
         mask = SparseMask.from_dense(keep, n, m, block_q, block_k)
     return mask, MaskStats(kept_mass=kept_mass, mask=mask)

@@ -1,18 +1,34 @@
-"""Triton kernels for mask prediction: block pooling, then pooled scores + selection + index table.
+"""Triton kernels for mask prediction: block pooling, pooled scores, selection and the index table.
 
-Two launches, no host synchronisation:
+Two kinds of program do the work:
 
-1. ``_pool_kernel`` reads Q and K once (one program per block and batch-head) and writes the fp32 block
-   means (and, when asked, the block self-similarities, see ``pooling.py``).
-2. ``_select_kernel`` (one program per ``ROWS`` query-block rows of one batch-head) computes the pooled
-   logits ``q_bar @ k_bar^T`` with ``tl.dot`` over chunks of key blocks, parks them in a scratch row
-   buffer (cache resident), and then, a few rows at a time with the whole row in registers, takes the
-   softmax and finds the rule's threshold by bisection on the float's bit pattern (probabilities are
-   non-negative, so their bit patterns order like their values): the largest ``tau`` with
-   ``count(p >= tau) >= k_eff`` and ``mass(p >= tau) >= p_target`` (see ``selection.py``). The search
-   stops as soon as one entry separates the bounds, which takes about log2(KB) steps. It then adds the
-   option tiles and writes the keep row, the kept mass, and the compacted index table row (count and
-   ascending indices by a prefix sum, padded with the last kept index, as ``kept_index_table`` lays it out).
+* A pool program reads one tile of ``POOL_TOKENS`` tokens of one head (one or two query blocks, or two to
+  four key blocks) in one load, streamed past the L2 cache (``evict_first``), and writes the fp32 block means
+  (and, when asked, the block self-similarities, see ``pooling.py``). Pooling reads all of Q and K: it sets
+  the floor of the prediction time.
+* A select program takes ``ROWS`` query-block rows of one head. It computes their base-2 pooled logits
+  ``q_bar @ k_bar^T`` with ``tl.dot`` (3xTF32 on the GPU), ``CHUNK`` key blocks at a time, into scratch rows.
+  Then, ``SEL_ROWS`` rows at a time, it takes the softmax with whole rows in registers, writes the
+  probabilities back over the logits, finds the rule's threshold, and writes the outputs ``OUT_CHUNK`` columns
+  at a time: option tiles, keep row, kept mass and the compacted index table row (count and ascending indices
+  by a running prefix sum, padded with the last kept index, as ``kept_index_table`` lays it out).
+
+Threshold: the largest ``tau`` with ``count(p >= tau) >= k_eff`` and ``mass(p >= tau) >= p_target`` (see
+``selection.py``), found by bisection on the float's bit pattern (probabilities are non-negative, so their
+bit patterns order like their values); each step counts and sums the entries above the midpoint. While a
+row's bracket ``[lo, hi)`` holds more than ``COMPACT`` entries the steps scan the whole row; then the
+bracket's entries are packed into the row of the index table (not written yet) and the remaining steps scan
+only those, with the count and mass above ``hi`` carried as constants. The search stops once a single entry
+separates the bounds.
+
+Launch modes (same results up to the summation order of each config, see :class:`PredictLaunch`):
+
+* fused (the default): one launch. Each program takes a ticket from a global counter; the ticket order
+  pools heads 0 and 1, then alternates "pool head h + 2" and "select head h". A select program waits on a
+  per-head counter of finished pool programs, which by the ticket order have all started before it, so the
+  wait always ends. The selection of one head thus runs while later heads are still being pooled, hidden
+  behind the memory-bound pooling; only the last heads' selection is exposed.
+* staged: a pool launch, then a select launch (used to time the two stages apart).
 
 Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on the CPU (tests).
 """
@@ -29,63 +45,90 @@ from .pooling import SIMILARITY_EPS
 LOG2E = 1.4426950408889634
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# SPARSEVID_AUTOTUNE=off: the first candidate config of each kernel instead of tuning (fast start-up).
+_AUTOTUNE = os.environ.get("SPARSEVID_AUTOTUNE", "on") != "off"
 
-# Score rows are processed this many at a time, so a [SEL_ROWS, BLOCK_KB] tile stays near this size.
-_SELECT_TILE_ELEMENTS = 4096
-_ROWS = 16
+# Key blocks per tl.dot chunk of the pooled logits.
 _CHUNK = 32
-_DOT_K = 32
+# Entries of a row's bracket below which the threshold search continues on the packed bracket only.
+_COMPACT = 64
+# Heads pooled ahead of the selection in the fused launch.
+_LAG = 2
+
+# Candidate configs, the expected best first; the autotuner times them per shape key. POOL_TOKENS: tokens
+# per pool program (a multiple of both block sizes, 64 and 128); ROWS: query-block rows per select program
+# (>= 16 for tl.dot); SEL_TILE: entries of a search tile [SEL_ROWS, BLOCK_KB] (32 per thread). The fused
+# kernel's register cap keeps four programs of four warps resident per SM, so that its pool programs keep
+# enough loads in flight; the select part then spills a few bytes (more with the similarity option).
+_POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=256), num_warps=8, num_stages=1),
+                 triton.Config(dict(POOL_TOKENS=128), num_warps=4, num_stages=1)]
+_SELECT_CONFIGS = [triton.Config(dict(ROWS=16, SEL_TILE=8192), num_warps=8, num_stages=1),
+                   triton.Config(dict(ROWS=16, SEL_TILE=4096), num_warps=4, num_stages=1)]
+_FUSED_CONFIGS = [
+    triton.Config(dict(POOL_TOKENS=256, ROWS=16, SEL_TILE=8192), num_warps=8, num_stages=1, maxnreg=128),
+    triton.Config(dict(POOL_TOKENS=128, ROWS=16, SEL_TILE=4096), num_warps=4, num_stages=1, maxnreg=128),
+    triton.Config(dict(POOL_TOKENS=128, ROWS=16, SEL_TILE=4096), num_warps=4, num_stages=1),
+]
 
 
-def _configs(warps: tuple[int, ...]) -> list[triton.Config]:
-    if _INTERPRET:
-        return [triton.Config({}, num_warps=4, num_stages=1)]
-    return [triton.Config({}, num_warps=w, num_stages=1) for w in warps]
+def _configs(candidates: list[triton.Config]) -> list[triton.Config]:
+    """The autotuning space: the first candidate alone when interpreted or with SPARSEVID_AUTOTUNE=off."""
+    return candidates[:1] if _INTERPRET or not _AUTOTUNE else candidates
 
+
+# --------------------------------------------------------------------------- pooling
 
 @triton.jit
-def _pool_block(p_x, stride_n, stride_d, length, block_id, p_mean, p_sim, eps,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, WITH_SIM: tl.constexpr):
-    """Mean (and self-similarity) of one block of tokens of one head; fp32 accumulation."""
-    o_t = block_id * BLOCK + tl.arange(0, BLOCK)
+def _pool_tile(p_x, stride_n, stride_d, length, num_blocks, tile, p_mean, p_sim, eps,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, TILE_BLOCKS: tl.constexpr,
+               WITH_SIM: tl.constexpr):
+    """Means [TILE_BLOCKS, HEAD_DIM] (and self-similarities) of blocks tile*TILE_BLOCKS... of one head.
+
+    p_x: the head's first token; p_mean, p_sim: the head's first pooled row / similarity. fp32 accumulation.
+    """
+    o_b = tile * TILE_BLOCKS + tl.arange(0, TILE_BLOCKS)
+    o_t = o_b[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
-    m_tile = (o_t < length)[:, None] & m_d[None, :]
-    b_x = tl.load(p_x + o_t[:, None].to(tl.int64) * stride_n + o_d[None, :] * stride_d, mask=m_tile,
-                  other=0.0).to(tl.float32)
-    n_tokens = tl.minimum(length - block_id * BLOCK, BLOCK).to(tl.float32)
-    b_mean = tl.sum(b_x, 0) / n_tokens
-    tl.store(p_mean + o_d, b_mean, mask=m_d)
+    m_x = (o_t < length)[:, :, None]
+    if BLOCK_D != HEAD_DIM:
+        m_x = m_x & m_d[None, None, :]
+    p_tile = p_x + o_t[:, :, None].to(tl.int64) * stride_n + o_d[None, None, :] * stride_d
+    b_x = tl.load(p_tile, mask=m_x, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    n_tokens = tl.maximum(tl.minimum(length - o_b * BLOCK, BLOCK), 1).to(tl.float32)
+    b_mean = tl.sum(b_x, 1) / n_tokens[:, None]
+    m_b = o_b < num_blocks
+    tl.store(p_mean + o_b[:, None] * HEAD_DIM + o_d[None, :], b_mean, mask=m_b[:, None] & m_d[None, :])
     if WITH_SIM:
-        b_norm = tl.sqrt(tl.sum(b_x * b_x, 1))
-        b_unit = tl.sum(b_x / tl.maximum(b_norm, eps)[:, None], 0) / n_tokens
-        mean_norm = tl.sqrt(tl.sum(b_mean * b_mean, 0))
-        tl.store(p_sim, tl.sum(b_mean * b_unit, 0) / tl.maximum(mean_norm, eps))
+        b_norm = tl.sqrt(tl.sum(b_x * b_x, 2))
+        b_unit = tl.sum(b_x / tl.maximum(b_norm, eps)[:, :, None], 1) / n_tokens[:, None]
+        mean_norm = tl.sqrt(tl.sum(b_mean * b_mean, 1))
+        tl.store(p_sim + o_b, tl.sum(b_mean * b_unit, 1) / tl.maximum(mean_norm, eps), mask=m_b)
 
 
-@triton.autotune(configs=_configs((4, 8, 16)), key=["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"])
 @triton.jit
-def _pool_kernel(Q, K, PooledQ, PooledK, SimQ, SimK,
-                 stride_qb, stride_qh, stride_qn, stride_qd,
-                 stride_kb, stride_kh, stride_kn, stride_kd,
-                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                 WITH_SIM: tl.constexpr):
-    """Programs [0, QB) pool query blocks, programs [QB, QB + KB) pool key blocks."""
-    pid = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    i_b = (pid_bh // H).to(tl.int64)
-    i_h = (pid_bh % H).to(tl.int64)
-    if pid < NUM_Q_BLOCKS:
-        row = pid_bh.to(tl.int64) * NUM_Q_BLOCKS + pid
-        _pool_block(Q + i_b * stride_qb + i_h * stride_qh, stride_qn, stride_qd, N, pid,
-                    PooledQ + row * HEAD_DIM, SimQ + row, eps, HEAD_DIM, BLOCK_D, BLOCK_Q, WITH_SIM)
+def _pool_unit(unit, bh, Q, K, PooledQ, PooledK, SimQ, SimK,
+               stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+               H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+               POOL_TOKENS: tl.constexpr, WITH_SIM: tl.constexpr):
+    """Pool tile ``unit`` of batch-head ``bh``: units [0, QT) are query tiles, the rest key tiles."""
+    i_b = (bh // H).to(tl.int64)
+    i_h = (bh % H).to(tl.int64)
+    q_tiles = tl.cdiv(NUM_Q_BLOCKS, POOL_TOKENS // BLOCK_Q)
+    if unit < q_tiles:
+        row = bh.to(tl.int64) * NUM_Q_BLOCKS
+        _pool_tile(Q + i_b * stride_qb + i_h * stride_qh, stride_qn, stride_qd, N, NUM_Q_BLOCKS, unit,
+                   PooledQ + row * HEAD_DIM, SimQ + row, eps, HEAD_DIM, BLOCK_D, BLOCK_Q, POOL_TOKENS // BLOCK_Q,
+                   WITH_SIM)
     else:
-        j = pid - NUM_Q_BLOCKS
-        row = pid_bh.to(tl.int64) * NUM_KV_BLOCKS + j
-        _pool_block(K + i_b * stride_kb + i_h * stride_kh, stride_kn, stride_kd, M, j,
-                    PooledK + row * HEAD_DIM, SimK + row, eps, HEAD_DIM, BLOCK_D, BLOCK_K, WITH_SIM)
+        row = bh.to(tl.int64) * NUM_KV_BLOCKS
+        _pool_tile(K + i_b * stride_kb + i_h * stride_kh, stride_kn, stride_kd, M, NUM_KV_BLOCKS, unit - q_tiles,
+                   PooledK + row * HEAD_DIM, SimK + row, eps, HEAD_DIM, BLOCK_D, BLOCK_K, POOL_TOKENS // BLOCK_K,
+                   WITH_SIM)
 
+
+# --------------------------------------------------------------------------- selection
 
 @triton.jit
 def _per_head_value(scalar, p_values, i_h, PER_HEAD: tl.constexpr):
@@ -95,76 +138,115 @@ def _per_head_value(scalar, p_values, i_h, PER_HEAD: tl.constexpr):
 
 
 @triton.jit
-def _threshold_bits(b_p, m_valid, k_eff, target, num_valid):
-    """int32 [R]: bit pattern of the largest tau with count(p >= tau) >= k_eff and mass(p >= tau) >= target.
+def _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_base, mass_base, k_eff, target, limit):
+    """Bisection steps on the bit patterns [lo, hi) (int32 [R]) while a row's bracket holds more than
+    ``limit`` entries (and is more than one pattern wide).
 
-    b_p: float32 [R, C], probabilities (padding and non-candidate entries hold -1); m_valid: bool [R, C] or
-    [1, C], the candidates; num_valid: int32 [R], their number per row. The lower bound starts at the row's
-    smallest candidate (where every candidate qualifies) and the upper bound just above the row maximum.
+    b_p: float32 [R, C], the entries that may lie in the bracket (others hold -1); cnt_base, mass_base: count
+    and mass of the row's entries above them. cnt_lo / cnt_hi: count(p >= lo) / count(p >= hi), mass_hi:
+    mass(p >= hi); lo always satisfies the rule, hi never does. Returns the updated lo, hi, cnt_lo, cnt_hi,
+    mass_hi.
     """
-    lo = tl.min(tl.where(m_valid, b_p, 2.0), 1).to(tl.int32, bitcast=True)
-    hi = tl.max(b_p, 1).to(tl.int32, bitcast=True) + 1
-    cnt_lo = num_valid
-    cnt_hi = tl.zeros_like(lo)
-    active = ((hi - lo) > 1) & ((cnt_lo - cnt_hi) > 1)
+    active = ((hi - lo) > 1) & ((cnt_lo - cnt_hi) > limit)
     while tl.max(active.to(tl.int32), 0) > 0:
         mid = lo + (hi - lo) // 2
         b_ge = b_p >= mid.to(tl.float32, bitcast=True)[:, None]
-        cnt = tl.sum(b_ge.to(tl.int32), 1)
-        mass = tl.sum(tl.where(b_ge, b_p, 0.0), 1)
+        cnt = tl.sum(b_ge.to(tl.int32), 1) + cnt_base
+        mass = tl.sum(tl.where(b_ge, b_p, 0.0), 1) + mass_base
         ok = (cnt >= k_eff) & (mass >= target)
-        lo = tl.where(active & ok, mid, lo)
-        cnt_lo = tl.where(active & ok, cnt, cnt_lo)
-        hi = tl.where(active & ~ok, mid, hi)
-        cnt_hi = tl.where(active & ~ok, cnt, cnt_hi)
-        # Once a single entry separates the bounds, the kept set {p >= lo} is final.
-        active = ((hi - lo) > 1) & ((cnt_lo - cnt_hi) > 1)
+        up = active & ok
+        down = active & ~ok
+        lo = tl.where(up, mid, lo)
+        cnt_lo = tl.where(up, cnt, cnt_lo)
+        hi = tl.where(down, mid, hi)
+        cnt_hi = tl.where(down, cnt, cnt_hi)
+        mass_hi = tl.where(down, mass, mass_hi)
+        active = ((hi - lo) > 1) & ((cnt_lo - cnt_hi) > limit)
+    return lo, hi, cnt_lo, cnt_hi, mass_hi
+
+
+@triton.jit
+def _threshold_bits(b_p, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, BLOCK_KB: tl.constexpr,
+                    COMPACT: tl.constexpr, OUT_CHUNK: tl.constexpr):
+    """int32 [R]: bit pattern of the largest tau with count(p >= tau) >= k_eff and mass(p >= tau) >= target.
+
+    b_p: float32 [R, BLOCK_KB], probabilities of the candidates, -1 elsewhere (padding, non-candidates), also
+    stored at p_rows (pointers [R] to rows of NUM_KV_BLOCKS floats). p_buffer: pointers [R] to int32 rows of
+    NUM_KV_BLOCKS that this program owns and overwrites later. The lower bound starts at the row's smallest
+    candidate (where every candidate qualifies), the upper bound just above the row maximum.
+    """
+    m_valid = b_p >= 0.0
+    lo = tl.min(tl.where(m_valid, b_p, 2.0), 1).to(tl.int32, bitcast=True)
+    hi = tl.max(b_p, 1).to(tl.int32, bitcast=True) + 1
+    cnt_lo = tl.sum(m_valid.to(tl.int32), 1)
+    cnt_hi = tl.zeros_like(lo)
+    mass_hi = tl.zeros_like(lo).to(tl.float32)
+    if BLOCK_KB > COMPACT:
+        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff, target,
+                                                  COMPACT)
+        # Pack each open row's bracket entries (at most COMPACT) into its buffer, OUT_CHUNK columns at a time.
+        is_open = ((hi - lo) > 1) & ((cnt_lo - cnt_hi) > 1)
+        lo_f = lo.to(tl.float32, bitcast=True)
+        hi_f = hi.to(tl.float32, bitcast=True)
+        packed = tl.zeros_like(lo)
+        for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
+            o_c = c0 + tl.arange(0, OUT_CHUNK)
+            b_c = tl.load(p_rows[:, None] + o_c[None, :], mask=is_open[:, None] & (o_c < NUM_KV_BLOCKS)[None, :],
+                          other=-1.0)
+            b_in = (b_c >= lo_f[:, None]) & (b_c < hi_f[:, None])
+            slot = packed[:, None] + tl.cumsum(b_in.to(tl.int32), 1) - 1
+            tl.store(p_buffer[:, None] + slot, b_c.to(tl.int32, bitcast=True), mask=b_in)
+            packed += tl.sum(b_in.to(tl.int32), 1)
+        tl.debug_barrier()
+        o_w = tl.arange(0, COMPACT)
+        m_w = o_w[None, :] < packed[:, None]
+        b_w = tl.load(p_buffer[:, None] + o_w[None, :], mask=m_w, other=0).to(tl.float32, bitcast=True)
+        b_w = tl.where(m_w, b_w, -1.0)
+        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_w, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_hi, mass_hi, k_eff,
+                                                  target, 1)
+    else:
+        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff, target, 1)
     return lo
 
 
-_SELECT_TUNE_KEY = ["HEAD_DIM", "BLOCK_KB", "SEL_ROWS", "USE_TOPK", "USE_TOPP", "WITHIN"]
-
-
-@triton.autotune(configs=_configs((4, 8)), key=_SELECT_TUNE_KEY)
 @triton.jit
-def _select_kernel(PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
-                   TopkPerHead, ToppPerHead, SimPerHead, Within,
-                   topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                   ROWS: tl.constexpr, CHUNK: tl.constexpr, DOT_K: tl.constexpr, BLOCK_KB: tl.constexpr, SEL_ROWS: tl.constexpr,
-                   USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr, TOPK_PER_HEAD: tl.constexpr,
-                   TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr, KEEP_SINK: tl.constexpr,
-                   KEEP_DIAGONAL: tl.constexpr, WITH_SIM: tl.constexpr, WITHIN: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
-    pid_r = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    i_h = pid_bh % H
-    row0 = pid_r * ROWS
-    q_rows = pid_bh.to(tl.int64) * NUM_Q_BLOCKS          # first row of this batch-head in [B*H*QB, ...]
-    p_kbar = PooledK + pid_bh.to(tl.int64) * NUM_KV_BLOCKS * HEAD_DIM
+def _select_rows(row_block, bh, PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
+                 TopkPerHead, ToppPerHead, SimPerHead, Within,
+                 topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
+                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                 ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_KB: tl.constexpr, SEL_ROWS: tl.constexpr,
+                 OUT_CHUNK: tl.constexpr, COMPACT: tl.constexpr, USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
+                 TOPK_PER_HEAD: tl.constexpr, TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr,
+                 KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITH_SIM: tl.constexpr,
+                 WITHIN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Query-block rows row_block*ROWS ... of batch-head ``bh``: logits, threshold, options, outputs."""
+    i_h = bh % H
+    row0 = row_block * ROWS
+    q_rows = bh.to(tl.int64) * NUM_Q_BLOCKS          # first row of this batch-head in [B*H*QB, ...]
+    p_kbar = PooledK + bh.to(tl.int64) * NUM_KV_BLOCKS * HEAD_DIM
 
-    # Phase 1: base-2 logits of ROWS query blocks against every key block, into the scratch rows.
-    # The head dim is walked in slices of DOT_K so that the fp32 operands stay small in registers.
+    # Phase 1: base-2 logits of ROWS query blocks against every key block, CHUNK key blocks per dot, into
+    # the scratch rows. Pooled rows are read through L2 only (.cg): other programs of the launch wrote them.
     o_r = row0 + tl.arange(0, ROWS)
     m_r = o_r < NUM_Q_BLOCKS
-    o_dk = tl.arange(0, DOT_K)
-    p_qbar = PooledQ + (q_rows + o_r[:, None]) * HEAD_DIM + o_dk[None, :]
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    b_qbar = tl.load(PooledQ + (q_rows + o_r[:, None]) * HEAD_DIM + o_d[None, :], mask=m_r[:, None] & m_d[None, :],
+                     other=0.0, cache_modifier=".cg")
     p_scratch = Scratch + (q_rows + o_r[:, None]) * NUM_KV_BLOCKS
-    for c in range(0, NUM_KV_BLOCKS, CHUNK):
-        o_c = c + tl.arange(0, CHUNK)
-        m_c = o_c < NUM_KV_BLOCKS
-        p_kbar_c = p_kbar + o_c[:, None].to(tl.int64) * HEAD_DIM + o_dk[None, :]
-        b_s = tl.zeros([ROWS, CHUNK], dtype=tl.float32)
-        for d0 in tl.static_range(0, BLOCK_D, DOT_K):
-            m_dk = (d0 + o_dk) < HEAD_DIM
-            b_qbar = tl.load(p_qbar + d0, mask=m_r[:, None] & m_dk[None, :], other=0.0)
-            b_kbar = tl.load(p_kbar_c + d0, mask=m_c[:, None] & m_dk[None, :], other=0.0)
-            b_s = tl.dot(b_qbar, tl.trans(b_kbar), b_s, input_precision=DOT_PRECISION)
-        tl.store(p_scratch + o_c[None, :], b_s * scale_log2, mask=m_r[:, None] & m_c[None, :])
+    o_j = tl.arange(0, CHUNK)
+    for c in tl.range(0, NUM_KV_BLOCKS, CHUNK, num_stages=2):
+        m_j = (c + o_j) < NUM_KV_BLOCKS
+        b_kbar = tl.load(p_kbar + (c + o_j)[:, None] * HEAD_DIM + o_d[None, :], mask=m_j[:, None] & m_d[None, :],
+                         other=0.0, cache_modifier=".cg")
+        b_s = tl.dot(b_qbar, tl.trans(b_kbar), input_precision=DOT_PRECISION)
+        tl.store(p_scratch + (c + o_j)[None, :], b_s * scale_log2, mask=m_r[:, None] & m_j[None, :])
     tl.debug_barrier()
 
-    # Phase 2: softmax, threshold, options and outputs, SEL_ROWS rows at a time.
+    # Phase 2: softmax, threshold, options and outputs, SEL_ROWS rows at a time. The probabilities replace
+    # the logits in the scratch rows (candidates only; others hold -1), so that the packing and the outputs
+    # read them back in chunks of OUT_CHUNK columns; only the search keeps whole rows in registers.
     k_eff = min_blocks
     if USE_TOPK:
         k_eff = tl.maximum(_per_head_value(topk, TopkPerHead, i_h, TOPK_PER_HEAD), k_eff)
@@ -172,67 +254,203 @@ def _select_kernel(PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, Ke
     target = 0.0
     if USE_TOPP:
         target = _per_head_value(topp, ToppPerHead, i_h, TOPP_PER_HEAD)
-    o_k = tl.arange(0, BLOCK_KB)
-    m_k = o_k < NUM_KV_BLOCKS
     if WITH_SIM:
         limit = _per_head_value(sim_threshold, SimPerHead, i_h, SIM_PER_HEAD)
-        b_k_loose = tl.load(SimK + pid_bh.to(tl.int64) * NUM_KV_BLOCKS + o_k, mask=m_k, other=1.0) < limit
-    for g in tl.static_range(0, ROWS, SEL_ROWS):
+    o_k = tl.arange(0, BLOCK_KB)
+    m_k = o_k < NUM_KV_BLOCKS
+    for g in range(0, ROWS, SEL_ROWS):
         o_s = row0 + g + tl.arange(0, SEL_ROWS)
         m_s = o_s < NUM_Q_BLOCKS
+        rows = q_rows + o_s                              # int64 [SEL_ROWS]: rows of [B*H*QB, KB] outputs
+        p_rows = Scratch + rows * NUM_KV_BLOCKS
         m_tile = m_s[:, None] & m_k[None, :]
-        o_tile = (q_rows + o_s[:, None]) * NUM_KV_BLOCKS + o_k[None, :]
-        b_s = tl.load(Scratch + o_tile, mask=m_tile, other=float("-inf"))
+        b_s = tl.load(p_rows[:, None] + o_k[None, :], mask=m_tile, other=float("-inf"))
         b_max = tl.max(b_s, 1)
         b_e = tl.math.exp2(b_s - tl.where(m_s, b_max, 0.0)[:, None])
         b_p = b_e / tl.where(m_s, tl.sum(b_e, 1), 1.0)[:, None]
         if WITHIN:
             # Only the tiles of the earlier mask are candidates; the softmax still spans the whole row.
-            p_within = Within + (pid_bh // H).to(tl.int64) * stride_wb + i_h * stride_wh
-            m_valid = tl.load(p_within + o_s[:, None] * stride_wr + o_k[None, :], mask=m_tile, other=0) != 0
-        else:
-            m_valid = m_k[None, :]
-        num_valid = tl.sum(m_valid.to(tl.int32), 1) + tl.zeros([SEL_ROWS], dtype=tl.int32)
-        b_p = tl.where(m_valid, b_p, -1.0)
+            p_within = Within + (bh // H).to(tl.int64) * stride_wb + i_h * stride_wh + o_s[:, None] * stride_wr
+            b_p = tl.where(tl.load(p_within + o_k[None, :], mask=m_tile, other=0) != 0, b_p, -1.0)
+        b_p = tl.where(m_k[None, :], b_p, -1.0)
+        tl.store(p_rows[:, None] + o_k[None, :], b_p, mask=m_tile)
+        tl.debug_barrier()
 
-        tau_bits = _threshold_bits(b_p, m_valid, k_eff, target, num_valid)
-        tau = tau_bits.to(tl.float32, bitcast=True)
+        p_index = Index + rows * NUM_KV_BLOCKS
+        tau = _threshold_bits(b_p, k_eff, target, p_rows, p_index, NUM_KV_BLOCKS, BLOCK_KB, COMPACT,
+                              OUT_CHUNK).to(tl.float32, bitcast=True)
         if USE_TOPP:
             tau = tl.where(target >= 1.0, 0.0, tau)
-        b_keep = b_p >= tau[:, None]
-        if KEEP_SINK:
-            b_keep = b_keep | (o_k == 0)[None, :]
-        if KEEP_DIAGONAL:
-            q_start = o_s * BLOCK_Q
-            q_stop = tl.minimum(q_start + BLOCK_Q, N)
-            k_start = o_k * BLOCK_K
-            k_stop = tl.minimum(k_start + BLOCK_K, M)
-            b_keep = b_keep | ((k_start[None, :] < q_stop[:, None]) & (q_start[:, None] < k_stop[None, :]))
         if WITH_SIM:
-            q_loose = tl.load(SimQ + q_rows + o_s, mask=m_s, other=1.0) < limit
-            b_keep = b_keep | q_loose[:, None] | b_k_loose[None, :]
-        b_keep = b_keep & m_tile
-        if WITHIN:
-            b_keep = b_keep & m_valid
+            q_loose = tl.load(SimQ + rows, mask=m_s, other=1.0, cache_modifier=".cg") < limit
+        tl.debug_barrier()
 
-        b_keep_i = b_keep.to(tl.int32)
-        count = tl.sum(b_keep_i, 1)
-        kept_mass = tl.sum(tl.where(b_keep, b_p, 0.0), 1)
-        last = tl.max(tl.where(b_keep, o_k[None, :], 0), 1)
-        slot = tl.cumsum(b_keep_i, 1) - 1
-        p_index = Index + (q_rows + o_s[:, None]) * NUM_KV_BLOCKS
-        tl.store(p_index + slot, o_k[None, :] + tl.zeros_like(slot), mask=b_keep)
-        tl.store(p_index + o_k[None, :], last[:, None] + tl.zeros_like(slot),
-                 mask=m_tile & (o_k[None, :] >= count[:, None]))
-        tl.store(Keep + o_tile, b_keep.to(tl.int8), mask=m_tile)
-        tl.store(Count + q_rows + o_s, count, mask=m_s)
-        tl.store(KeptMass + q_rows + o_s, kept_mass, mask=m_s)
+        # Outputs: keep row, then the kept columns in ascending order at their prefix-sum slots.
+        count = tl.zeros_like(o_s)
+        kept_mass = tl.zeros_like(tau)
+        last = tl.zeros_like(o_s)
+        for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
+            o_c = c0 + tl.arange(0, OUT_CHUNK)
+            m_c = m_s[:, None] & (o_c < NUM_KV_BLOCKS)[None, :]
+            b_c = tl.load(p_rows[:, None] + o_c[None, :], mask=m_c, other=-1.0)
+            b_keep = b_c >= tau[:, None]
+            if KEEP_SINK:
+                b_keep = b_keep | (o_c == 0)[None, :]
+            if KEEP_DIAGONAL:
+                q_start = o_s * BLOCK_Q
+                q_stop = tl.minimum(q_start + BLOCK_Q, N)
+                k_start = o_c * BLOCK_K
+                k_stop = tl.minimum(k_start + BLOCK_K, M)
+                b_keep = b_keep | ((k_start[None, :] < q_stop[:, None]) & (q_start[:, None] < k_stop[None, :]))
+            if WITH_SIM:
+                k_loose = tl.load(SimK + bh.to(tl.int64) * NUM_KV_BLOCKS + o_c, mask=o_c < NUM_KV_BLOCKS,
+                                  other=1.0, cache_modifier=".cg") < limit
+                b_keep = b_keep | q_loose[:, None] | k_loose[None, :]
+            b_keep = b_keep & (b_c >= 0.0)
+            tl.store(Keep + rows[:, None] * NUM_KV_BLOCKS + o_c[None, :], b_keep.to(tl.int8), mask=m_c)
+            b_keep_i = b_keep.to(tl.int32)
+            slot = count[:, None] + tl.cumsum(b_keep_i, 1) - 1
+            tl.store(p_index[:, None] + slot, o_c[None, :] + tl.zeros_like(slot), mask=b_keep)
+            count += tl.sum(b_keep_i, 1)
+            kept_mass += tl.sum(tl.where(b_keep, b_c, 0.0), 1)
+            last = tl.maximum(last, tl.max(tl.where(b_keep, o_c[None, :], 0), 1))
+        for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
+            o_c = c0 + tl.arange(0, OUT_CHUNK)
+            m_pad = m_s[:, None] & (o_c < NUM_KV_BLOCKS)[None, :] & (o_c[None, :] >= count[:, None])
+            tl.store(p_index[:, None] + o_c[None, :], last[:, None] + tl.zeros_like(o_c)[None, :], mask=m_pad)
+        tl.store(Count + rows, count, mask=m_s)
+        tl.store(KeptMass + rows, kept_mass, mask=m_s)
+
+
+@triton.jit
+def _schedule(ticket, pool_units, select_units, heads, lag):
+    """(is_pool, batch-head, unit) of a fused-launch ticket.
+
+    Ticket order: the pool units of heads [0, lag), then for each head h the pool units of head h + lag (while
+    there is one) followed by the select units of head h.
+    """
+    group = pool_units + select_units
+    paired = (heads - lag) * group
+    u = ticket - lag * pool_units
+    g = tl.maximum(u, 0) // group
+    r = tl.maximum(u, 0) - g * group
+    v = tl.maximum(u - paired, 0)
+    ahead = u < 0
+    paired_pool = (u >= 0) & (u < paired) & (r < pool_units)
+    bh = tl.where(ahead, ticket // pool_units, tl.where(u < paired, tl.where(r < pool_units, g + lag, g),
+                                                        heads - lag + v // select_units))
+    unit = tl.where(ahead, ticket % pool_units, tl.where(u < paired, tl.where(r < pool_units, r, r - pool_units),
+                                                         v % select_units))
+    return ahead | paired_pool, bh, unit
+
+
+def _select_rows_per_group(args) -> int:
+    """SEL_ROWS: rows of a [SEL_ROWS, BLOCK_KB] search tile of about SEL_TILE entries, at most ROWS."""
+    return max(1, min(args["ROWS"], args["SEL_TILE"] // args["BLOCK_KB"]))
+
+
+def _out_chunk(args) -> int:
+    """OUT_CHUNK: columns of a [SEL_ROWS, OUT_CHUNK] output tile, about a quarter of SEL_TILE entries."""
+    return max(32, min(args["BLOCK_KB"], args["SEL_TILE"] // 4 // args["SEL_ROWS"]))
+
+
+_SELECT_HEURISTICS = {"SEL_ROWS": _select_rows_per_group, "OUT_CHUNK": _out_chunk}
+
+
+_POOL_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"]
+_SELECT_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "BLOCK_KB", "USE_TOPK", "USE_TOPP", "WITH_SIM", "WITHIN"]
+
+
+@triton.autotune(configs=_configs(_POOL_CONFIGS), key=_POOL_KEY)
+@triton.jit
+def _pool_kernel(Q, K, PooledQ, PooledK, SimQ, SimK,
+                 stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                 WITH_SIM: tl.constexpr, POOL_TOKENS: tl.constexpr):
+    """Staged launch, pool stage. Grid (query tiles + key tiles, B*H)."""
+    _pool_unit(tl.program_id(0), tl.program_id(1), Q, K, PooledQ, PooledK, SimQ, SimK,
+               stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+               H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
+               HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, POOL_TOKENS, WITH_SIM)
+
+
+@triton.autotune(configs=_configs(_SELECT_CONFIGS), key=_SELECT_KEY)
+@triton.heuristics(_SELECT_HEURISTICS)
+@triton.jit
+def _select_kernel(PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
+                   TopkPerHead, ToppPerHead, SimPerHead, Within,
+                   topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
+                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                   WITH_SIM: tl.constexpr, CHUNK: tl.constexpr, BLOCK_KB: tl.constexpr, COMPACT: tl.constexpr,
+                   USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr, TOPK_PER_HEAD: tl.constexpr,
+                   TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr, KEEP_SINK: tl.constexpr,
+                   KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   ROWS: tl.constexpr, SEL_TILE: tl.constexpr, SEL_ROWS: tl.constexpr,
+                   OUT_CHUNK: tl.constexpr):
+    """Staged launch, select stage. Grid (cdiv(QB, ROWS), B*H)."""
+    _select_rows(tl.program_id(0), tl.program_id(1), PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index,
+                 KeptMass, TopkPerHead, ToppPerHead, SimPerHead, Within,
+                 topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
+                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+                 HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, ROWS, CHUNK, BLOCK_KB, SEL_ROWS, OUT_CHUNK, COMPACT, USE_TOPK,
+                 USE_TOPP, TOPK_PER_HEAD, TOPP_PER_HEAD, SIM_PER_HEAD, KEEP_SINK, KEEP_DIAGONAL, WITH_SIM, WITHIN,
+                 DOT_PRECISION)
+
+
+@triton.autotune(configs=_configs(_FUSED_CONFIGS), key=_SELECT_KEY, reset_to_zero=["Sync"])
+@triton.heuristics(_SELECT_HEURISTICS)
+@triton.jit
+def _fused_kernel(Q, K, PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
+                  TopkPerHead, ToppPerHead, SimPerHead, Within, Sync,
+                  stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                  topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
+                  H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps, scale_log2, BH, lag,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                  WITH_SIM: tl.constexpr, CHUNK: tl.constexpr, BLOCK_KB: tl.constexpr, COMPACT: tl.constexpr,
+                  USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr, TOPK_PER_HEAD: tl.constexpr,
+                  TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr, KEEP_SINK: tl.constexpr,
+                  KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  POOL_TOKENS: tl.constexpr, ROWS: tl.constexpr, SEL_TILE: tl.constexpr, SEL_ROWS: tl.constexpr,
+                   OUT_CHUNK: tl.constexpr):
+    """Fused launch. Grid (B*H * (pool units + select units),); Sync: int32 [1 + B*H] zeros (the ticket
+    counter, then the finished pool units of each batch-head)."""
+    ticket = tl.atomic_add(Sync, 1, sem="relaxed")
+    pool_units = tl.cdiv(NUM_Q_BLOCKS, POOL_TOKENS // BLOCK_Q) + tl.cdiv(NUM_KV_BLOCKS, POOL_TOKENS // BLOCK_K)
+    is_pool, bh, unit = _schedule(ticket, pool_units, tl.cdiv(NUM_Q_BLOCKS, ROWS), BH, lag)
+    p_done = Sync + 1 + bh
+    if is_pool:
+        _pool_unit(unit, bh, Q, K, PooledQ, PooledK, SimQ, SimK,
+                   stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
+                   HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, POOL_TOKENS, WITH_SIM)
+        # Every thread's stores are ordered before the release by the barrier.
+        tl.debug_barrier()
+        tl.atomic_add(p_done, 1, sem="release")
+    else:
+        # The pool units of this head hold earlier tickets, so they are running or done.
+        while tl.atomic_add(p_done, 0, sem="acquire") < pool_units:
+            pass
+        tl.debug_barrier()
+        _select_rows(unit, bh, PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index,
+                     KeptMass, TopkPerHead, ToppPerHead, SimPerHead, Within,
+                     topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
+                     H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+                     HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, ROWS, CHUNK, BLOCK_KB, SEL_ROWS, OUT_CHUNK, COMPACT, USE_TOPK,
+                     USE_TOPP, TOPK_PER_HEAD, TOPP_PER_HEAD, SIM_PER_HEAD, KEEP_SINK, KEEP_DIAGONAL, WITH_SIM,
+                     WITHIN, DOT_PRECISION)
 
 
 # --------------------------------------------------------------------------- launcher
 
-def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
+# Host-side integer helpers in plain Python (triton.cdiv and friends are slower to call from the host).
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 def _scalar_or_table(value, device, dtype) -> tuple[object, torch.Tensor | None]:
@@ -242,62 +460,102 @@ def _scalar_or_table(value, device, dtype) -> tuple[object, torch.Tensor | None]
     return value, None
 
 
-def triton_predict(q: torch.Tensor, k: torch.Tensor, *, rule_topk: int | torch.Tensor | None,
-                   rule_topp: float | torch.Tensor | None, min_blocks: int, keep_sink: bool,
-                   keep_diagonal: bool, similarity_threshold: float | torch.Tensor | None, block_q: int,
-                   block_k: int, scale: float, within: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """Launch the pooling and selection kernels.
+class PredictLaunch:
+    """The buffers and kernel arguments of one prediction.
 
     q: [B, H, N, D], k: [B, H, M, D] (any strides, fp16/bf16/fp32). rule_topk: resolved top-k count (int or
     int32 [H]) or None when the rule has no top-k part; rule_topp likewise (float or float32 [H]).
     within: None or bool [B|1, H|1, QB, KB]: only these tiles are candidates, and only they can be kept.
-    Returns keep bool [B, H, QB, KB], kv_count int32 [B, H, QB], kv_index int32 [B, H, QB, KB] and the
-    kept pooled mass float32 [B, H, QB].
+
+    ``fused()`` (one launch) or ``pool()`` then ``select()`` (two launches) fill ``outputs``: keep bool
+    [B, H, QB, KB], kv_count int32 [B, H, QB], kv_index int32 [B, H, QB, KB] and the kept pooled mass
+    float32 [B, H, QB].
     """
-    b, h, n, d = q.shape
-    m = k.shape[2]
-    qb, kb = triton.cdiv(n, block_q), triton.cdiv(m, block_k)
-    device = q.device
-    with_sim = similarity_threshold is not None
-    block_d = _block_d(d)
 
-    # One fp32 workspace (freed on return): pooled Q, pooled K, block similarities, scratch logits.
-    sizes = (b * h * qb * d, b * h * kb * d, b * h * qb, b * h * kb, b * h * qb * kb)
-    work = torch.empty(sum(sizes), device=device, dtype=torch.float32)
-    pooled_q, pooled_k, sim_q, sim_k, scratch = torch.split(work, sizes)
-    kept_mass = torch.empty((b, h, qb), device=device, dtype=torch.float32)
-    tables = torch.empty(b * h * qb * (kb + 1), device=device, dtype=torch.int32)
-    count, index = torch.split(tables, (b * h * qb, b * h * qb * kb))
-    keep = torch.empty((b, h, qb, kb), device=device, dtype=torch.bool)
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, *, rule_topk, rule_topp, min_blocks: int,
+                 keep_sink: bool, keep_diagonal: bool, similarity_threshold, block_q: int, block_k: int,
+                 scale: float, within: torch.Tensor | None = None):
+        b, h, n, d = q.shape
+        m = k.shape[2]
+        qb, kb = _cdiv(n, block_q), _cdiv(m, block_k)
+        device = q.device
+        with_sim = similarity_threshold is not None
 
-    _pool_kernel[(qb + kb, b * h)](
-        q, k, pooled_q, pooled_k, sim_q, sim_k, *q.stride(), *k.stride(),
-        h, n, m, qb, kb, SIMILARITY_EPS,
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim,
-    )
+        # One fp32 workspace: pooled Q, pooled K, block similarities, scratch logits.
+        sizes = (b * h * qb * d, b * h * kb * d, b * h * qb, b * h * kb, b * h * qb * kb)
+        pooled_q, pooled_k, sim_q, sim_k, scratch = torch.empty(sum(sizes), device=device,
+                                                                dtype=torch.float32).split(sizes)
+        kept_mass = torch.empty((b, h, qb), device=device, dtype=torch.float32)
+        count, index = torch.empty(b * h * qb * (kb + 1), device=device, dtype=torch.int32).split(
+            (b * h * qb, b * h * qb * kb))
+        keep = torch.empty((b, h, qb, kb), device=device, dtype=torch.bool)
+        self.outputs = (keep, count.view(b, h, qb), index.view(b, h, qb, kb), kept_mass)
 
-    topk_arg, topk_table = _scalar_or_table(rule_topk if rule_topk is not None else 0, device, torch.int32)
-    topp_arg, topp_table = _scalar_or_table(rule_topp if rule_topp is not None else 0.0, device, torch.float32)
-    sim_arg, sim_table = _scalar_or_table(similarity_threshold if with_sim else 0.0, device, torch.float32)
-    block_kb = max(16, triton.next_power_of_2(kb))
-    within_i8 = within.view(torch.int8) if within is not None else None
-    within_strides = (0, 0, 0) if within is None else (
-        within.stride(0) if within.shape[0] > 1 else 0, within.stride(1) if within.shape[1] > 1 else 0,
-        within.stride(2))
-    sel_rows = max(1, min(_ROWS, _SELECT_TILE_ELEMENTS // block_kb))
-    _select_kernel[(triton.cdiv(qb, _ROWS), b * h)](
-        pooled_q, pooled_k, sim_q, sim_k, scratch, keep.view(torch.int8), count, index, kept_mass,
-        topk_table if topk_table is not None else count,
-        topp_table if topp_table is not None else kept_mass,
-        sim_table if sim_table is not None else kept_mass,
-        within_i8 if within is not None else keep.view(torch.int8),
-        topk_arg, float(topp_arg), float(sim_arg), min_blocks, *within_strides,
-        h, n, m, qb, kb, scale * LOG2E,
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_Q=block_q, BLOCK_K=block_k,
-        ROWS=_ROWS, CHUNK=_CHUNK, DOT_K=min(block_d, _DOT_K), BLOCK_KB=block_kb, SEL_ROWS=sel_rows,
-        USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,
-        TOPK_PER_HEAD=topk_table is not None, TOPP_PER_HEAD=topp_table is not None,
-        SIM_PER_HEAD=sim_table is not None, KEEP_SINK=keep_sink, KEEP_DIAGONAL=keep_diagonal,
-        WITH_SIM=with_sim, WITHIN=within is not None, DOT_PRECISION="ieee" if _INTERPRET else "tf32x3",
-    )
-    return keep, count.view(b, h, qb), index.view(b, h, qb, kb), kept_mass
+        topk_arg, topk_table = _scalar_or_table(rule_topk if rule_topk is not None else 0, device, torch.int32)
+        topp_arg, topp_table = _scalar_or_table(rule_topp if rule_topp is not None else 0.0, device,
+                                                torch.float32)
+        sim_arg, sim_table = _scalar_or_table(similarity_threshold if with_sim else 0.0, device, torch.float32)
+        within_strides = (0, 0, 0) if within is None else (
+            within.stride(0) if within.shape[0] > 1 else 0, within.stride(1) if within.shape[1] > 1 else 0,
+            within.stride(2))
+        keep_i8 = keep.view(torch.int8)
+        self._q, self._k = q, k
+        self._pooled = (pooled_q, pooled_k, sim_q, sim_k)
+        # Absent per-head tables and mask get any int32 / float32 / int8 buffer: the kernels never read them.
+        self._select_tensors = (scratch, keep_i8, count, index, kept_mass,
+                                count if topk_table is None else topk_table,
+                                kept_mass if topp_table is None else topp_table,
+                                kept_mass if sim_table is None else sim_table,
+                                keep_i8 if within is None else within.view(torch.int8))
+        self._strides = (*q.stride(), *k.stride())
+        self._rule_args = (topk_arg, float(topp_arg), float(sim_arg), min_blocks, *within_strides)
+        self._dims = (h, n, m, qb, kb)
+        self._bh, self._qb, self._kb, self._block_q, self._block_k = b * h, qb, kb, block_q, block_k
+        self._scale_log2 = scale * LOG2E
+        common = dict(HEAD_DIM=d, BLOCK_D=max(16, _next_power_of_2(d)), BLOCK_Q=block_q, BLOCK_K=block_k,
+                      WITH_SIM=with_sim)
+        self._pool_meta = common
+        self._select_meta = dict(
+            common, CHUNK=_CHUNK, BLOCK_KB=max(16, _next_power_of_2(kb)), COMPACT=_COMPACT,
+            USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None, TOPK_PER_HEAD=topk_table is not None,
+            TOPP_PER_HEAD=topp_table is not None, SIM_PER_HEAD=sim_table is not None, KEEP_SINK=keep_sink,
+            KEEP_DIAGONAL=keep_diagonal, WITHIN=within is not None,
+            DOT_PRECISION="ieee" if _INTERPRET else "tf32x3")
+
+    def _pool_units(self, meta) -> int:
+        tokens = meta["POOL_TOKENS"]
+        return _cdiv(self._qb, tokens // self._block_q) + _cdiv(self._kb, tokens // self._block_k)
+
+    def pool(self, config: triton.Config | None = None) -> None:
+        """Staged launch, stage 1: the pooled rows (and similarities) into the workspace."""
+        _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), self._bh),
+                self._q, self._k, *self._pooled, *self._strides, *self._dims, SIMILARITY_EPS, **self._pool_meta)
+
+    def select(self, config: triton.Config | None = None) -> None:
+        """Staged launch, stage 2 (after ``pool``): logits, selection and the outputs."""
+        _launch(_select_kernel, config, lambda meta: (_cdiv(self._qb, meta["ROWS"]), self._bh),
+                *self._pooled, *self._select_tensors, *self._rule_args, *self._dims, self._scale_log2,
+                **self._select_meta)
+
+    def fused(self, config: triton.Config | None = None) -> None:
+        """Both stages in one launch (module docstring)."""
+        sync = torch.zeros(1 + self._bh, device=self._q.device, dtype=torch.int32)
+        _launch(_fused_kernel, config,
+                lambda meta: (self._bh * (self._pool_units(meta) + _cdiv(self._qb, meta["ROWS"])),),
+                self._q, self._k, *self._pooled, *self._select_tensors, sync, *self._strides, *self._rule_args,
+                *self._dims, SIMILARITY_EPS, self._scale_log2, self._bh, min(_LAG, self._bh), **self._select_meta)
+
+
+def _launch(kernel, config: triton.Config | None, grid, *args, **meta) -> None:
+    """Launch an autotuned kernel, or with ``config`` (one of its candidates) without tuning."""
+    if config is None:
+        kernel[grid](*args, **meta)
+    else:
+        kernel.fn[grid](*args, **meta, **config.all_kwargs())
+
+
+def triton_predict(q: torch.Tensor, k: torch.Tensor, **options) -> tuple[torch.Tensor, ...]:
+    """The fused launch; options and the returned outputs as in :class:`PredictLaunch`."""
+    launch = PredictLaunch(q, k, **options)
+    launch.fused()
+    return launch.outputs
