@@ -131,7 +131,9 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True, type=Path, help="output directory (results.json, table.md)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--students", default="dense,sparse", help="comma list of dense, sparse")
-    parser.add_argument("--rule", default="hybrid", choices=["topk", "topp", "hybrid"])
+    parser.add_argument("--rule", default="topk", choices=["topk", "topp", "hybrid"],
+                        help="top-k (default) holds the sparsity on random weights, whose flat pooled rows make top-p "
+                             "keep most tiles")
     parser.add_argument("--topk", type=float, default=0.05)
     parser.add_argument("--topp", type=float, default=0.9)
     parser.add_argument("--block-q", type=int, default=128)

@@ -39,17 +39,17 @@ def _tma_kernels(setting: str) -> frozenset[str]:
 TMA = _tma_kernels(os.environ.get("SPARSEVID_TMA", "all"))
 
 
-def _configs(split: str, inner: str, splits: tuple[int, ...], inners: tuple[int, ...], warps: tuple[int, ...],
-             stages: tuple[int, ...]) -> list[triton.Config]:
-    """Autotuning space: rows a program owns (``split``, a divisor of its mask block), the sub-tile of the
-    inner loop (``inner``, a divisor of the visited blocks), warps and pipeline stages. When interpreted,
-    one config that exercises both splits; with autotuning off, one config valid for every block size."""
+def _configs(split: str, inner: str, choices: tuple[tuple[int, int, int, int], ...]) -> list[triton.Config]:
+    """Autotuning space, as (split, inner, warps, stages) choices: rows a program owns (``split``, a divisor
+    of its mask block), the sub-tile of the inner loop (``inner``, a divisor of the visited blocks), warps
+    and pipeline stages. A short list of shapes that do well on Hopper keeps the first call's compile time
+    (every config is compiled) near a minute. When interpreted, one config that exercises both splits; with
+    autotuning off, one config valid for every block size."""
     if _INTERPRET:
         return [triton.Config({split: 64, inner: 32}, num_warps=4, num_stages=1)]
     if not _AUTOTUNE:
         return [triton.Config({split: 64, inner: 64}, num_warps=4, num_stages=3)]
-    return [triton.Config({split: r, inner: t}, num_warps=w, num_stages=s)
-            for r in splits for t in inners for w in warps for s in stages]
+    return [triton.Config({split: r, inner: t}, num_warps=w, num_stages=s) for r, t, w, s in choices]
 
 
 def _prune(split: str, own_block: str, inner: str, inner_block: str, whole_tiles_flag: str | None = None):
@@ -139,7 +139,8 @@ def _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn, stride_vn,
 
 
 # TileMass is zeroed after tuning: a config owning fewer rows writes more splits than the one finally chosen.
-@triton.autotune(configs=_configs("ROWS", "SUB_N", (64, 128), (64, 128), (4, 8), (2, 3, 4)),
+@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2),
+                                                   (128, 128, 8, 3), (64, 64, 4, 3), (64, 128, 4, 2))),
                  key=_TUNE_KEY + ["WITH_MASS"], reset_to_zero=["TileMass"],
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N", whole_tiles_flag="WITH_MASS"))
 @triton.jit
@@ -195,6 +196,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
         if WITH_MASS:
             tl.store(p_tile_lse + it * BLOCK_M, b_m + tl.math.log2(b_psum))
     if ragged_tail:
+        b_psum = tl.zeros([ROWS], dtype=tl.float32)  # the tail tile's row sums (WITH_MASS: one sub-tile)
         for sub in range(0, SUBS):
             start_n = last_block * BLOCK_N + sub * SUB
             if start_n < M:
@@ -269,7 +271,8 @@ def _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, k_src, v_src, start_n, stride_kn,
     return tl.dot(b_ds.to(b_kt.dtype), tl.trans(b_kt), b_dq, input_precision=DOT_PRECISION)
 
 
-@triton.autotune(configs=_configs("ROWS", "SUB_N", (64, 128), (32, 64, 128), (4, 8), (2, 3)), key=_TUNE_KEY,
+@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 2), (128, 32, 4, 3),
+                                                   (64, 64, 4, 2), (64, 128, 4, 2))), key=_TUNE_KEY,
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N"))
 @triton.jit
 def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
@@ -325,7 +328,8 @@ def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
     tl.store(p_dq, (b_dq * scale).to(dQ.dtype.element_ty), mask=m_tile)
 
 
-@triton.autotune(configs=_configs("COLS", "SUB_M", (64, 128), (32, 64, 128), (4, 8), (2, 3)), key=_TUNE_KEY,
+@triton.autotune(configs=_configs("COLS", "SUB_M", ((64, 64, 4, 2), (64, 32, 4, 3), (64, 128, 4, 2), (128, 64, 8, 2),
+                                                   (128, 32, 8, 2), (128, 64, 4, 2))), key=_TUNE_KEY,
                  prune_configs_by=_prune("COLS", "BLOCK_N", "SUB_M", "BLOCK_M"))
 @triton.jit
 def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
