@@ -137,6 +137,10 @@ def _check_inputs(q, k, v, mask, scale, backend) -> None:
     check_choice("backend", backend, BACKENDS)
     if backend == "triton":
         check_triton_inputs(q)
+    if (backend == "flex" and q.is_cuda and (mask.block_q, mask.block_k) != (128, 128) and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (q, k, v))):
+        raise ValueError(f"backend='flex' with gradients needs 128x128 blocks: FlexAttention's compiled backward "
+                         f"fails for {mask.block_q}x{mask.block_k} masks on this PyTorch; use backend='triton'")
 
 
 def resolve_backend(backend: str, q: torch.Tensor) -> str:
