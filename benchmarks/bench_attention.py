@@ -80,8 +80,9 @@ def time_variant(fn, backward: bool, inputs) -> float | str:
                 fn(q, k, v).backward(grad)
             step()
             return bench(step, grad_to_none=[q, k, v])
-        fn(q, k, v)
-        return bench(lambda: fn(q, k, v))
+        with torch.no_grad():  # a forward alone: no autograd graph
+            fn(q, k, v)
+            return bench(lambda: fn(q, k, v))
     except Exception as exc:  # noqa: BLE001
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
 

@@ -126,6 +126,15 @@ def _lse_request():
 
 # --------------------------------------------------------------------------- public op
 
+def _check_flex_blocks(mask: SparseMask, backward: bool) -> None:
+    """FlexAttention's compiled CUDA kernels (PyTorch 2.11) need 128-row query blocks (64 rows fail to lower),
+    and its backward 128-key blocks too (128x64 fails to compile): refuse what would fail deep in inductor."""
+    if mask.block_q != 128 or (backward and mask.block_k != 128):
+        need = "128x128 blocks with gradients" if backward else "128-row query blocks"
+        raise ValueError(f"backend='flex' on CUDA needs {need}, got a {mask.block_q}x{mask.block_k} mask; "
+                         f"use backend='triton'")
+
+
 def _check_inputs(q, k, v, mask, scale, backend) -> None:
     check_head_tensors(q=q, k=k, v=v)
     if k.shape != v.shape:
@@ -137,10 +146,8 @@ def _check_inputs(q, k, v, mask, scale, backend) -> None:
     check_choice("backend", backend, BACKENDS)
     if backend == "triton":
         check_triton_inputs(q)
-    if (backend == "flex" and q.is_cuda and (mask.block_q, mask.block_k) != (128, 128) and torch.is_grad_enabled()
-            and any(t.requires_grad for t in (q, k, v))):
-        raise ValueError(f"backend='flex' with gradients needs 128x128 blocks: FlexAttention's compiled backward "
-                         f"fails for {mask.block_q}x{mask.block_k} masks on this PyTorch; use backend='triton'")
+    if backend == "flex" and q.is_cuda:
+        _check_flex_blocks(mask, torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
 
 
 def resolve_backend(backend: str, q: torch.Tensor) -> str:
