@@ -85,3 +85,14 @@ def test_invalid_masks_raise(kwargs, error, message):
 def test_random_block_mask_rejects_bad_sparsity():
     with pytest.raises(ValueError, match="sparsity"):
         sv.random_block_mask(1, 1, 128, 128, 1.0)
+
+
+def test_max_kept_blocks_is_read_once_per_mask(monkeypatch):
+    keep = torch.zeros(2, 3, 4, 5, dtype=torch.bool)
+    keep[1, 2, 3, :4] = True
+    keep[0, 0, 0, 1] = True
+    mask = sv.SparseMask.from_dense(keep, 4 * 64, 5 * 64, 64, 64)
+    assert mask.max_kept_blocks == 4
+    # Cached: a second request does not read the device again (the count table is not consulted).
+    monkeypatch.setattr(type(mask), "kv_count", property(lambda self: pytest.fail("kv_count read again")))
+    assert mask.max_kept_blocks == 4

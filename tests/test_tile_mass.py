@@ -122,7 +122,7 @@ def test_tile_mass_custom_op_passes_opcheck_and_compiles():
     b, h, n, d = 1, 2, 130, 32
     mask = make_mask("random", b, h, n, n, 64, 64)
     q, k, v = rand_qkv(b, h, n, n, d, torch.float32)
-    args = (q, k, v, mask.kv_count, mask.kv_index, 64, 64, d ** -0.5)
+    args = (q, k, v, mask.kv_count, mask.kv_index, 64, 64, d ** -0.5, mask.max_kept_blocks)
     torch.library.opcheck(torch.ops.sparsevid.block_sparse_attn_tile_mass.default, args)
 
     def layer(q, k, v):

@@ -73,17 +73,19 @@ _triton_attn.register_autograd(_backward, setup_context=_setup_context)
 
 @torch.library.custom_op("sparsevid::block_sparse_attn_tile_mass", mutates_args=())
 def _triton_attn_tile_mass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
-                           kv_index: torch.Tensor, block_q: int, block_k: int,
-                           scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The forward that also emits exact tile masses float32 [B, H, QB, KB]. Inference only: it has no
-    backward (``block_sparse_attention`` refuses ``return_tile_mass=True`` when gradients are requested)."""
+                           kv_index: torch.Tensor, block_q: int, block_k: int, scale: float,
+                           tile_slots: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward that also emits exact tile masses float32 [B, H, QB, KB]; tile_slots >= kv_count.max().
+    Inference only: it has no backward (``block_sparse_attention`` refuses ``return_tile_mass=True`` when
+    gradients are requested)."""
     from .triton_attention import triton_forward
 
-    return triton_forward(q, k, v, kv_count, kv_index, block_q, block_k, scale, with_tile_mass=True)
+    return triton_forward(q, k, v, kv_count, kv_index, block_q, block_k, scale, with_tile_mass=True,
+                          tile_slots=tile_slots)
 
 
 @_triton_attn_tile_mass.register_fake
-def _(q, k, v, kv_count, kv_index, block_q, block_k, scale):
+def _(q, k, v, kv_count, kv_index, block_q, block_k, scale, tile_slots):
     b, h, n, _ = q.shape
     mass = q.new_empty((b, h, kv_index.shape[-2], kv_index.shape[-1]), dtype=torch.float32)
     return torch.empty_like(q), q.new_empty((b, h, n), dtype=torch.float32), mass
@@ -91,7 +93,8 @@ def _(q, k, v, kv_count, kv_index, block_q, block_k, scale):
 
 def _triton_backend(q, k, v, mask: SparseMask, scale: float, return_tile_mass: bool = False):
     if return_tile_mass:
-        return _triton_attn_tile_mass(q, k, v, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k, scale)
+        return _triton_attn_tile_mass(q, k, v, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k, scale,
+                                      mask.max_kept_blocks)
     # The transposed table (a sort over the block map) only serves the backward pass: build it only then.
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         q_count, q_index = mask.q_count, mask.q_index
@@ -185,7 +188,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
             over query block i's rows of the probability the row gives key block j (0 for skipped tiles; each
             row-block sums to 1 over its kept tiles, or 0 if it keeps none). Triton and reference backends,
             inference only (ValueError if gradients are requested). The Triton variant is a separate custom op
-            (``torch.ops.sparsevid.block_sparse_attn_tile_mass``) that reads ``mask.kv_count.max()`` on the host.
+            (``torch.ops.sparsevid.block_sparse_attn_tile_mass``) that sizes its scratch by ``mask.max_kept_blocks``
+            (read from the device once per mask).
 
     Returns:
         out [B, H, N, D] in q's dtype, then lse when ``return_lse``, then the tile masses when

@@ -67,7 +67,7 @@ class SparseMask:
     kv_len: int
     block_q: int = 128
     block_k: int = 64
-    _tables: dict = field(default_factory=dict, repr=False, compare=False)
+    _tables: dict = field(default_factory=dict, repr=False, compare=False)  # built once: index tables, ...
 
     def __post_init__(self) -> None:
         _check_length("q_len", self.q_len)
@@ -187,6 +187,13 @@ class SparseMask:
             keep = self.keep if name == "kv" else self.keep.transpose(-1, -2)
             self._tables[name] = kept_index_table(keep)
         return self._tables[name]
+
+    @property
+    def max_kept_blocks(self) -> int:
+        """The most key blocks any query block keeps: a host int, read from the device once per mask."""
+        if "max_kept" not in self._tables:
+            self._tables["max_kept"] = int(self.kv_count.max())
+        return self._tables["max_kept"]
 
     @property
     def kv_count(self) -> torch.Tensor:

@@ -450,13 +450,14 @@ def _table_strides(count: torch.Tensor, index: torch.Tensor, batch: int, heads: 
 
 def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
                    kv_index: torch.Tensor, block_q: int, block_k: int, scale: float,
-                   with_tile_mass: bool = False) -> tuple[torch.Tensor, ...]:
+                   with_tile_mass: bool = False, tile_slots: int = 0) -> tuple[torch.Tensor, ...]:
     """Launch the forward kernel. q: [B, H, N, D], k/v: [B, H, M, D] (any strides), tables from SparseMask.
 
     Returns out (q's dtype, q's layout) and lse float32 [B, H, N] (natural log); with ``with_tile_mass``
     also the exact softmax mass of each tile, float32 [B, H, QB, KB] (mean over the query block's rows of
-    the probability the row gives the tile's keys; 0 for skipped tiles). That variant reads ``kv_count.max()``
-    on the host to size a scratch of B*H*QB*max_count*block_q floats.
+    the probability the row gives the tile's keys; 0 for skipped tiles). That variant needs ``tile_slots`` >=
+    ``kv_count.max()`` (``SparseMask.max_kept_blocks``, a host int: no device read here) to size a scratch of
+    B*H*QB*tile_slots*block_q floats.
     """
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     b, h, n, d = q.shape
@@ -464,7 +465,7 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
     qb, kb = kv_index.shape[-2], kv_index.shape[-1]
     out = _alloc(q)
     lse = _alloc(q, (b, h, n), torch.float32)
-    slots = int(kv_count.max()) if with_tile_mass else 0
+    slots = tile_slots if with_tile_mass else 0
     tile_lse = _alloc(q, (b * h * qb * slots * block_q,), torch.float32) if with_tile_mass else lse
     splits = block_q // 64
     tile_mass = torch.zeros((b, h, qb, splits, kb), device=q.device, dtype=torch.float32) if with_tile_mass else lse
