@@ -48,8 +48,10 @@ def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a[finite] - ref[finite]).norm() / ref[finite].norm().clamp_min(1e-30))
 
 
-def check(mask_full: sv.SparseMask, shape, dtype, backends=("triton",)) -> dict:
-    """Relative errors vs float64 on 2 heads of the real sequence length, for each backend."""
+def reference_check(mask_full: sv.SparseMask, shape, dtype):
+    """Computes the float64 reference on 2 heads of the real sequence length once; returns
+    ``errors(backends=("triton",))``, the relative errors of each backend against it (as the backends stand
+    when called: the TMA setting may change between calls)."""
     b, _, n, d = shape
     heads = 2
     keep = mask_full.keep[:, :heads]
@@ -59,16 +61,19 @@ def check(mask_full: sv.SparseMask, shape, dtype, backends=("triton",)) -> dict:
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref_out, ref_lse = sv.block_sparse_attention(q64, k64, v64, mask, return_lse=True, backend="reference")
     ref_grads = torch.autograd.grad(ref_out, (q64, k64, v64), grad.double())
-    errors = {}
-    for backend in backends:
-        try:
-            out, lse = sv.block_sparse_attention(q, k, v, mask, return_lse=True, backend=backend)
-            grads = torch.autograd.grad(out, (q, k, v), grad)
-        except Exception as exc:  # noqa: BLE001 - a competitor failing to compile is a result, not a crash
-            errors[backend] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-            continue
-        errors[backend] = {"out": rel_err(out, ref_out), "lse": rel_err(lse, ref_lse),
-                           **{f"d{name}": rel_err(g, r) for name, g, r in zip("qkv", grads, ref_grads)}}
+
+    def errors(backends=("triton",)) -> dict:
+        result = {}
+        for backend in backends:
+            try:
+                out, lse = sv.block_sparse_attention(q, k, v, mask, return_lse=True, backend=backend)
+                grads = torch.autograd.grad(out, (q, k, v), grad)
+            except Exception as exc:  # noqa: BLE001 - a competitor failing to compile is a result, not a crash
+                result[backend] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                continue
+            result[backend] = {"out": rel_err(out, ref_out), "lse": rel_err(lse, ref_lse),
+                               **{f"d{name}": rel_err(g, r) for name, g, r in zip("qkv", grads, ref_grads)}}
+        return result
     return errors
 
 
@@ -129,6 +134,7 @@ def main() -> int:
                 mask = sv.random_block_mask(b, h, n, n, sparsity, block_q, block_k, generator=gen, device="cuda")
                 kept = 1.0 - mask.sparsity
                 checked = sparsity in [float(s) for s in args.check_sparsities.split(",") if s]
+                check = reference_check(mask, (b, h, n, d), dtype) if checked else None
 
                 def attend(q_, k_, v_, backend="triton", mask=mask):
                     return sv.block_sparse_attention(q_, k_, v_, mask, backend=backend)
@@ -137,7 +143,7 @@ def main() -> int:
                         if with_backward else None}
                 for tma in args.tma:
                     triton_attention.TMA = triton_attention._tma_kernels(tma)
-                    errors = check(mask, (b, h, n, d), dtype) if checked else {}
+                    errors = check() if check is not None else {}
                     reset_autotuning()  # tune for the timed shape (the key has no head count), not the check's
                     times = {"triton": {"fwd": time_variant(attend, False, inputs),
                                         "fwdbwd": time_variant(attend, True, inputs) if with_backward else None},

@@ -38,11 +38,11 @@ Writes results.json under --out and prints a short table last.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -62,6 +62,7 @@ from sparsevid.ops.mask import kept_index_table  # noqa: E402
 from sparsevid.ops.predict import prediction_options  # noqa: E402
 from sparsevid.ops.tiling import tile_tokens  # noqa: E402
 from run_info import git_commit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from timing import median_ms  # noqa: E402
 
 # name: (B, H, N, D, (T, H, W) grid of the tokens)
 SHAPES = {
@@ -132,22 +133,6 @@ def naive_predict(q, k, topk: float, topp: float, block_q: int, block_k: int):
     return keep, kept_index_table(keep)
 
 
-def timer(device):
-    if device.type == "cuda":
-        return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-    def cpu_median(fn, reps: int = 3) -> float:
-        fn()
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
-
-    return cpu_median
-
-
 def differing_rows(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a != b).any(dim=-1).double().mean())
 
@@ -203,7 +188,7 @@ def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, att
     b, h, n, d, _ = SHAPES[name]
     block_q, block_k = blocks
     rule = dict(RULE, block_q=block_q, block_k=block_k)
-    measure = timer(device)
+    measure = functools.partial(median_ms, device=device)
     cuda = device.type == "cuda"
     q, k = timing_inputs(kind, name, device, dtype)
 

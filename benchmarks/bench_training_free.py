@@ -42,23 +42,9 @@ if _cpu_requested(sys.argv):
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
 from run_info import git_commit  # noqa: E402
+from timing import median_ms  # noqa: E402
 from bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs,  # noqa: E402
                        parse_grid, sync)
-
-
-def median_ms(fn, device, iters: int) -> float:
-    """Median time of ``fn`` in ms: ``triton.testing.do_bench`` on CUDA, perf_counter elsewhere."""
-    if device.type == "cuda":
-        import triton
-
-        return float(triton.testing.do_bench(fn, warmup=25, rep=max(50, 20 * iters), return_mode="median"))
-    fn()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def check_masses(q, k, mask, mass, blocks: int = 2) -> float:
@@ -79,14 +65,15 @@ def check_masses(q, k, mask, mass, blocks: int = 2) -> float:
 def bench_kernel(args, device, dtype) -> list[dict]:
     heads, n, d = args.heads or 12, args.tokens, 128
     backend = "triton" if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1" else "reference"
+    timing = {"device": device, "reps": args.iters, "rep_ms": max(50, 20 * args.iters)}
     rows = []
     for sparsity in args.sparsities:
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, heads, n, d, generator=gen).to(device, dtype) for _ in range(3))
         mask = sv.random_block_mask(1, heads, n, n, sparsity, 128, 64, generator=gen, device=device)
-        plain = median_ms(lambda: sv.block_sparse_attention(q, k, v, mask, backend=backend), device, args.iters)
+        plain = median_ms(lambda: sv.block_sparse_attention(q, k, v, mask, backend=backend), **timing)
         with_mass = median_ms(lambda: sv.block_sparse_attention(q, k, v, mask, backend=backend,
-                                                                return_tile_mass=True), device, args.iters)
+                                                                return_tile_mass=True), **timing)
         _, mass = sv.block_sparse_attention(q, k, v, mask, backend=backend, return_tile_mass=True)
         row_sums = mass.double().sum(-1)
         rows.append({"heads": heads, "tokens": n, "head_dim": d, "dtype": str(dtype), "backend": backend,

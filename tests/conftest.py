@@ -9,6 +9,16 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture
+def nan_poisoned_outputs(monkeypatch):
+    """Every output the attention kernels write (the tile-mass scratch too) starts as NaN, so an element
+    they fail to write, or a slot read before it was written, shows up."""
+    from sparsevid.ops import triton_attention
+
+    original = triton_attention._alloc
+    monkeypatch.setattr(triton_attention, "_alloc", lambda *a, **kw: original(*a, **kw).fill_(float("nan")))
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -5,6 +5,9 @@ import torch
 
 from sparsevid.ops.mask import SparseMask, expand_block_mask
 
+# On a GPU machine the kernel checks run on the GPU; elsewhere through Triton's interpreter (conftest.py).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def dense_masked_attention(q, k, v, mask: SparseMask, scale: float | None = None,
                            compute_dtype: torch.dtype = torch.float64):

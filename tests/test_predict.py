@@ -10,8 +10,7 @@ from sparsevid.ops import triton_predict
 from sparsevid.ops.mask import kept_index_table
 from sparsevid.ops.pooling import block_similarity, pool_blocks, pooled_scores
 from sparsevid.ops.predict import prediction_options
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from oracles import DEVICE
 
 # (B, H, N, M, D, block_q, block_k): N, M not multiples of the blocks, N < one block, N != M, B > 1,
 # a head dim that is not a power of two.

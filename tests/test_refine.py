@@ -10,8 +10,8 @@ import torch
 import sparsevid as sv
 from sparsevid.ops import select_from_mass
 from sparsevid.ops.pooling import pool_blocks, pooled_scores
+from oracles import DEVICE
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ["torch", "triton"]
 
 

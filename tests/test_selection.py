@@ -12,8 +12,8 @@ import torch
 
 import sparsevid as sv
 from sparsevid.ops.selection import resolve_topk
+from oracles import DEVICE
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ["torch", "triton"]
 
 

@@ -9,6 +9,7 @@ Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on th
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -399,8 +400,9 @@ def _alloc(like: torch.Tensor, shape: tuple[int, ...] | None = None, dtype: torc
     return torch.empty(shape, device=like.device, dtype=dtype)
 
 
-def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
+def padded_pow2(n: int) -> int:
+    """The smallest power of two >= n and >= 16 (a tl.arange extent; plain Python, cheap on the host)."""
+    return max(16, 1 << (n - 1).bit_length())
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -418,13 +420,18 @@ def _use_tma(kernel: str, *tensors: torch.Tensor) -> bool:
     Hopper or newer GPU (or the interpreter), a power-of-two head dim >= 16, unit stride over D, and a
     16-byte aligned base and strides."""
     first = tensors[0]
-    if kernel not in TMA or not (_INTERPRET or (first.is_cuda and torch.cuda.get_device_capability(first.device)[0] >= 9)):
+    if kernel not in TMA or not (_INTERPRET or (first.is_cuda and _hopper_or_newer(first.device.index))):
         return False
     d = first.shape[-1]
     if d < 16 or d & (d - 1):
         return False
     return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0
                and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1]) for t in tensors)
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper_or_newer(device_index: int | None) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 def _workspace(size: int, alignment: int, stream) -> torch.Tensor:
@@ -477,7 +484,7 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
         *q.stride(), *k.stride()[:3], *v.stride()[:3], *out.stride(),
         *_table_strides(kv_count, kv_index, b, h),
         h, n, m, qb, kb, slots, scale * LOG2E,
-        HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=block_q, BLOCK_N=block_k,
+        HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_M=block_q, BLOCK_N=block_k,
         DOT_PRECISION=_dot_precision(q.dtype), WITH_MASS=with_tile_mass, USE_TMA=use_tma,
     )
     if not with_tile_mass:
@@ -493,7 +500,7 @@ def triton_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
     q, k, v, out, grad_out = (_unit_last_stride(t) for t in (q, k, v, out, grad_out))
     b, h, n, d = q.shape
     m = k.shape[2]
-    block_d = _block_d(d)
+    block_d = padded_pow2(d)
     precision = _dot_precision(q.dtype)
     delta = _alloc(q, (b, h, n), torch.float32)
     has_dlse = grad_lse is not None

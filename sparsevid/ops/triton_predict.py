@@ -40,7 +40,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .mask import num_blocks
 from .pooling import SIMILARITY_EPS
+from .triton_attention import padded_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -444,15 +446,6 @@ def _fused_kernel(Q, K, PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Inde
 
 # --------------------------------------------------------------------------- launcher
 
-# Host-side integer helpers in plain Python (triton.cdiv and friends are slower to call from the host).
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
 def _scalar_or_table(value, device, dtype) -> tuple[object, torch.Tensor | None]:
     """(scalar kernel argument, per-head table or None) for a resolved parameter."""
     if isinstance(value, torch.Tensor):
@@ -477,7 +470,7 @@ class PredictLaunch:
                  scale: float, within: torch.Tensor | None = None):
         b, h, n, d = q.shape
         m = k.shape[2]
-        qb, kb = _cdiv(n, block_q), _cdiv(m, block_k)
+        qb, kb = num_blocks(n, block_q), num_blocks(m, block_k)
         device = q.device
         with_sim = similarity_threshold is not None
 
@@ -512,11 +505,11 @@ class PredictLaunch:
         self._dims = (h, n, m, qb, kb)
         self._bh, self._qb, self._kb, self._block_q, self._block_k = b * h, qb, kb, block_q, block_k
         self._scale_log2 = scale * LOG2E
-        common = dict(HEAD_DIM=d, BLOCK_D=max(16, _next_power_of_2(d)), BLOCK_Q=block_q, BLOCK_K=block_k,
+        common = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_Q=block_q, BLOCK_K=block_k,
                       WITH_SIM=with_sim)
         self._pool_meta = common
         self._select_meta = dict(
-            common, CHUNK=_CHUNK, BLOCK_KB=max(16, _next_power_of_2(kb)), COMPACT=_COMPACT,
+            common, CHUNK=_CHUNK, BLOCK_KB=padded_pow2(kb), COMPACT=_COMPACT,
             USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None, TOPK_PER_HEAD=topk_table is not None,
             TOPP_PER_HEAD=topp_table is not None, SIM_PER_HEAD=sim_table is not None, KEEP_SINK=keep_sink,
             KEEP_DIAGONAL=keep_diagonal, WITHIN=within is not None,
@@ -524,7 +517,7 @@ class PredictLaunch:
 
     def _pool_units(self, meta) -> int:
         tokens = meta["POOL_TOKENS"]
-        return _cdiv(self._qb, tokens // self._block_q) + _cdiv(self._kb, tokens // self._block_k)
+        return num_blocks(self._qb, tokens // self._block_q) + num_blocks(self._kb, tokens // self._block_k)
 
     def pool(self, config: triton.Config | None = None) -> None:
         """Staged launch, stage 1: the pooled rows (and similarities) into the workspace."""
@@ -533,7 +526,7 @@ class PredictLaunch:
 
     def select(self, config: triton.Config | None = None) -> None:
         """Staged launch, stage 2 (after ``pool``): logits, selection and the outputs."""
-        _launch(_select_kernel, config, lambda meta: (_cdiv(self._qb, meta["ROWS"]), self._bh),
+        _launch(_select_kernel, config, lambda meta: (num_blocks(self._qb, meta["ROWS"]), self._bh),
                 *self._pooled, *self._select_tensors, *self._rule_args, *self._dims, self._scale_log2,
                 **self._select_meta)
 
@@ -541,7 +534,7 @@ class PredictLaunch:
         """Both stages in one launch (module docstring)."""
         sync = torch.zeros(1 + self._bh, device=self._q.device, dtype=torch.int32)
         _launch(_fused_kernel, config,
-                lambda meta: (self._bh * (self._pool_units(meta) + _cdiv(self._qb, meta["ROWS"])),),
+                lambda meta: (self._bh * (self._pool_units(meta) + num_blocks(self._qb, meta["ROWS"])),),
                 self._q, self._k, *self._pooled, *self._select_tensors, sync, *self._strides, *self._rule_args,
                 *self._dims, SIMILARITY_EPS, self._scale_log2, self._bh, min(_LAG, self._bh), **self._select_meta)
 

@@ -1,0 +1,21 @@
+"""The one timer the benchmarks share for GPU kernels and their CPU smoke runs."""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def median_ms(fn, device, reps: int = 3, rep_ms: int = 100) -> float:
+    """Median time of ``fn()`` in ms: on CUDA ``triton.testing.do_bench`` (25 ms warm-up, ``rep_ms`` of
+    repetitions, L2 flushed between them); elsewhere ``time.perf_counter`` over ``reps`` calls after one."""
+    if device.type == "cuda":
+        import triton
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
