@@ -42,7 +42,7 @@ if _cpu_requested(sys.argv):
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
 from run_info import git_commit  # noqa: E402
-from timing import median_ms  # noqa: E402
+from timing import cuda_kernel_ms, median_ms  # noqa: E402
 from bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs,  # noqa: E402
                        parse_grid, sync)
 
@@ -75,12 +75,19 @@ def bench_kernel(args, device, dtype) -> list[dict]:
         with_mass = median_ms(lambda: sv.block_sparse_attention(q, k, v, mask, backend=backend,
                                                                 return_tile_mass=True), **timing)
         _, mass = sv.block_sparse_attention(q, k, v, mask, backend=backend, return_tile_mass=True)
+        breakdown = {}
+        if device.type == "cuda":  # the kernels each timing is made of
+            breakdown = {"plain": cuda_kernel_ms(lambda: sv.block_sparse_attention(q, k, v, mask, backend=backend)),
+                         "with_tile_mass": cuda_kernel_ms(lambda: sv.block_sparse_attention(
+                             q, k, v, mask, backend=backend, return_tile_mass=True))}
+            print(f"kernel ms per call at {sparsity:.2f}: {json.dumps(breakdown)}", flush=True)
         row_sums = mass.double().sum(-1)
         rows.append({"heads": heads, "tokens": n, "head_dim": d, "dtype": str(dtype), "backend": backend,
                      "target_sparsity": sparsity, "sparsity": mask.sparsity, "forward_ms": plain,
                      "forward_with_tile_mass_ms": with_mass, "overhead": with_mass / plain - 1.0,
                      "mass_row_sum_max_error": float((row_sums - 1).abs().max()),
-                     "mass_max_error_vs_float64": check_masses(q, k, mask, mass)})
+                     "mass_max_error_vs_float64": check_masses(q, k, mask, mass),
+                     "cuda_kernel_ms": breakdown})
         print(f"kernel sparsity {sparsity:.2f}: {plain:.3f} ms, with tile masses {with_mass:.3f} ms "
               f"(+{rows[-1]['overhead']:.1%})", flush=True)
     return rows

@@ -3,7 +3,8 @@
 # two GPUs run them side by side, one per GPU (`kernels` with `model`, `tests` with `throughput` or
 # `training`); `parallel` needs both.
 # Usage (repo root, CUDA machine): OUT=results bash benchmarks/gpu_session.sh PART
-#   kernels     kernel benchmark, Wan 1.3B 128x128 fwd and fwd+bwd vs SDPA and FlexAttention
+#   kernels     kernel benchmark, Wan 1.3B 128x128 fwd and fwd+bwd vs SDPA and FlexAttention; 128x64 fwd
+#   tile_mass   forward with exact tile masses vs plain forward (time, per-kernel breakdown, mass error)
 #   model       training-free benchmark (tile-mass overhead, 50-step Wan 1.3B loop); training-free quality
 #               on the built-in model
 #   throughput  distillation step throughput (Wan 1.3B); mask-prediction benchmark
@@ -13,7 +14,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-results}
-PART=${1:?usage: gpu_session.sh kernels|model|throughput|training|tests|parallel}
+PART=${1:?usage: gpu_session.sh kernels|tile_mass|model|throughput|training|tests|parallel}
 mkdir -p "$OUT"
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 seconds=$2; shift 2
@@ -26,6 +27,11 @@ case "$PART" in
 kernels)
     step bench_attention 240 python3 benchmarks/bench_attention.py --out "$OUT/attention" \
         --shapes wan1.3b-480p --blocks 128x128 --sparsities 0,0.9,0.95,0.97,0.5,0.8
+    step bench_attention_128x64 150 python3 benchmarks/bench_attention.py --out "$OUT/attention_128x64" \
+        --shapes wan1.3b-480p --blocks 128x64 --sparsities 0.9,0.95,0.97 --backward-shapes none
+    ;;
+tile_mass)
+    step bench_tile_mass 120 python3 benchmarks/bench_training_free.py --out "$OUT/tile_mass" --parts kernel
     ;;
 model)
     step bench_training_free 150 python3 benchmarks/bench_training_free.py --out "$OUT/training_free" \
@@ -49,7 +55,7 @@ parallel)
     step distill_ddp 150 bash benchmarks/distill_ddp.sh "$OUT/ddp"
     ;;
 *)
-    echo "unknown part: $PART (kernels|model|throughput|training|tests|parallel)" >&2
+    echo "unknown part: $PART (kernels|tile_mass|model|throughput|training|tests|parallel)" >&2
     exit 2
     ;;
 esac

@@ -19,3 +19,19 @@ def median_ms(fn, device, reps: int = 3, rep_ms: int = 100) -> float:
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def cuda_kernel_ms(fn, calls: int = 5) -> dict[str, float]:
+    """GPU time per call of each kernel ``fn()`` launches, in ms (torch.profiler over ``calls`` calls after one
+    warm-up call): which kernels a timing is made of."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return {event.key: event.device_time_total / 1e3 / calls for event in prof.key_averages()
+            if event.device_time_total > 0}
