@@ -7,14 +7,16 @@
 #   tile_mass   forward with exact tile masses vs plain forward (time, per-kernel breakdown, mass error)
 #   model       training-free benchmark (tile-mass overhead, 50-step Wan 1.3B loop); training-free quality
 #               on the built-in model
-#   throughput  distillation step throughput (Wan 1.3B); mask-prediction benchmark
+#   throughput  distillation step throughput (Wan 1.3B)
+#   predict     mask-prediction benchmark (every kernel config, Wan 1.3B and 14B shapes)
 #   training    distillation ablation on the built-in model
 #   tests       GPU tests (one fixed config per kernel, no tuning)
 #   parallel    (two GPUs) context-parallel Wan 14B forward, one vs two GPUs; distillation under DDP
+#   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-results}
-PART=${1:?usage: gpu_session.sh kernels|tile_mass|model|throughput|training|tests|parallel}
+PART=${1:?usage: gpu_session.sh kernels|tile_mass|model|throughput|predict|training|tests|parallel|ddp}
 mkdir -p "$OUT"
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 seconds=$2; shift 2
@@ -40,7 +42,9 @@ model)
     ;;
 throughput)
     step bench_distill 110 python3 benchmarks/bench_distill.py --out "$OUT/distill" --iters 3
-    step bench_predict 110 python3 benchmarks/bench_predict.py --out "$OUT/predict" --recall-grid none
+    ;;
+predict)
+    step bench_predict 240 python3 benchmarks/bench_predict.py --out "$OUT/predict" --recall-grid none
     ;;
 training)
     export PYTHON=python3 PARALLEL=1
@@ -54,8 +58,11 @@ parallel)
         benchmarks/bench_context_parallel.py --out "$OUT/context_parallel"
     step distill_ddp 150 bash benchmarks/distill_ddp.sh "$OUT/ddp"
     ;;
+ddp)
+    step distill_ddp 150 bash benchmarks/distill_ddp.sh "$OUT/ddp"
+    ;;
 *)
-    echo "unknown part: $PART (kernels|tile_mass|model|throughput|training|tests|parallel)" >&2
+    echo "unknown part: $PART (kernels|tile_mass|model|throughput|predict|training|tests|parallel|ddp)" >&2
     exit 2
     ;;
 esac

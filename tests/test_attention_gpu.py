@@ -28,7 +28,7 @@ def _inputs(b, h, n, m, d):
 
 
 @pytest.mark.parametrize("case, backend", [pytest.param(c.values[0], "triton", id=f"triton-{c.id}") for c in CASES]
-                         + [pytest.param(CASES[1].values[0], "flex", id=f"flex-{CASES[1].id}")])
+                         + [pytest.param(c.values[0], "flex", id=f"flex-{c.id}") for c in CASES[1:4]])
 def test_bf16_within_budget_of_plain_pytorch(case, backend):
     b, h, n, m, d, block_q, block_k, sparsity = case
     mask = sv.random_block_mask(b, h, n, m, sparsity, block_q, block_k, device="cuda")
@@ -47,23 +47,6 @@ def test_bf16_within_budget_of_plain_pytorch(case, backend):
     assert rel_err(lse, ref_lse) < 1e-3
     for g, low, ref in zip(grads, low_grads, ref_grads):
         assert rel_err(g, ref) <= 3 * rel_err(low, ref)
-
-
-def test_flex_refuses_blocks_its_kernels_cannot_compile():
-    """64-row query blocks fail to lower in FlexAttention and its backward fails at 128x64: clear errors instead;
-    the 128x64 forward alone runs."""
-    b, h, n, m, d = 1, 4, 333, 200, 64
-    q, k, v, _ = _inputs(b, h, n, m, d)
-    with pytest.raises(ValueError, match="needs 128-row query blocks"), torch.no_grad():
-        sv.block_sparse_attention(q, k, v, sv.random_block_mask(b, h, n, m, 0.5, 64, 128, device="cuda"),
-                                  backend="flex")
-    mask = sv.random_block_mask(b, h, n, m, 0.5, 128, 64, device="cuda")
-    with pytest.raises(ValueError, match="needs 128x128 blocks with gradients"):
-        sv.block_sparse_attention(q, k, v, mask, backend="flex")
-    with torch.no_grad():
-        out = sv.block_sparse_attention(q, k, v, mask, backend="flex")
-        ref = sv.block_sparse_attention(q.double(), k.double(), v.double(), mask, backend="reference")
-    assert rel_err(out, ref) < 1e-2  # bf16 inputs: a few 1e-3 (DESIGN.md section 3)
 
 
 def test_every_output_element_is_written(monkeypatch):

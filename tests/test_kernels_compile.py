@@ -1,4 +1,4 @@
-"""Every attention kernel variant compiles for a Hopper GPU (sm_90), on any machine.
+"""Every attention and mask-prediction kernel variant compiles for a Hopper GPU (sm_90), on any machine.
 
 The CPU tests run the kernels in Triton's interpreter, which executes the Python body and so accepts code
 the GPU compiler rejects (e.g. a variable defined only inside a branch). This test compiles each variant for
@@ -12,9 +12,13 @@ import subprocess
 import sys
 
 POINTERS = {"KvCount": "*i32", "KvIndex": "*i32", "QCount": "*i32", "QIndex": "*i32", "Lse": "*fp32",
-            "Delta": "*fp32", "dLse": "*fp32", "TileLse": "*fp32", "TileMass": "*fp32"}
-FLOATS = {"scale", "scale_log2"}
-SIZES = {"H", "N", "M", "NUM_Q_BLOCKS", "NUM_KV_BLOCKS", "TILE_SLOTS"}
+            "Delta": "*fp32", "dLse": "*fp32", "TileLse": "*fp32", "TileMass": "*fp32",
+            # mask prediction
+            "PooledQ": "*fp32", "PooledK": "*fp32", "SimQ": "*fp32", "SimK": "*fp32", "Scratch": "*fp32",
+            "Keep": "*i8", "Count": "*i32", "Index": "*i32", "KeptMass": "*fp32", "TopkPerHead": "*i32",
+            "ToppPerHead": "*fp32", "SimPerHead": "*fp32", "Within": "*i8", "Sync": "*i32"}
+FLOATS = {"scale", "scale_log2", "eps", "topp", "sim_threshold"}
+SIZES = {"H", "N", "M", "NUM_Q_BLOCKS", "NUM_KV_BLOCKS", "TILE_SLOTS", "BH"}
 COMMON = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 64, "DOT_PRECISION": "tf32"}
 
 
@@ -43,27 +47,51 @@ def _signature(fn, constexprs: dict) -> dict:
     return signature
 
 
+def _predict_variants(tp):
+    """(kernel, constexprs, num_warps) for each candidate config of the pool, select and fused kernels, with
+    every option on (similarity check, per-head thresholds, restriction to an earlier mask)."""
+    common = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True}
+    select = {**common, "CHUNK": tp._CHUNK, "BLOCK_KB": 2048, "COMPACT": tp._COMPACT, "USE_TOPK": True,
+              "USE_TOPP": True, "TOPK_PER_HEAD": True, "TOPP_PER_HEAD": True, "SIM_PER_HEAD": True,
+              "KEEP_SINK": True, "KEEP_DIAGONAL": True, "WITHIN": True, "DOT_PRECISION": "tf32x3"}
+    for kernel, configs, base in ((tp._pool_kernel, tp._POOL_CONFIGS, common),
+                                  (tp._select_kernel, tp._SELECT_CONFIGS, select),
+                                  (tp._fused_kernel, tp._FUSED_CONFIGS, select)):
+        for config in configs:
+            constexprs = {**base, **config.kwargs}
+            if "SEL_TILE" in constexprs:
+                constexprs["SEL_ROWS"] = tp._select_rows_per_group(constexprs)
+                constexprs["OUT_CHUNK"] = tp._out_chunk(constexprs)
+            yield kernel, constexprs, config.num_warps
+
+
 def compile_all() -> None:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from sparsevid.ops import triton_attention as ta
+    from sparsevid.ops import triton_predict as tp
 
-    for kernel, constexprs in _variants(ta):
+    variants = [(kernel, constexprs, 4) for kernel, constexprs in _variants(ta)] + list(_predict_variants(tp))
+    for kernel, constexprs, num_warps in variants:
         fn = kernel
         while not isinstance(fn, triton.runtime.jit.JITFunction):
             fn = fn.fn
         source = ASTSource(fn=fn, signature=_signature(fn, constexprs), constexprs=constexprs)
-        triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
-        print("compiled", fn.fn.__name__, {k: v for k, v in constexprs.items() if k in ("WITH_MASS", "USE_TMA")})
+        triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2})
+        print("compiled", fn.fn.__name__, num_warps,
+              {k: v for k, v in constexprs.items() if k in ("WITH_MASS", "USE_TMA", "SEL_ROWS", "POOL_CHUNK")})
 
 
 def test_every_kernel_variant_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("compiled") == 9, done.stdout
+    from sparsevid.ops import triton_predict as tp
+
+    expected = 9 + len(tp._POOL_CONFIGS) + len(tp._SELECT_CONFIGS) + len(tp._FUSED_CONFIGS)
+    assert done.stdout.count("compiled") == expected, done.stdout
 
 
 if __name__ == "__main__":

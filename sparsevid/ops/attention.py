@@ -112,11 +112,23 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+def _flex_kernel_options(mask: SparseMask) -> dict[str, int]:
+    """FlexAttention's CUDA kernels walk the block mask in tiles of their own, which must divide the mask's
+    blocks; their defaults are 128 for some head dims and passes. Pin the tiles along a 64-block side to 64."""
+    options = {}
+    if mask.block_q == 64:
+        options.update(fwd_BLOCK_M=64, bwd_BLOCK_M1=64, bwd_BLOCK_M2=64)
+    if mask.block_k == 64:
+        options.update(fwd_BLOCK_N=64, bwd_BLOCK_N1=64, bwd_BLOCK_N2=64)
+    return options
+
+
 def _flex_backend(q, k, v, mask: SparseMask, scale: float):
     from torch.nn.attention.flex_attention import flex_attention
 
     attend = _compiled_flex() if q.is_cuda else flex_attention
-    out, aux = attend(q, k, v, block_mask=mask.to_flex(), scale=scale, return_aux=_lse_request())
+    out, aux = attend(q, k, v, block_mask=mask.to_flex(), scale=scale, return_aux=_lse_request(),
+                      kernel_options=_flex_kernel_options(mask) if q.is_cuda else None)
     return out, aux.lse
 
 
@@ -129,15 +141,6 @@ def _lse_request():
 
 # --------------------------------------------------------------------------- public op
 
-def _check_flex_blocks(mask: SparseMask, backward: bool) -> None:
-    """FlexAttention's compiled CUDA kernels (PyTorch 2.11) need 128-row query blocks (64 rows fail to lower),
-    and its backward 128-key blocks too (128x64 fails to compile): refuse what would fail deep in inductor."""
-    if mask.block_q != 128 or (backward and mask.block_k != 128):
-        need = "128x128 blocks with gradients" if backward else "128-row query blocks"
-        raise ValueError(f"backend='flex' on CUDA needs {need}, got a {mask.block_q}x{mask.block_k} mask; "
-                         f"use backend='triton'")
-
-
 def _check_inputs(q, k, v, mask, scale, backend) -> None:
     check_head_tensors(q=q, k=k, v=v)
     if k.shape != v.shape:
@@ -149,8 +152,6 @@ def _check_inputs(q, k, v, mask, scale, backend) -> None:
     check_choice("backend", backend, BACKENDS)
     if backend == "triton":
         check_triton_inputs(q)
-    if backend == "flex" and q.is_cuda:
-        _check_flex_blocks(mask, torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
 
 
 def resolve_backend(backend: str, q: torch.Tensor) -> str:

@@ -57,19 +57,31 @@ _COMPACT = 64
 # Heads pooled ahead of the selection in the fused launch.
 _LAG = 2
 
-# Candidate configs, the expected best first; the autotuner times them per shape key. POOL_TOKENS: tokens
-# per pool program (a multiple of both block sizes, 64 and 128); ROWS: query-block rows per select program
-# (>= 16 for tl.dot); SEL_TILE: entries of a search tile [SEL_ROWS, BLOCK_KB] (32 per thread). The fused
-# kernel's register cap keeps four programs of four warps resident per SM, so that its pool programs keep
-# enough loads in flight; the select part then spills a few bytes (more with the similarity option).
-_POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=256), num_warps=8, num_stages=1),
-                 triton.Config(dict(POOL_TOKENS=128), num_warps=4, num_stages=1)]
-_SELECT_CONFIGS = [triton.Config(dict(ROWS=16, SEL_TILE=8192), num_warps=8, num_stages=1),
+# Candidate configs; the autotuner times them per shape key (the first alone runs when interpreted or with
+# autotuning off). POOL_TOKENS: tokens per pool program (a multiple of both block sizes, 64 and 128), read
+# POOL_CHUNK at a time (a divisor of 64); ROWS: query-block rows per select program (>= 16 for tl.dot);
+# SEL_TILE: entries of a search tile [SEL_ROWS, BLOCK_KB], at least one row. With one warp a program's row
+# reductions (each bisection step's count and mass) stay within the warp, without barriers; with more warps
+# they cross warps through shared memory. The fused kernel's register cap keeps four programs of four warps
+# resident per SM, so that its pool programs keep enough loads in flight; the select part then spills a few
+# bytes (more with the similarity option).
+_POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=1),
+                 triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=2, num_stages=1),
+                 triton.Config(dict(POOL_TOKENS=256, POOL_CHUNK=64), num_warps=8, num_stages=1),
+                 triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=64), num_warps=4, num_stages=1)]
+_SELECT_CONFIGS = [triton.Config(dict(ROWS=16, SEL_TILE=2048), num_warps=1, num_stages=1),
+                   triton.Config(dict(ROWS=16, SEL_TILE=1024), num_warps=1, num_stages=1),
+                   triton.Config(dict(ROWS=16, SEL_TILE=8192), num_warps=8, num_stages=1),
                    triton.Config(dict(ROWS=16, SEL_TILE=4096), num_warps=4, num_stages=1)]
 _FUSED_CONFIGS = [
-    triton.Config(dict(POOL_TOKENS=256, ROWS=16, SEL_TILE=8192), num_warps=8, num_stages=1, maxnreg=128),
-    triton.Config(dict(POOL_TOKENS=128, ROWS=16, SEL_TILE=4096), num_warps=4, num_stages=1, maxnreg=128),
-    triton.Config(dict(POOL_TOKENS=128, ROWS=16, SEL_TILE=4096), num_warps=4, num_stages=1),
+    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16, ROWS=16, SEL_TILE=2048), num_warps=1, num_stages=1),
+    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16, ROWS=16, SEL_TILE=1024), num_warps=1, num_stages=1),
+    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32, ROWS=16, SEL_TILE=2048), num_warps=2, num_stages=1),
+    triton.Config(dict(POOL_TOKENS=256, POOL_CHUNK=64, ROWS=16, SEL_TILE=8192), num_warps=8, num_stages=1,
+                  maxnreg=128),
+    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=64, ROWS=16, SEL_TILE=4096), num_warps=4, num_stages=1,
+                  maxnreg=128),
+    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=64, ROWS=16, SEL_TILE=4096), num_warps=4, num_stages=1),
 ]
 
 
@@ -83,27 +95,34 @@ def _configs(candidates: list[triton.Config]) -> list[triton.Config]:
 @triton.jit
 def _pool_tile(p_x, stride_n, stride_d, length, num_blocks, tile, p_mean, p_sim, eps,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-               WITH_SIM: tl.constexpr):
+               POOL_CHUNK: tl.constexpr, WITH_SIM: tl.constexpr):
     """Means [TILE_BLOCKS, HEAD_DIM] (and self-similarities) of blocks tile*TILE_BLOCKS... of one head.
 
-    p_x: the head's first token; p_mean, p_sim: the head's first pooled row / similarity. fp32 accumulation.
+    p_x: the head's first token; p_mean, p_sim: the head's first pooled row / similarity. The blocks' tokens
+    are read POOL_CHUNK at a time (a [TILE_BLOCKS, POOL_CHUNK, BLOCK_D] load) into fp32 sums.
     """
     o_b = tile * TILE_BLOCKS + tl.arange(0, TILE_BLOCKS)
-    o_t = o_b[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
-    m_x = (o_t < length)[:, :, None]
-    if BLOCK_D != HEAD_DIM:
-        m_x = m_x & m_d[None, None, :]
-    p_tile = p_x + o_t[:, :, None].to(tl.int64) * stride_n + o_d[None, None, :] * stride_d
-    b_x = tl.load(p_tile, mask=m_x, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    b_sum = tl.zeros([TILE_BLOCKS, BLOCK_D], dtype=tl.float32)
+    b_unit_sum = tl.zeros([TILE_BLOCKS, BLOCK_D], dtype=tl.float32)
+    for t0 in tl.range(0, BLOCK, POOL_CHUNK):
+        o_t = o_b[:, None] * BLOCK + t0 + tl.arange(0, POOL_CHUNK)[None, :]
+        m_x = (o_t < length)[:, :, None]
+        if BLOCK_D != HEAD_DIM:
+            m_x = m_x & m_d[None, None, :]
+        p_chunk = p_x + o_t[:, :, None].to(tl.int64) * stride_n + o_d[None, None, :] * stride_d
+        b_x = tl.load(p_chunk, mask=m_x, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        b_sum += tl.sum(b_x, 1)
+        if WITH_SIM:
+            b_norm = tl.sqrt(tl.sum(b_x * b_x, 2))
+            b_unit_sum += tl.sum(b_x / tl.maximum(b_norm, eps)[:, :, None], 1)
     n_tokens = tl.maximum(tl.minimum(length - o_b * BLOCK, BLOCK), 1).to(tl.float32)
-    b_mean = tl.sum(b_x, 1) / n_tokens[:, None]
+    b_mean = b_sum / n_tokens[:, None]
     m_b = o_b < num_blocks
     tl.store(p_mean + o_b[:, None] * HEAD_DIM + o_d[None, :], b_mean, mask=m_b[:, None] & m_d[None, :])
     if WITH_SIM:
-        b_norm = tl.sqrt(tl.sum(b_x * b_x, 2))
-        b_unit = tl.sum(b_x / tl.maximum(b_norm, eps)[:, :, None], 1) / n_tokens[:, None]
+        b_unit = b_unit_sum / n_tokens[:, None]
         mean_norm = tl.sqrt(tl.sum(b_mean * b_mean, 1))
         tl.store(p_sim + o_b, tl.sum(b_mean * b_unit, 1) / tl.maximum(mean_norm, eps), mask=m_b)
 
@@ -113,7 +132,7 @@ def _pool_unit(unit, bh, Q, K, PooledQ, PooledK, SimQ, SimK,
                stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-               POOL_TOKENS: tl.constexpr, WITH_SIM: tl.constexpr):
+               POOL_TOKENS: tl.constexpr, POOL_CHUNK: tl.constexpr, WITH_SIM: tl.constexpr):
     """Pool tile ``unit`` of batch-head ``bh``: units [0, QT) are query tiles, the rest key tiles."""
     i_b = (bh // H).to(tl.int64)
     i_h = (bh % H).to(tl.int64)
@@ -122,12 +141,12 @@ def _pool_unit(unit, bh, Q, K, PooledQ, PooledK, SimQ, SimK,
         row = bh.to(tl.int64) * NUM_Q_BLOCKS
         _pool_tile(Q + i_b * stride_qb + i_h * stride_qh, stride_qn, stride_qd, N, NUM_Q_BLOCKS, unit,
                    PooledQ + row * HEAD_DIM, SimQ + row, eps, HEAD_DIM, BLOCK_D, BLOCK_Q, POOL_TOKENS // BLOCK_Q,
-                   WITH_SIM)
+                   POOL_CHUNK, WITH_SIM)
     else:
         row = bh.to(tl.int64) * NUM_KV_BLOCKS
         _pool_tile(K + i_b * stride_kb + i_h * stride_kh, stride_kn, stride_kd, M, NUM_KV_BLOCKS, unit - q_tiles,
                    PooledK + row * HEAD_DIM, SimK + row, eps, HEAD_DIM, BLOCK_D, BLOCK_K, POOL_TOKENS // BLOCK_K,
-                   WITH_SIM)
+                   POOL_CHUNK, WITH_SIM)
 
 
 # --------------------------------------------------------------------------- selection
@@ -369,12 +388,12 @@ def _pool_kernel(Q, K, PooledQ, PooledK, SimQ, SimK,
                  stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                  H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                 WITH_SIM: tl.constexpr, POOL_TOKENS: tl.constexpr):
+                 WITH_SIM: tl.constexpr, POOL_TOKENS: tl.constexpr, POOL_CHUNK: tl.constexpr):
     """Staged launch, pool stage. Grid (query tiles + key tiles, B*H)."""
     _pool_unit(tl.program_id(0), tl.program_id(1), Q, K, PooledQ, PooledK, SimQ, SimK,
                stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
-               HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, POOL_TOKENS, WITH_SIM)
+               HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, POOL_TOKENS, POOL_CHUNK, WITH_SIM)
 
 
 @triton.autotune(configs=_configs(_SELECT_CONFIGS), key=_SELECT_KEY)
@@ -414,8 +433,8 @@ def _fused_kernel(Q, K, PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Inde
                   USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr, TOPK_PER_HEAD: tl.constexpr,
                   TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr, KEEP_SINK: tl.constexpr,
                   KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  POOL_TOKENS: tl.constexpr, ROWS: tl.constexpr, SEL_TILE: tl.constexpr, SEL_ROWS: tl.constexpr,
-                   OUT_CHUNK: tl.constexpr):
+                  POOL_TOKENS: tl.constexpr, POOL_CHUNK: tl.constexpr, ROWS: tl.constexpr, SEL_TILE: tl.constexpr,
+                  SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr):
     """Fused launch. Grid (B*H * (pool units + select units),); Sync: int32 [1 + B*H] zeros (the ticket
     counter, then the finished pool units of each batch-head)."""
     ticket = tl.atomic_add(Sync, 1, sem="relaxed")
@@ -426,7 +445,7 @@ def _fused_kernel(Q, K, PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Inde
         _pool_unit(unit, bh, Q, K, PooledQ, PooledK, SimQ, SimK,
                    stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                    H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
-                   HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, POOL_TOKENS, WITH_SIM)
+                   HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, POOL_TOKENS, POOL_CHUNK, WITH_SIM)
         # Every thread's stores are ordered before the release by the barrier.
         tl.debug_barrier()
         tl.atomic_add(p_done, 1, sem="release")
