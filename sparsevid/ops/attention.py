@@ -92,11 +92,20 @@ def _(q, k, v, kv_count, kv_index, block_q, block_k, scale, tile_slots):
 
 
 def _triton_backend(q, k, v, mask: SparseMask, scale: float, return_tile_mass: bool = False):
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if not needs_grad and not torch.compiler.is_compiling():
+        # Eager inference launches the kernel directly: the custom ops serve autograd and torch.compile, and
+        # their dispatch costs tens of microseconds of host time per call.
+        from .triton_attention import triton_forward
+
+        return triton_forward(q, k, v, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k, scale,
+                              with_tile_mass=return_tile_mass,
+                              tile_slots=mask.max_kept_blocks if return_tile_mass else 0)
     if return_tile_mass:
         return _triton_attn_tile_mass(q, k, v, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k, scale,
                                       mask.max_kept_blocks)
     # The transposed table (a sort over the block map) only serves the backward pass: build it only then.
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if needs_grad:
         q_count, q_index = mask.q_count, mask.q_index
     else:
         q_count, q_index = mask.kv_count.new_empty(0), mask.kv_index.new_empty(0)
@@ -113,13 +122,13 @@ def _compiled_flex():
 
 
 def _flex_kernel_options(mask: SparseMask) -> dict[str, int]:
-    """FlexAttention's CUDA kernels walk the block mask in tiles of their own, which must divide the mask's
-    blocks; their defaults are 128 for some head dims and passes. Pin the tiles along a 64-block side to 64."""
+    """FlexAttention's CUDA forward walks the block mask in tiles of its own, which must divide the mask's
+    blocks; its default is 128 for some head dims. Pin the tiles along a 64-block side to 64."""
     options = {}
     if mask.block_q == 64:
-        options.update(fwd_BLOCK_M=64, bwd_BLOCK_M1=64, bwd_BLOCK_M2=64)
+        options["fwd_BLOCK_M"] = 64
     if mask.block_k == 64:
-        options.update(fwd_BLOCK_N=64, bwd_BLOCK_N1=64, bwd_BLOCK_N2=64)
+        options["fwd_BLOCK_N"] = 64
     return options
 
 
@@ -141,6 +150,14 @@ def _lse_request():
 
 # --------------------------------------------------------------------------- public op
 
+def _check_flex_gradients(mask: SparseMask) -> None:
+    """FlexAttention's backward (PyTorch 2.11) picks its tiles before it honours kernel options, and its
+    defaults do not divide 64-blocks: refuse what would fail deep in inductor."""
+    if (mask.block_q, mask.block_k) != (128, 128):
+        raise ValueError(f"backend='flex' on CUDA computes gradients only for 128x128 blocks, got a "
+                         f"{mask.block_q}x{mask.block_k} mask; use backend='triton' (or call under torch.no_grad())")
+
+
 def _check_inputs(q, k, v, mask, scale, backend) -> None:
     check_head_tensors(q=q, k=k, v=v)
     if k.shape != v.shape:
@@ -152,6 +169,8 @@ def _check_inputs(q, k, v, mask, scale, backend) -> None:
     check_choice("backend", backend, BACKENDS)
     if backend == "triton":
         check_triton_inputs(q)
+    if backend == "flex" and q.is_cuda and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        _check_flex_gradients(mask)
 
 
 def resolve_backend(backend: str, q: torch.Tensor) -> str:

@@ -1,17 +1,18 @@
 """Triton kernels for mask prediction: block pooling, pooled scores, selection and the index table.
 
-Two kinds of program do the work:
+Three kinds of program do the work:
 
 * A pool program reads one tile of ``POOL_TOKENS`` tokens of one head (one or two query blocks, or two to
-  four key blocks) in one load, streamed past the L2 cache (``evict_first``), and writes the fp32 block means
-  (and, when asked, the block self-similarities, see ``pooling.py``). Pooling reads all of Q and K: it sets
-  the floor of the prediction time.
-* A select program takes ``ROWS`` query-block rows of one head. It computes their base-2 pooled logits
+  four key blocks), ``POOL_CHUNK`` tokens at a time, streamed past the L2 cache (``evict_first``), and writes
+  the fp32 block means (and, when asked, the block self-similarities, see ``pooling.py``). Pooling reads all
+  of Q and K: it sets the floor of the prediction time.
+* A logits program takes ``ROWS`` query-block rows of one head and computes their base-2 pooled logits
   ``q_bar @ k_bar^T`` with ``tl.dot`` (3xTF32 on the GPU), ``CHUNK`` key blocks at a time, into scratch rows.
-  Then, ``SEL_ROWS`` rows at a time, it takes the softmax with whole rows in registers, writes the
-  probabilities back over the logits, finds the rule's threshold, and writes the outputs ``OUT_CHUNK`` columns
-  at a time: option tiles, keep row, kept mass and the compacted index table row (count and ascending indices
-  by a running prefix sum, padded with the last kept index, as ``kept_index_table`` lays it out).
+* A select program takes ``SEL_ROWS`` rows (usually one) with whole rows in registers: it takes the softmax,
+  writes the probabilities back over the logits, finds the rule's threshold, and writes the outputs
+  ``OUT_CHUNK`` columns at a time: option tiles, keep row, kept mass and the compacted index table row (count
+  and ascending indices by a running prefix sum, padded with the last kept index, as ``kept_index_table``
+  lays it out).
 
 Threshold: the largest ``tau`` with ``count(p >= tau) >= k_eff`` and ``mass(p >= tau) >= p_target`` (see
 ``selection.py``), found by bisection on the float's bit pattern (probabilities are non-negative, so their
@@ -19,16 +20,18 @@ bit patterns order like their values); each step counts and sums the entries abo
 row's bracket ``[lo, hi)`` holds more than ``COMPACT`` entries the steps scan the whole row; then the
 bracket's entries are packed into the row of the index table (not written yet) and the remaining steps scan
 only those, with the count and mass above ``hi`` carried as constants. The search stops once a single entry
-separates the bounds.
+separates the bounds. The search is a long chain of dependent row reductions: one-warp programs keep those
+reductions inside a warp, and one row per program gives the GPU enough independent chains.
 
 Launch modes (same results up to the summation order of each config, see :class:`PredictLaunch`):
 
 * fused (the default): one launch. Each program takes a ticket from a global counter; the ticket order
-  pools heads 0 and 1, then alternates "pool head h + 2" and "select head h". A select program waits on a
-  per-head counter of finished pool programs, which by the ticket order have all started before it, so the
-  wait always ends. The selection of one head thus runs while later heads are still being pooled, hidden
-  behind the memory-bound pooling; only the last heads' selection is exposed.
-* staged: a pool launch, then a select launch (used to time the two stages apart).
+  pools heads 0 and 1, then for each head h: "pool head h + 2", "logits of head h", "select head h". A
+  logits program waits on a per-head counter of finished pool programs, a select program on a per-head
+  counter of finished logits programs; by the ticket order the programs waited for have all started
+  earlier, so every wait ends. The selection of one head thus runs while later heads are still being
+  pooled, hidden behind the memory-bound pooling; only the last heads' selection is exposed.
+* staged: a pool launch, a logits launch, then a select launch (used to time the stages apart).
 
 Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on the CPU (tests).
 """
@@ -50,8 +53,6 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # SPARSEVID_AUTOTUNE=off: the first candidate config of each kernel instead of tuning (fast start-up).
 _AUTOTUNE = os.environ.get("SPARSEVID_AUTOTUNE", "on") != "off"
 
-# Key blocks per tl.dot chunk of the pooled logits.
-_CHUNK = 32
 # Entries of a row's bracket below which the threshold search continues on the packed bracket only.
 _COMPACT = 64
 # Heads pooled ahead of the selection in the fused launch.
@@ -59,29 +60,29 @@ _LAG = 2
 
 # Candidate configs; the autotuner times them per shape key (the first alone runs when interpreted or with
 # autotuning off). POOL_TOKENS: tokens per pool program (a multiple of both block sizes, 64 and 128), read
-# POOL_CHUNK at a time (a divisor of 64); ROWS: query-block rows per select program (>= 16 for tl.dot);
-# SEL_TILE: entries of a search tile [SEL_ROWS, BLOCK_KB], at least one row. With one warp a program's row
-# reductions (each bisection step's count and mass) stay within the warp, without barriers; with more warps
-# they cross warps through shared memory. The fused kernel's register cap keeps four programs of four warps
-# resident per SM, so that its pool programs keep enough loads in flight; the select part then spills a few
-# bytes (more with the similarity option).
+# POOL_CHUNK at a time (a divisor of 64); ROWS: query-block rows per logits program (>= 16 for tl.dot), CHUNK
+# key blocks per dot; SEL_TILE: entries of a search tile [SEL_ROWS, BLOCK_KB] of a select program, at least
+# one row. With one warp a select program's row reductions (each bisection step's count and mass) stay
+# within the warp, without barriers, and many small programs keep every SM busy. The staged launch gives each
+# stage its share of a select config.
 _POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=2, num_stages=1),
-                 triton.Config(dict(POOL_TOKENS=256, POOL_CHUNK=64), num_warps=8, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=64), num_warps=4, num_stages=1)]
-_SELECT_CONFIGS = [triton.Config(dict(ROWS=16, SEL_TILE=2048), num_warps=1, num_stages=1),
-                   triton.Config(dict(ROWS=16, SEL_TILE=1024), num_warps=1, num_stages=1),
-                   triton.Config(dict(ROWS=16, SEL_TILE=8192), num_warps=8, num_stages=1),
-                   triton.Config(dict(ROWS=16, SEL_TILE=4096), num_warps=4, num_stages=1)]
+_SELECT_CONFIGS = [triton.Config(dict(ROWS=16, CHUNK=16, SEL_TILE=1024), num_warps=1, num_stages=1),
+                   triton.Config(dict(ROWS=16, CHUNK=16, SEL_TILE=512), num_warps=1, num_stages=1),
+                   triton.Config(dict(ROWS=16, CHUNK=16, SEL_TILE=2048), num_warps=1, num_stages=1),
+                   triton.Config(dict(ROWS=16, CHUNK=32, SEL_TILE=4096), num_warps=4, num_stages=1)]
 _FUSED_CONFIGS = [
-    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16, ROWS=16, SEL_TILE=2048), num_warps=1, num_stages=1),
-    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16, ROWS=16, SEL_TILE=1024), num_warps=1, num_stages=1),
-    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32, ROWS=16, SEL_TILE=2048), num_warps=2, num_stages=1),
-    triton.Config(dict(POOL_TOKENS=256, POOL_CHUNK=64, ROWS=16, SEL_TILE=8192), num_warps=8, num_stages=1,
-                  maxnreg=128),
-    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=64, ROWS=16, SEL_TILE=4096), num_warps=4, num_stages=1,
-                  maxnreg=128),
-    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=64, ROWS=16, SEL_TILE=4096), num_warps=4, num_stages=1),
+    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16, ROWS=16, CHUNK=16, SEL_TILE=1024), num_warps=1,
+                  num_stages=1),
+    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16, ROWS=16, CHUNK=16, SEL_TILE=512), num_warps=1,
+                  num_stages=1),
+    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16, ROWS=16, CHUNK=16, SEL_TILE=2048), num_warps=1,
+                  num_stages=1),
+    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32, ROWS=16, CHUNK=16, SEL_TILE=1024), num_warps=2,
+                  num_stages=1),
+    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=64, ROWS=16, CHUNK=32, SEL_TILE=4096), num_warps=4,
+                  num_stages=1, maxnreg=128),
 ]
 
 
@@ -231,25 +232,15 @@ def _threshold_bits(b_p, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, BLOCK_K
 
 
 @triton.jit
-def _select_rows(row_block, bh, PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
-                 TopkPerHead, ToppPerHead, SimPerHead, Within,
-                 topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                 ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_KB: tl.constexpr, SEL_ROWS: tl.constexpr,
-                 OUT_CHUNK: tl.constexpr, COMPACT: tl.constexpr, USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
-                 TOPK_PER_HEAD: tl.constexpr, TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr,
-                 KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITH_SIM: tl.constexpr,
-                 WITHIN: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Query-block rows row_block*ROWS ... of batch-head ``bh``: logits, threshold, options, outputs."""
-    i_h = bh % H
-    row0 = row_block * ROWS
+def _logit_rows(unit, bh, PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """Base-2 pooled logits of query-block rows unit*ROWS... of batch-head ``bh`` against every key block,
+    CHUNK key blocks per tl.dot, into their scratch rows. Pooled rows are read through L2 only (.cg): other
+    programs of the launch wrote them."""
     q_rows = bh.to(tl.int64) * NUM_Q_BLOCKS          # first row of this batch-head in [B*H*QB, ...]
     p_kbar = PooledK + bh.to(tl.int64) * NUM_KV_BLOCKS * HEAD_DIM
-
-    # Phase 1: base-2 logits of ROWS query blocks against every key block, CHUNK key blocks per dot, into
-    # the scratch rows. Pooled rows are read through L2 only (.cg): other programs of the launch wrote them.
-    o_r = row0 + tl.arange(0, ROWS)
+    o_r = unit * ROWS + tl.arange(0, ROWS)
     m_r = o_r < NUM_Q_BLOCKS
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
@@ -263,11 +254,26 @@ def _select_rows(row_block, bh, PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Cou
                          other=0.0, cache_modifier=".cg")
         b_s = tl.dot(b_qbar, tl.trans(b_kbar), input_precision=DOT_PRECISION)
         tl.store(p_scratch + (c + o_j)[None, :], b_s * scale_log2, mask=m_r[:, None] & m_j[None, :])
-    tl.debug_barrier()
 
-    # Phase 2: softmax, threshold, options and outputs, SEL_ROWS rows at a time. The probabilities replace
-    # the logits in the scratch rows (candidates only; others hold -1), so that the packing and the outputs
-    # read them back in chunks of OUT_CHUNK columns; only the search keeps whole rows in registers.
+
+@triton.jit
+def _select_rows(unit, bh, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
+                 TopkPerHead, ToppPerHead, SimPerHead, Within,
+                 topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
+                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
+                 BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KB: tl.constexpr, SEL_ROWS: tl.constexpr,
+                 OUT_CHUNK: tl.constexpr, COMPACT: tl.constexpr, USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
+                 TOPK_PER_HEAD: tl.constexpr, TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr,
+                 KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITH_SIM: tl.constexpr,
+                 WITHIN: tl.constexpr):
+    """Query-block rows unit*SEL_ROWS... of batch-head ``bh`` (their logits in the scratch rows): softmax,
+    threshold, options and outputs.
+
+    The probabilities replace the logits in the scratch rows (candidates only; others hold -1), so that the
+    packing and the outputs read them back in chunks of OUT_CHUNK columns; only the search keeps whole rows in
+    registers. The logits are read through L2 only (.cg): other programs of the launch wrote them.
+    """
+    i_h = bh % H
     k_eff = min_blocks
     if USE_TOPK:
         k_eff = tl.maximum(_per_head_value(topk, TopkPerHead, i_h, TOPK_PER_HEAD), k_eff)
@@ -279,95 +285,99 @@ def _select_rows(row_block, bh, PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Cou
         limit = _per_head_value(sim_threshold, SimPerHead, i_h, SIM_PER_HEAD)
     o_k = tl.arange(0, BLOCK_KB)
     m_k = o_k < NUM_KV_BLOCKS
-    for g in range(0, ROWS, SEL_ROWS):
-        o_s = row0 + g + tl.arange(0, SEL_ROWS)
-        m_s = o_s < NUM_Q_BLOCKS
-        rows = q_rows + o_s                              # int64 [SEL_ROWS]: rows of [B*H*QB, KB] outputs
-        p_rows = Scratch + rows * NUM_KV_BLOCKS
-        m_tile = m_s[:, None] & m_k[None, :]
-        b_s = tl.load(p_rows[:, None] + o_k[None, :], mask=m_tile, other=float("-inf"))
-        b_max = tl.max(b_s, 1)
-        b_e = tl.math.exp2(b_s - tl.where(m_s, b_max, 0.0)[:, None])
-        b_p = b_e / tl.where(m_s, tl.sum(b_e, 1), 1.0)[:, None]
-        if WITHIN:
-            # Only the tiles of the earlier mask are candidates; the softmax still spans the whole row.
-            p_within = Within + (bh // H).to(tl.int64) * stride_wb + i_h * stride_wh + o_s[:, None] * stride_wr
-            b_p = tl.where(tl.load(p_within + o_k[None, :], mask=m_tile, other=0) != 0, b_p, -1.0)
-        b_p = tl.where(m_k[None, :], b_p, -1.0)
-        tl.store(p_rows[:, None] + o_k[None, :], b_p, mask=m_tile)
-        tl.debug_barrier()
+    o_s = unit * SEL_ROWS + tl.arange(0, SEL_ROWS)
+    m_s = o_s < NUM_Q_BLOCKS
+    rows = bh.to(tl.int64) * NUM_Q_BLOCKS + o_s      # int64 [SEL_ROWS]: rows of [B*H*QB, KB] outputs
+    p_rows = Scratch + rows * NUM_KV_BLOCKS
+    m_tile = m_s[:, None] & m_k[None, :]
+    b_s = tl.load(p_rows[:, None] + o_k[None, :], mask=m_tile, other=float("-inf"), cache_modifier=".cg")
+    b_max = tl.max(b_s, 1)
+    b_e = tl.math.exp2(b_s - tl.where(m_s, b_max, 0.0)[:, None])
+    b_p = b_e / tl.where(m_s, tl.sum(b_e, 1), 1.0)[:, None]
+    if WITHIN:
+        # Only the tiles of the earlier mask are candidates; the softmax still spans the whole row.
+        p_within = Within + (bh // H).to(tl.int64) * stride_wb + i_h * stride_wh + o_s[:, None] * stride_wr
+        b_p = tl.where(tl.load(p_within + o_k[None, :], mask=m_tile, other=0) != 0, b_p, -1.0)
+    b_p = tl.where(m_k[None, :], b_p, -1.0)
+    tl.store(p_rows[:, None] + o_k[None, :], b_p, mask=m_tile)
+    tl.debug_barrier()
 
-        p_index = Index + rows * NUM_KV_BLOCKS
-        tau = _threshold_bits(b_p, k_eff, target, p_rows, p_index, NUM_KV_BLOCKS, BLOCK_KB, COMPACT,
-                              OUT_CHUNK).to(tl.float32, bitcast=True)
-        if USE_TOPP:
-            tau = tl.where(target >= 1.0, 0.0, tau)
+    p_index = Index + rows * NUM_KV_BLOCKS
+    tau = _threshold_bits(b_p, k_eff, target, p_rows, p_index, NUM_KV_BLOCKS, BLOCK_KB, COMPACT,
+                          OUT_CHUNK).to(tl.float32, bitcast=True)
+    if USE_TOPP:
+        tau = tl.where(target >= 1.0, 0.0, tau)
+    if WITH_SIM:
+        q_loose = tl.load(SimQ + rows, mask=m_s, other=1.0, cache_modifier=".cg") < limit
+    tl.debug_barrier()
+
+    # Outputs: keep row, then the kept columns in ascending order at their prefix-sum slots.
+    count = tl.zeros_like(o_s)
+    kept_mass = tl.zeros_like(tau)
+    last = tl.zeros_like(o_s)
+    for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
+        o_c = c0 + tl.arange(0, OUT_CHUNK)
+        m_c = m_s[:, None] & (o_c < NUM_KV_BLOCKS)[None, :]
+        b_c = tl.load(p_rows[:, None] + o_c[None, :], mask=m_c, other=-1.0)
+        b_keep = b_c >= tau[:, None]
+        if KEEP_SINK:
+            b_keep = b_keep | (o_c == 0)[None, :]
+        if KEEP_DIAGONAL:
+            q_start = o_s * BLOCK_Q
+            q_stop = tl.minimum(q_start + BLOCK_Q, N)
+            k_start = o_c * BLOCK_K
+            k_stop = tl.minimum(k_start + BLOCK_K, M)
+            b_keep = b_keep | ((k_start[None, :] < q_stop[:, None]) & (q_start[:, None] < k_stop[None, :]))
         if WITH_SIM:
-            q_loose = tl.load(SimQ + rows, mask=m_s, other=1.0, cache_modifier=".cg") < limit
-        tl.debug_barrier()
-
-        # Outputs: keep row, then the kept columns in ascending order at their prefix-sum slots.
-        count = tl.zeros_like(o_s)
-        kept_mass = tl.zeros_like(tau)
-        last = tl.zeros_like(o_s)
-        for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
-            o_c = c0 + tl.arange(0, OUT_CHUNK)
-            m_c = m_s[:, None] & (o_c < NUM_KV_BLOCKS)[None, :]
-            b_c = tl.load(p_rows[:, None] + o_c[None, :], mask=m_c, other=-1.0)
-            b_keep = b_c >= tau[:, None]
-            if KEEP_SINK:
-                b_keep = b_keep | (o_c == 0)[None, :]
-            if KEEP_DIAGONAL:
-                q_start = o_s * BLOCK_Q
-                q_stop = tl.minimum(q_start + BLOCK_Q, N)
-                k_start = o_c * BLOCK_K
-                k_stop = tl.minimum(k_start + BLOCK_K, M)
-                b_keep = b_keep | ((k_start[None, :] < q_stop[:, None]) & (q_start[:, None] < k_stop[None, :]))
-            if WITH_SIM:
-                k_loose = tl.load(SimK + bh.to(tl.int64) * NUM_KV_BLOCKS + o_c, mask=o_c < NUM_KV_BLOCKS,
-                                  other=1.0, cache_modifier=".cg") < limit
-                b_keep = b_keep | q_loose[:, None] | k_loose[None, :]
-            b_keep = b_keep & (b_c >= 0.0)
-            tl.store(Keep + rows[:, None] * NUM_KV_BLOCKS + o_c[None, :], b_keep.to(tl.int8), mask=m_c)
-            b_keep_i = b_keep.to(tl.int32)
-            slot = count[:, None] + tl.cumsum(b_keep_i, 1) - 1
-            tl.store(p_index[:, None] + slot, o_c[None, :] + tl.zeros_like(slot), mask=b_keep)
-            count += tl.sum(b_keep_i, 1)
-            kept_mass += tl.sum(tl.where(b_keep, b_c, 0.0), 1)
-            last = tl.maximum(last, tl.max(tl.where(b_keep, o_c[None, :], 0), 1))
-        for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
-            o_c = c0 + tl.arange(0, OUT_CHUNK)
-            m_pad = m_s[:, None] & (o_c < NUM_KV_BLOCKS)[None, :] & (o_c[None, :] >= count[:, None])
-            tl.store(p_index[:, None] + o_c[None, :], last[:, None] + tl.zeros_like(o_c)[None, :], mask=m_pad)
-        tl.store(Count + rows, count, mask=m_s)
-        tl.store(KeptMass + rows, kept_mass, mask=m_s)
+            k_loose = tl.load(SimK + bh.to(tl.int64) * NUM_KV_BLOCKS + o_c, mask=o_c < NUM_KV_BLOCKS,
+                              other=1.0, cache_modifier=".cg") < limit
+            b_keep = b_keep | q_loose[:, None] | k_loose[None, :]
+        b_keep = b_keep & (b_c >= 0.0)
+        tl.store(Keep + rows[:, None] * NUM_KV_BLOCKS + o_c[None, :], b_keep.to(tl.int8), mask=m_c)
+        b_keep_i = b_keep.to(tl.int32)
+        slot = count[:, None] + tl.cumsum(b_keep_i, 1) - 1
+        tl.store(p_index[:, None] + slot, o_c[None, :] + tl.zeros_like(slot), mask=b_keep)
+        count += tl.sum(b_keep_i, 1)
+        kept_mass += tl.sum(tl.where(b_keep, b_c, 0.0), 1)
+        last = tl.maximum(last, tl.max(tl.where(b_keep, o_c[None, :], 0), 1))
+    for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
+        o_c = c0 + tl.arange(0, OUT_CHUNK)
+        m_pad = m_s[:, None] & (o_c < NUM_KV_BLOCKS)[None, :] & (o_c[None, :] >= count[:, None])
+        tl.store(p_index[:, None] + o_c[None, :], last[:, None] + tl.zeros_like(o_c)[None, :], mask=m_pad)
+    tl.store(Count + rows, count, mask=m_s)
+    tl.store(KeptMass + rows, kept_mass, mask=m_s)
 
 
 @triton.jit
-def _schedule(ticket, pool_units, select_units, heads, lag):
-    """(is_pool, batch-head, unit) of a fused-launch ticket.
+def _schedule(ticket, pool_units, logit_units, select_units, heads, lag):
+    """(kind, batch-head, unit) of a fused-launch ticket; kind 0: pool, 1: logits, 2: select.
 
-    Ticket order: the pool units of heads [0, lag), then for each head h the pool units of head h + lag (while
-    there is one) followed by the select units of head h.
+    Ticket order: the pool units of heads [0, lag), then for each head h the pool units of head h + lag
+    (while there is one) followed by the logits units and the select units of head h. Every unit waits only
+    for units of earlier tickets.
     """
-    group = pool_units + select_units
+    after = logit_units + select_units
+    group = pool_units + after
     paired = (heads - lag) * group
     u = ticket - lag * pool_units
     g = tl.maximum(u, 0) // group
     r = tl.maximum(u, 0) - g * group
     v = tl.maximum(u - paired, 0)
     ahead = u < 0
-    paired_pool = (u >= 0) & (u < paired) & (r < pool_units)
-    bh = tl.where(ahead, ticket // pool_units, tl.where(u < paired, tl.where(r < pool_units, g + lag, g),
-                                                        heads - lag + v // select_units))
-    unit = tl.where(ahead, ticket % pool_units, tl.where(u < paired, tl.where(r < pool_units, r, r - pool_units),
-                                                         v % select_units))
-    return ahead | paired_pool, bh, unit
+    in_paired = (u >= 0) & (u < paired)
+    bh = tl.where(ahead, ticket // pool_units, tl.where(in_paired, tl.where(r < pool_units, g + lag, g),
+                                                        heads - lag + v // after))
+    # Position in a head's group: [0, pool_units) pool units, then logits units, then select units.
+    position = tl.where(ahead, ticket % pool_units, tl.where(in_paired, r, pool_units + v % after))
+    kind = tl.where(position < pool_units, 0, tl.where(position < pool_units + logit_units, 1, 2))
+    unit = tl.where(kind == 0, position, tl.where(kind == 1, position - pool_units,
+                                                  position - pool_units - logit_units))
+    return kind, bh, unit
 
 
 def _select_rows_per_group(args) -> int:
-    """SEL_ROWS: rows of a [SEL_ROWS, BLOCK_KB] search tile of about SEL_TILE entries, at most ROWS."""
-    return max(1, min(args["ROWS"], args["SEL_TILE"] // args["BLOCK_KB"]))
+    """SEL_ROWS: rows of a [SEL_ROWS, BLOCK_KB] search tile of about SEL_TILE entries (at least one row)."""
+    return max(1, args["SEL_TILE"] // args["BLOCK_KB"])
 
 
 def _out_chunk(args) -> int:
@@ -376,9 +386,30 @@ def _out_chunk(args) -> int:
 
 
 _SELECT_HEURISTICS = {"SEL_ROWS": _select_rows_per_group, "OUT_CHUNK": _out_chunk}
+_LOGITS_PARAMS = ("ROWS", "CHUNK")
+_SELECT_PARAMS = ("SEL_TILE",)
+
+
+def _subconfig(config: triton.Config, params: tuple[str, ...]) -> triton.Config:
+    """``config`` restricted to the meta-parameters ``params`` (same warps, stages and register cap)."""
+    return triton.Config({k: v for k, v in config.kwargs.items() if k in params}, num_warps=config.num_warps,
+                         num_stages=config.num_stages, maxnreg=config.maxnreg)
+
+
+def _stage_configs(params: tuple[str, ...]) -> list[triton.Config]:
+    """One stage's share of the select configs, without repeats."""
+    seen, configs = set(), []
+    for config in _SELECT_CONFIGS:
+        sub = _subconfig(config, params)
+        key = (tuple(sorted(sub.kwargs.items())), sub.num_warps, sub.num_stages, sub.maxnreg)
+        if key not in seen:
+            seen.add(key)
+            configs.append(sub)
+    return configs
 
 
 _POOL_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"]
+_LOGITS_KEY = ["HEAD_DIM", "BLOCK_KB"]
 _SELECT_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "BLOCK_KB", "USE_TOPK", "USE_TOPP", "WITH_SIM", "WITHIN"]
 
 
@@ -396,28 +427,35 @@ def _pool_kernel(Q, K, PooledQ, PooledK, SimQ, SimK,
                HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, POOL_TOKENS, POOL_CHUNK, WITH_SIM)
 
 
-@triton.autotune(configs=_configs(_SELECT_CONFIGS), key=_SELECT_KEY)
+@triton.autotune(configs=_configs(_stage_configs(_LOGITS_PARAMS)), key=_LOGITS_KEY)
+@triton.jit
+def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr):
+    """Staged launch, logits stage. Grid (cdiv(QB, ROWS), B*H)."""
+    _logit_rows(tl.program_id(0), tl.program_id(1), PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
+                scale_log2, HEAD_DIM, BLOCK_D, ROWS, CHUNK, DOT_PRECISION)
+
+
+@triton.autotune(configs=_configs(_stage_configs(_SELECT_PARAMS)), key=_SELECT_KEY)
 @triton.heuristics(_SELECT_HEURISTICS)
 @triton.jit
-def _select_kernel(PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
+def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
                    TopkPerHead, ToppPerHead, SimPerHead, Within,
                    topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                   WITH_SIM: tl.constexpr, CHUNK: tl.constexpr, BLOCK_KB: tl.constexpr, COMPACT: tl.constexpr,
-                   USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr, TOPK_PER_HEAD: tl.constexpr,
-                   TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr, KEEP_SINK: tl.constexpr,
-                   KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   ROWS: tl.constexpr, SEL_TILE: tl.constexpr, SEL_ROWS: tl.constexpr,
-                   OUT_CHUNK: tl.constexpr):
-    """Staged launch, select stage. Grid (cdiv(QB, ROWS), B*H)."""
-    _select_rows(tl.program_id(0), tl.program_id(1), PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index,
-                 KeptMass, TopkPerHead, ToppPerHead, SimPerHead, Within,
+                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
+                   HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WITH_SIM: tl.constexpr,
+                   BLOCK_KB: tl.constexpr, COMPACT: tl.constexpr, USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
+                   TOPK_PER_HEAD: tl.constexpr, TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr,
+                   KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr,
+                   SEL_TILE: tl.constexpr, SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr):
+    """Staged launch, select stage (after the logits stage). Grid (cdiv(QB, SEL_ROWS), B*H)."""
+    _select_rows(tl.program_id(0), tl.program_id(1), SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
+                 TopkPerHead, ToppPerHead, SimPerHead, Within,
                  topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
-                 HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, ROWS, CHUNK, BLOCK_KB, SEL_ROWS, OUT_CHUNK, COMPACT, USE_TOPK,
-                 USE_TOPP, TOPK_PER_HEAD, TOPP_PER_HEAD, SIM_PER_HEAD, KEEP_SINK, KEEP_DIAGONAL, WITH_SIM, WITHIN,
-                 DOT_PRECISION)
+                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
+                 BLOCK_Q, BLOCK_K, BLOCK_KB, SEL_ROWS, OUT_CHUNK, COMPACT, USE_TOPK, USE_TOPP, TOPK_PER_HEAD,
+                 TOPP_PER_HEAD, SIM_PER_HEAD, KEEP_SINK, KEEP_DIAGONAL, WITH_SIM, WITHIN)
 
 
 @triton.autotune(configs=_configs(_FUSED_CONFIGS), key=_SELECT_KEY, reset_to_zero=["Sync"])
@@ -429,38 +467,47 @@ def _fused_kernel(Q, K, PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Inde
                   topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps, scale_log2, BH, lag,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                  WITH_SIM: tl.constexpr, CHUNK: tl.constexpr, BLOCK_KB: tl.constexpr, COMPACT: tl.constexpr,
+                  WITH_SIM: tl.constexpr, BLOCK_KB: tl.constexpr, COMPACT: tl.constexpr,
                   USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr, TOPK_PER_HEAD: tl.constexpr,
                   TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr, KEEP_SINK: tl.constexpr,
                   KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  POOL_TOKENS: tl.constexpr, POOL_CHUNK: tl.constexpr, ROWS: tl.constexpr, SEL_TILE: tl.constexpr,
-                  SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr):
-    """Fused launch. Grid (B*H * (pool units + select units),); Sync: int32 [1 + B*H] zeros (the ticket
-    counter, then the finished pool units of each batch-head)."""
+                  POOL_TOKENS: tl.constexpr, POOL_CHUNK: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr,
+                  SEL_TILE: tl.constexpr, SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr):
+    """Fused launch. Grid (B*H * (pool + logits + select units),); Sync: int32 [1 + 2*B*H] zeros (the ticket
+    counter, then the finished pool units of each batch-head, then its finished logits units)."""
     ticket = tl.atomic_add(Sync, 1, sem="relaxed")
     pool_units = tl.cdiv(NUM_Q_BLOCKS, POOL_TOKENS // BLOCK_Q) + tl.cdiv(NUM_KV_BLOCKS, POOL_TOKENS // BLOCK_K)
-    is_pool, bh, unit = _schedule(ticket, pool_units, tl.cdiv(NUM_Q_BLOCKS, ROWS), BH, lag)
-    p_done = Sync + 1 + bh
-    if is_pool:
+    logit_units = tl.cdiv(NUM_Q_BLOCKS, ROWS)
+    kind, bh, unit = _schedule(ticket, pool_units, logit_units, tl.cdiv(NUM_Q_BLOCKS, SEL_ROWS), BH, lag)
+    p_pooled = Sync + 1 + bh
+    p_logits = Sync + 1 + BH + bh
+    # A unit waits only for units of earlier tickets (running or done), so every wait ends. The barrier before
+    # each release orders every thread's stores before it.
+    if kind == 0:
         _pool_unit(unit, bh, Q, K, PooledQ, PooledK, SimQ, SimK,
                    stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                    H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
                    HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, POOL_TOKENS, POOL_CHUNK, WITH_SIM)
-        # Every thread's stores are ordered before the release by the barrier.
         tl.debug_barrier()
-        tl.atomic_add(p_done, 1, sem="release")
-    else:
-        # The pool units of this head hold earlier tickets, so they are running or done.
-        while tl.atomic_add(p_done, 0, sem="acquire") < pool_units:
+        tl.atomic_add(p_pooled, 1, sem="release")
+    elif kind == 1:
+        while tl.atomic_add(p_pooled, 0, sem="acquire") < pool_units:
             pass
         tl.debug_barrier()
-        _select_rows(unit, bh, PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index,
-                     KeptMass, TopkPerHead, ToppPerHead, SimPerHead, Within,
+        _logit_rows(unit, bh, PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+                    HEAD_DIM, BLOCK_D, ROWS, CHUNK, DOT_PRECISION)
+        tl.debug_barrier()
+        tl.atomic_add(p_logits, 1, sem="release")
+    else:
+        while tl.atomic_add(p_logits, 0, sem="acquire") < logit_units:
+            pass
+        tl.debug_barrier()
+        _select_rows(unit, bh, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
+                     TopkPerHead, ToppPerHead, SimPerHead, Within,
                      topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                     H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
-                     HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, ROWS, CHUNK, BLOCK_KB, SEL_ROWS, OUT_CHUNK, COMPACT, USE_TOPK,
-                     USE_TOPP, TOPK_PER_HEAD, TOPP_PER_HEAD, SIM_PER_HEAD, KEEP_SINK, KEEP_DIAGONAL, WITH_SIM,
-                     WITHIN, DOT_PRECISION)
+                     H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
+                     BLOCK_Q, BLOCK_K, BLOCK_KB, SEL_ROWS, OUT_CHUNK, COMPACT, USE_TOPK, USE_TOPP, TOPK_PER_HEAD,
+                     TOPP_PER_HEAD, SIM_PER_HEAD, KEEP_SINK, KEEP_DIAGONAL, WITH_SIM, WITHIN)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -524,19 +571,23 @@ class PredictLaunch:
         self._dims = (h, n, m, qb, kb)
         self._bh, self._qb, self._kb, self._block_q, self._block_k = b * h, qb, kb, block_q, block_k
         self._scale_log2 = scale * LOG2E
-        common = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_Q=block_q, BLOCK_K=block_k,
-                      WITH_SIM=with_sim)
-        self._pool_meta = common
+        self._pool_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_Q=block_q, BLOCK_K=block_k,
+                               WITH_SIM=with_sim)
+        self._logits_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_KB=padded_pow2(kb),
+                                 DOT_PRECISION="ieee" if _INTERPRET else "tf32x3")
         self._select_meta = dict(
-            common, CHUNK=_CHUNK, BLOCK_KB=padded_pow2(kb), COMPACT=_COMPACT,
-            USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None, TOPK_PER_HEAD=topk_table is not None,
-            TOPP_PER_HEAD=topp_table is not None, SIM_PER_HEAD=sim_table is not None, KEEP_SINK=keep_sink,
-            KEEP_DIAGONAL=keep_diagonal, WITHIN=within is not None,
-            DOT_PRECISION="ieee" if _INTERPRET else "tf32x3")
+            HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim, BLOCK_KB=padded_pow2(kb),
+            COMPACT=_COMPACT, USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,
+            TOPK_PER_HEAD=topk_table is not None, TOPP_PER_HEAD=topp_table is not None,
+            SIM_PER_HEAD=sim_table is not None, KEEP_SINK=keep_sink, KEEP_DIAGONAL=keep_diagonal,
+            WITHIN=within is not None)
 
     def _pool_units(self, meta) -> int:
         tokens = meta["POOL_TOKENS"]
         return num_blocks(self._qb, tokens // self._block_q) + num_blocks(self._kb, tokens // self._block_k)
+
+    def _select_units(self, meta) -> int:
+        return num_blocks(self._qb, _select_rows_per_group(meta))
 
     def pool(self, config: triton.Config | None = None) -> None:
         """Staged launch, stage 1: the pooled rows (and similarities) into the workspace."""
@@ -544,18 +595,30 @@ class PredictLaunch:
                 self._q, self._k, *self._pooled, *self._strides, *self._dims, SIMILARITY_EPS, **self._pool_meta)
 
     def select(self, config: triton.Config | None = None) -> None:
-        """Staged launch, stage 2 (after ``pool``): logits, selection and the outputs."""
-        _launch(_select_kernel, config, lambda meta: (num_blocks(self._qb, meta["ROWS"]), self._bh),
-                *self._pooled, *self._select_tensors, *self._rule_args, *self._dims, self._scale_log2,
-                **self._select_meta)
+        """Staged launch, stages 2 and 3 (after ``pool``): the logits, then the selection and the outputs;
+        ``config``: one of ``_SELECT_CONFIGS``, each stage taking its share."""
+        pooled_q, pooled_k, sim_q, sim_k = self._pooled
+        _launch(_logits_kernel, config and _subconfig(config, _LOGITS_PARAMS),
+                lambda meta: (num_blocks(self._qb, meta["ROWS"]), self._bh),
+                pooled_q, pooled_k, self._select_tensors[0], self._qb, self._kb, self._scale_log2,
+                **self._logits_meta)
+        _launch(_select_kernel, config and _subconfig(config, _SELECT_PARAMS),
+                lambda meta: (self._select_units({**self._select_meta, **meta}), self._bh),
+                sim_q, sim_k, *self._select_tensors, *self._rule_args, *self._dims, **self._select_meta)
 
     def fused(self, config: triton.Config | None = None) -> None:
-        """Both stages in one launch (module docstring)."""
-        sync = torch.zeros(1 + self._bh, device=self._q.device, dtype=torch.int32)
-        _launch(_fused_kernel, config,
-                lambda meta: (self._bh * (self._pool_units(meta) + num_blocks(self._qb, meta["ROWS"])),),
+        """All stages in one launch (module docstring)."""
+        sync = torch.zeros(1 + 2 * self._bh, device=self._q.device, dtype=torch.int32)
+
+        def grid(meta):
+            per_head = self._pool_units(meta) + num_blocks(self._qb, meta["ROWS"]) + self._select_units(meta)
+            return (self._bh * per_head,)
+
+        _launch(_fused_kernel, config, grid,
                 self._q, self._k, *self._pooled, *self._select_tensors, sync, *self._strides, *self._rule_args,
-                *self._dims, SIMILARITY_EPS, self._scale_log2, self._bh, min(_LAG, self._bh), **self._select_meta)
+                *self._dims, SIMILARITY_EPS, self._scale_log2, self._bh, min(_LAG, self._bh),
+                **self._pool_meta, **{k: v for k, v in {**self._logits_meta, **self._select_meta}.items()
+                                      if k not in self._pool_meta})
 
 
 def _launch(kernel, config: triton.Config | None, grid, *args, **meta) -> None:
