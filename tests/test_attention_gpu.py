@@ -53,7 +53,7 @@ def test_bf16_within_budget_of_plain_pytorch(case, backend):
 def test_flex_forward_with_64_blocks_and_its_gradients_refused(case):
     """FlexAttention's forward runs 128x64 and 64x128 masks (tiles pinned to 64) within the bf16 budget; its
     backward cannot tile them, so gradients are refused with a clear error."""
-    b, h, n, m, d, block_q, block_k, sparsity = case.values[0]
+    b, h, n, m, d, block_q, block_k, sparsity = case
     mask = sv.random_block_mask(b, h, n, m, sparsity, block_q, block_k, device="cuda")
     q, k, v, _ = _inputs(b, h, n, m, d)
     with pytest.raises(ValueError, match="gradients only for 128x128 blocks"):
