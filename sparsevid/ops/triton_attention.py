@@ -140,8 +140,9 @@ def _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn, stride_vn,
 
 
 # TileMass is zeroed after tuning: a config owning fewer rows writes more splits than the one finally chosen.
-@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2),
-                                                   (128, 128, 8, 3), (64, 64, 4, 3), (64, 128, 4, 2))),
+@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 3), (128, 64, 4, 2), (128, 64, 4, 4), (128, 64, 8, 3),
+                                                   (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),
+                                                   (64, 128, 4, 2))),
                  key=_TUNE_KEY + ["WITH_MASS"], reset_to_zero=["TileMass"],
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N", whole_tiles_flag="WITH_MASS"))
 @triton.jit
