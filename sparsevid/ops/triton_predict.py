@@ -437,7 +437,8 @@ def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale
                 scale_log2, HEAD_DIM, BLOCK_D, ROWS, CHUNK, DOT_PRECISION)
 
 
-@triton.autotune(configs=_configs(_stage_configs(_SELECT_PARAMS)), key=_SELECT_KEY)
+# The select stage overwrites its input logits with probabilities: tuning restores them between its runs.
+@triton.autotune(configs=_configs(_stage_configs(_SELECT_PARAMS)), key=_SELECT_KEY, restore_value=["Scratch"])
 @triton.heuristics(_SELECT_HEURISTICS)
 @triton.jit
 def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
