@@ -1,4 +1,4 @@
-"""Mask-prediction benchmark: the Triton kernels stage by stage, fused, end to end, against a naive PyTorch
+"""Mask-prediction benchmark: the Triton kernels stage by stage and end to end, against a naive PyTorch
 version and the 95%-sparse attention forward; and attention recall of predicted masks for raster vs
 3D-tiled token order.
 
@@ -12,14 +12,14 @@ version and the 95%-sparse attention forward; and attention recall of predicted 
      (``DEFAULT_TILE``). Rows are peaked; the hybrid rule (top-k 5%, top-p 90%) lands near 95% sparsity,
      the regime the product runs in.
 
-   the fused masks are first checked against the PyTorch path of ``predict_mask`` and the naive version (and
-   the staged launch against the fused one); then, with ``triton.testing.do_bench`` medians (L2 flushed
-   before each call): the pool stage alone, the select stage alone, both staged, the fused launch,
+   the Triton masks are first checked against the PyTorch path of ``predict_mask`` and the naive version;
+   then, with ``triton.testing.do_bench`` medians (L2 flushed before each call): the pool stage alone, the
+   logits and select stages together ("select"), all three launches with the fastest configs ("staged"),
    ``predict_mask`` end to end (eager, and replayed from a CUDA graph: device time only), its host time per
    call, the naive version, the time to read q and k once (``torch.sum`` over their storage: the floor), and
-   the block-sparse attention forward at 95% sparsity (random mask) of the same shape. The stages and the
-   fused launch are timed with every candidate config of their kernels (each checked against
-   ``predict_mask``); the stage and fused figures are the fastest of them.
+   the block-sparse attention forward at 95% sparsity (random mask) of the same shape. The stages are timed
+   with every candidate config of their kernels (each checked against ``predict_mask``); the stage figures
+   are the fastest of them.
 2. Recall: on the video-like field (amplitude 12) on a Wan-like grid (21x30x52), masks at ~95% sparsity
    (top-k 5%) are predicted in raster order and in several 3D-tile orders, and the exact attention recall
    (true softmax mass kept) of each is measured.
@@ -196,22 +196,17 @@ def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, att
     mask, stats = predict()
     ref, _ = sv.predict_mask(q, k, backend="torch", **rule)
     naive_keep, _ = naive_predict(q, k, RULE["topk"], RULE["topp"], block_q, block_k)
-    launch = triton_predict.PredictLaunch(q, k, **prediction_options(q, k, **rule))
-    launch.pool()
-    launch.select()
-    staged_keep = launch.outputs[0].clone()
     count, index = kept_index_table(mask.keep)
     checks = {"differing_rows_vs_torch": differing_rows(mask.keep, ref.keep),
               "differing_rows_vs_naive": differing_rows(mask.keep, naive_keep),
-              "differing_rows_staged_vs_fused": differing_rows(mask.keep, staged_keep),
               "tables_match_keep": bool(torch.equal(count, mask.kv_count) and torch.equal(index, mask.kv_index)),
               "sparsity": stats.sparsity, "kept_mass_mean": float(stats.kept_mass.mean())}
     if not (checks["tables_match_keep"] and checks["differing_rows_vs_torch"] <= MAX_DIFFERING_ROWS
-            and checks["differing_rows_vs_naive"] <= MAX_DIFFERING_ROWS
-            and checks["differing_rows_staged_vs_fused"] <= MAX_DIFFERING_ROWS):
+            and checks["differing_rows_vs_naive"] <= MAX_DIFFERING_ROWS):
         raise SystemExit(f"{name}/{kind}/{block_q}x{block_k}: Triton masks disagree: {checks}")
-    del ref, naive_keep, staged_keep, count, index
+    del ref, naive_keep, count, index
 
+    launch = triton_predict.PredictLaunch(q, k, **prediction_options(q, k, **rule))
     row = {"shape": name, "input": kind, "B": b, "H": h, "N": n, "D": d, **rule,
            "dtype": str(dtype).removeprefix("torch."), "checks": checks}
     # Every candidate config of each kernel, timed explicitly (whatever the autotuner would pick).
@@ -219,10 +214,8 @@ def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, att
     pool_times, best_pool = time_candidates(launch.pool, triton_predict._POOL_CONFIGS, measure,
                                             lambda: (launch.select(), differing())[1])
     select_times, best_select = time_candidates(launch.select, triton_predict._SELECT_CONFIGS, measure, differing)
-    fused_times, _ = time_candidates(launch.fused, triton_predict._FUSED_CONFIGS, measure, differing)
-    row["configs_ms"] = {"pool": pool_times, "select": select_times, "fused": fused_times}
-    row["pool_ms"], row["select_ms"], row["fused_ms"] = (min(t.values()) for t in (pool_times, select_times,
-                                                                                   fused_times))
+    row["configs_ms"] = {"pool": pool_times, "select": select_times}
+    row["pool_ms"], row["select_ms"] = min(pool_times.values()), min(select_times.values())
     row["staged_ms"] = measure(lambda: (launch.pool(best_pool), launch.select(best_select)))
     row["predict_mask_ms"] = measure(predict)
     row["naive_ms"] = measure(lambda: naive_predict(q, k, RULE["topk"], RULE["topp"], block_q, block_k))
@@ -238,7 +231,7 @@ def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, att
         attention_ms[key] = measure(lambda: sv.block_sparse_attention(q, k, v, sparse))
         del v, sparse
     row["attention_95_ms"] = attention_ms[key]
-    best = min(row["fused_ms"], row["staged_ms"])
+    best = min(row["staged_ms"], row["predict_mask_ms"])
     read_bytes = 2 * b * h * n * d * torch.finfo(dtype).bits // 8
     row.update({"best_ms": best, "best_over_attention": best / row["attention_95_ms"],
                 "speedup_vs_naive": row["naive_ms"] / best, "read_TBps": read_bytes / (best * 1e-3) / 1e12,
@@ -299,14 +292,14 @@ def main() -> None:
     (out_dir / "results.json").write_text(json.dumps(result, indent=2))
 
     print(f"\n{result['device']}  torch {result['torch']}  triton {result['triton']}  commit {result['commit']}")
-    print(f"{'shape':<8}{'blocks':>8}{'input':>7}{'spars':>6}{'pool':>8}{'select':>8}{'staged':>8}{'fused':>8}"
+    print(f"{'shape':<8}{'blocks':>8}{'input':>7}{'spars':>6}{'pool':>8}{'select':>8}{'staged':>8}"
           f"{'e2e':>8}{'graph':>8}{'host us':>8}{'naive':>8}{'attn95':>8}{'best/attn':>10}{'TB/s':>6}{'floor':>7}")
     for row in timing:
         graph, host, floor = (row.get(key) or float("nan")
                               for key in ("predict_mask_graph_ms", "predict_mask_host_us", "read_floor_ms"))
         print(f"{row['shape']:<8}{row['block_q']:>4}x{row['block_k']:<3}{row['input']:>7}"
               f"{row['checks']['sparsity']:>6.3f}{row['pool_ms']:>8.4f}{row['select_ms']:>8.4f}"
-              f"{row['staged_ms']:>8.4f}{row['fused_ms']:>8.4f}{row['predict_mask_ms']:>8.4f}{graph:>8.4f}"
+              f"{row['staged_ms']:>8.4f}{row['predict_mask_ms']:>8.4f}{graph:>8.4f}"
               f"{host:>8.1f}{row['naive_ms']:>8.3f}{row['attention_95_ms']:>8.3f}{row['best_over_attention']:>10.3f}"
               f"{row['read_TBps']:>6.2f}{floor:>7.4f}")
     for row in timing:

@@ -48,8 +48,8 @@ def _signature(fn, constexprs: dict) -> dict:
 
 
 def _predict_variants(tp):
-    """(kernel, constexprs, num_warps) for each candidate config of the pool, logits, select and fused kernels,
-    with every option on (similarity check, per-head thresholds, restriction to an earlier mask)."""
+    """(kernel, constexprs, num_warps) for each candidate config of the pool, logits and select kernels, with
+    every option on (similarity check, per-head thresholds, restriction to an earlier mask)."""
     pool = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True}
     logits = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_KB": 2048, "DOT_PRECISION": "tf32x3"}
     select = {"HEAD_DIM": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True, "BLOCK_KB": 2048,
@@ -57,8 +57,7 @@ def _predict_variants(tp):
               "TOPP_PER_HEAD": True, "SIM_PER_HEAD": True, "KEEP_SINK": True, "KEEP_DIAGONAL": True, "WITHIN": True}
     for kernel, configs, base in ((tp._pool_kernel, tp._POOL_CONFIGS, pool),
                                   (tp._logits_kernel, tp._stage_configs(tp._LOGITS_PARAMS), logits),
-                                  (tp._select_kernel, tp._stage_configs(tp._SELECT_PARAMS), select),
-                                  (tp._fused_kernel, tp._FUSED_CONFIGS, {**pool, **logits, **select})):
+                                  (tp._select_kernel, tp._stage_configs(tp._SELECT_PARAMS), select)):
         for config in configs:
             constexprs = {**base, **config.kwargs}
             if "SEL_TILE" in constexprs:
@@ -92,7 +91,7 @@ def test_every_kernel_variant_compiles_for_sm90():
     assert done.returncode == 0, done.stdout + done.stderr
     from sparsevid.ops import triton_predict as tp
 
-    expected = 9 + len(tp._POOL_CONFIGS) + len(tp._FUSED_CONFIGS) + sum(
+    expected = 9 + len(tp._POOL_CONFIGS) + sum(
         len(tp._stage_configs(params)) for params in (tp._LOGITS_PARAMS, tp._SELECT_PARAMS))
     assert done.stdout.count("compiled") == expected, done.stdout
 

@@ -1,4 +1,4 @@
-"""predict_mask end to end: the fused Triton kernels (interpreter on the CPU) against the PyTorch path,
+"""predict_mask end to end: the Triton kernels (interpreter on the CPU) against the PyTorch path,
 pooling against float64 brute force, stats, and input checks."""
 from __future__ import annotations
 
@@ -76,13 +76,11 @@ def test_triton_matches_torch(shape, rule, options):
 
 
 def launches():
-    """(name, run) for every way to launch the kernels: the fused launch with each candidate config, and the
-    staged launch with each select config (pool configs taken in turn)."""
-    fused = [(f"fused-{i}", lambda launch, c=c: launch.fused(c)) for i, c in enumerate(triton_predict._FUSED_CONFIGS)]
+    """(name, run) for every candidate config: each select config (logits and select stages), with the pool
+    configs taken in turn."""
     pools, selects = triton_predict._POOL_CONFIGS, triton_predict._SELECT_CONFIGS
-    staged = [(f"staged-{i}", lambda launch, p=pools[i % len(pools)], s=s: (launch.pool(p), launch.select(s)))
-              for i, s in enumerate(selects)]
-    return fused + staged
+    return [(f"staged-{i}", lambda launch, p=pools[i % len(pools)], s=s: (launch.pool(p), launch.select(s)))
+            for i, s in enumerate(selects)]
 
 
 # (B, H, N, M, D, block_q, block_k): rows short enough to search whole (KB <= COMPACT), and longer rows whose
@@ -95,7 +93,7 @@ LAUNCH_SHAPES = [
 
 @pytest.mark.parametrize("shape", LAUNCH_SHAPES)
 def test_every_launch_and_config_matches_torch(shape):
-    """Fused and staged launches, with every candidate config, on per-head budgets, every option and
+    """The launches with every candidate config, on per-head budgets, every option and
     within=: the torch path's keep map and kept mass, and the index tables of that keep map."""
     torch.manual_seed(sum(shape))
     b, h, n, m, d, block_q, block_k = shape
@@ -222,7 +220,7 @@ def test_gpu_triton_matches_torch_bf16(shape, rule):
 
 @pytest.mark.gpu
 def test_gpu_every_launch_and_config_bf16():
-    """40 heads (many per-head counters in the fused launch), ragged N, bf16: every launch and config against
+    """40 heads, ragged N, bf16: every config against
     the torch path, within the rounding allowance of test_gpu_triton_matches_torch_bf16."""
     torch.manual_seed(8)
     q = structured(1, 40, 8200, 128, torch.bfloat16, transposed=True)

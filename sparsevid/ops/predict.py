@@ -4,7 +4,7 @@ Q and K are mean-pooled per block, the pooled rows ``softmax(scale * q_bar k_bar
 score each tile, and a rule picks the tiles of each row (``selection.py`` defines the rules, the options
 and how ties are treated; ``pooling.py`` defines pooling and block self-similarity).
 
-Backends: "triton" (one fused launch, CUDA; on the CPU only under ``TRITON_INTERPRET=1``), "torch"
+Backends: "triton" (pool, logits and select launches, CUDA; on the CPU only under ``TRITON_INTERPRET=1``), "torch"
 (plain PyTorch with sort-based selection, any device), "auto" (triton on CUDA, torch elsewhere). Both give
 the same masks up to rows whose threshold falls between two scores closer than fp32 rounding.
 """

@@ -23,15 +23,11 @@ only those, with the count and mass above ``hi`` carried as constants. The searc
 separates the bounds. The search is a long chain of dependent row reductions: one-warp programs keep those
 reductions inside a warp, and one row per program gives the GPU enough independent chains.
 
-Launch modes (same results up to the summation order of each config, see :class:`PredictLaunch`):
-
-* fused (the default): one launch. Each program takes a ticket from a global counter; the ticket order
-  pools heads 0 and 1, then for each head h: "pool head h + 2", "logits of head h", "select head h". A
-  logits program waits on a per-head counter of finished pool programs, a select program on a per-head
-  counter of finished logits programs; by the ticket order the programs waited for have all started
-  earlier, so every wait ends. The selection of one head thus runs while later heads are still being
-  pooled, hidden behind the memory-bound pooling; only the last heads' selection is exposed.
-* staged: a pool launch, a logits launch, then a select launch (used to time the stages apart).
+The three stages run as three launches (:class:`PredictLaunch`), each autotuned on its own. Pooling is
+memory bound and, with one-warp programs, reads at the rate of a plain reduction over Q and K. A single
+launch that overlapped the pooling of later heads with the selection of earlier ones (ticket order, per-head
+counters) measured slower than the three launches once selection ran one row per program (H200, Wan 14B
+shape: 2.5 ms against 1.05 ms): its waiting programs held the SMs.
 
 Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on the CPU (tests).
 """
@@ -55,16 +51,14 @@ _AUTOTUNE = os.environ.get("SPARSEVID_AUTOTUNE", "on") != "off"
 
 # Entries of a row's bracket below which the threshold search continues on the packed bracket only.
 _COMPACT = 64
-# Heads pooled ahead of the selection in the fused launch.
-_LAG = 2
 
 # Candidate configs; the autotuner times them per shape key (the first alone runs when interpreted or with
 # autotuning off). POOL_TOKENS: tokens per pool program (a multiple of both block sizes, 64 and 128), read
 # POOL_CHUNK at a time (a divisor of 64); ROWS: query-block rows per logits program (>= 16 for tl.dot), CHUNK
 # key blocks per dot; SEL_TILE: entries of a search tile [SEL_ROWS, BLOCK_KB] of a select program, at least
 # one row. With one warp a select program's row reductions (each bisection step's count and mass) stay
-# within the warp, without barriers, and many small programs keep every SM busy. The staged launch gives each
-# stage its share of a select config.
+# within the warp, without barriers, and many small programs keep every SM busy. A select config is shared by
+# the logits and select stages (each takes its part) when a caller launches with an explicit config.
 _POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=2, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=64), num_warps=4, num_stages=1)]
@@ -72,20 +66,6 @@ _SELECT_CONFIGS = [triton.Config(dict(ROWS=16, CHUNK=16, SEL_TILE=1024), num_war
                    triton.Config(dict(ROWS=16, CHUNK=16, SEL_TILE=512), num_warps=1, num_stages=1),
                    triton.Config(dict(ROWS=16, CHUNK=16, SEL_TILE=2048), num_warps=1, num_stages=1),
                    triton.Config(dict(ROWS=16, CHUNK=32, SEL_TILE=4096), num_warps=4, num_stages=1)]
-_FUSED_CONFIGS = [
-    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16, ROWS=16, CHUNK=16, SEL_TILE=1024), num_warps=1,
-                  num_stages=1),
-    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16, ROWS=16, CHUNK=16, SEL_TILE=512), num_warps=1,
-                  num_stages=1),
-    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16, ROWS=16, CHUNK=16, SEL_TILE=2048), num_warps=1,
-                  num_stages=1),
-    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32, ROWS=16, CHUNK=16, SEL_TILE=1024), num_warps=2,
-                  num_stages=1),
-    triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=64, ROWS=16, CHUNK=32, SEL_TILE=4096), num_warps=4,
-                  num_stages=1, maxnreg=128),
-]
-
-
 def _configs(candidates: list[triton.Config]) -> list[triton.Config]:
     """The autotuning space: the first candidate alone when interpreted or with SPARSEVID_AUTOTUNE=off."""
     return candidates[:1] if _INTERPRET or not _AUTOTUNE else candidates
@@ -348,33 +328,6 @@ def _select_rows(unit, bh, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
     tl.store(KeptMass + rows, kept_mass, mask=m_s)
 
 
-@triton.jit
-def _schedule(ticket, pool_units, logit_units, select_units, heads, lag):
-    """(kind, batch-head, unit) of a fused-launch ticket; kind 0: pool, 1: logits, 2: select.
-
-    Ticket order: the pool units of heads [0, lag), then for each head h the pool units of head h + lag
-    (while there is one) followed by the logits units and the select units of head h. Every unit waits only
-    for units of earlier tickets.
-    """
-    after = logit_units + select_units
-    group = pool_units + after
-    paired = (heads - lag) * group
-    u = ticket - lag * pool_units
-    g = tl.maximum(u, 0) // group
-    r = tl.maximum(u, 0) - g * group
-    v = tl.maximum(u - paired, 0)
-    ahead = u < 0
-    in_paired = (u >= 0) & (u < paired)
-    bh = tl.where(ahead, ticket // pool_units, tl.where(in_paired, tl.where(r < pool_units, g + lag, g),
-                                                        heads - lag + v // after))
-    # Position in a head's group: [0, pool_units) pool units, then logits units, then select units.
-    position = tl.where(ahead, ticket % pool_units, tl.where(in_paired, r, pool_units + v % after))
-    kind = tl.where(position < pool_units, 0, tl.where(position < pool_units + logit_units, 1, 2))
-    unit = tl.where(kind == 0, position, tl.where(kind == 1, position - pool_units,
-                                                  position - pool_units - logit_units))
-    return kind, bh, unit
-
-
 def _select_rows_per_group(args) -> int:
     """SEL_ROWS: rows of a [SEL_ROWS, BLOCK_KB] search tile of about SEL_TILE entries (at least one row)."""
     return max(1, args["SEL_TILE"] // args["BLOCK_KB"])
@@ -459,58 +412,6 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
                  TOPP_PER_HEAD, SIM_PER_HEAD, KEEP_SINK, KEEP_DIAGONAL, WITH_SIM, WITHIN)
 
 
-@triton.autotune(configs=_configs(_FUSED_CONFIGS), key=_SELECT_KEY, reset_to_zero=["Sync"])
-@triton.heuristics(_SELECT_HEURISTICS)
-@triton.jit
-def _fused_kernel(Q, K, PooledQ, PooledK, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
-                  TopkPerHead, ToppPerHead, SimPerHead, Within, Sync,
-                  stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-                  topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                  H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps, scale_log2, BH, lag,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                  WITH_SIM: tl.constexpr, BLOCK_KB: tl.constexpr, COMPACT: tl.constexpr,
-                  USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr, TOPK_PER_HEAD: tl.constexpr,
-                  TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr, KEEP_SINK: tl.constexpr,
-                  KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  POOL_TOKENS: tl.constexpr, POOL_CHUNK: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr,
-                  SEL_TILE: tl.constexpr, SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr):
-    """Fused launch. Grid (B*H * (pool + logits + select units),); Sync: int32 [1 + 2*B*H] zeros (the ticket
-    counter, then the finished pool units of each batch-head, then its finished logits units)."""
-    ticket = tl.atomic_add(Sync, 1, sem="relaxed")
-    pool_units = tl.cdiv(NUM_Q_BLOCKS, POOL_TOKENS // BLOCK_Q) + tl.cdiv(NUM_KV_BLOCKS, POOL_TOKENS // BLOCK_K)
-    logit_units = tl.cdiv(NUM_Q_BLOCKS, ROWS)
-    kind, bh, unit = _schedule(ticket, pool_units, logit_units, tl.cdiv(NUM_Q_BLOCKS, SEL_ROWS), BH, lag)
-    p_pooled = Sync + 1 + bh
-    p_logits = Sync + 1 + BH + bh
-    # A unit waits only for units of earlier tickets (running or done), so every wait ends. The barrier before
-    # each release orders every thread's stores before it.
-    if kind == 0:
-        _pool_unit(unit, bh, Q, K, PooledQ, PooledK, SimQ, SimK,
-                   stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
-                   HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, POOL_TOKENS, POOL_CHUNK, WITH_SIM)
-        tl.debug_barrier()
-        tl.atomic_add(p_pooled, 1, sem="release")
-    elif kind == 1:
-        while tl.atomic_add(p_pooled, 0, sem="acquire") < pool_units:
-            pass
-        tl.debug_barrier()
-        _logit_rows(unit, bh, PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
-                    HEAD_DIM, BLOCK_D, ROWS, CHUNK, DOT_PRECISION)
-        tl.debug_barrier()
-        tl.atomic_add(p_logits, 1, sem="release")
-    else:
-        while tl.atomic_add(p_logits, 0, sem="acquire") < logit_units:
-            pass
-        tl.debug_barrier()
-        _select_rows(unit, bh, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
-                     TopkPerHead, ToppPerHead, SimPerHead, Within,
-                     topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                     H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
-                     BLOCK_Q, BLOCK_K, BLOCK_KB, SEL_ROWS, OUT_CHUNK, COMPACT, USE_TOPK, USE_TOPP, TOPK_PER_HEAD,
-                     TOPP_PER_HEAD, SIM_PER_HEAD, KEEP_SINK, KEEP_DIAGONAL, WITH_SIM, WITHIN)
-
-
 # --------------------------------------------------------------------------- launcher
 
 def _scalar_or_table(value, device, dtype) -> tuple[object, torch.Tensor | None]:
@@ -527,7 +428,7 @@ class PredictLaunch:
     int32 [H]) or None when the rule has no top-k part; rule_topp likewise (float or float32 [H]).
     within: None or bool [B|1, H|1, QB, KB]: only these tiles are candidates, and only they can be kept.
 
-    ``fused()`` (one launch) or ``pool()`` then ``select()`` (two launches) fill ``outputs``: keep bool
+    ``pool()`` then ``select()`` (the logits and select launches) fill ``outputs``: keep bool
     [B, H, QB, KB], kv_count int32 [B, H, QB], kv_index int32 [B, H, QB, KB] and the kept pooled mass
     float32 [B, H, QB].
     """
@@ -607,20 +508,6 @@ class PredictLaunch:
                 lambda meta: (self._select_units({**self._select_meta, **meta}), self._bh),
                 sim_q, sim_k, *self._select_tensors, *self._rule_args, *self._dims, **self._select_meta)
 
-    def fused(self, config: triton.Config | None = None) -> None:
-        """All stages in one launch (module docstring)."""
-        sync = torch.zeros(1 + 2 * self._bh, device=self._q.device, dtype=torch.int32)
-
-        def grid(meta):
-            per_head = self._pool_units(meta) + num_blocks(self._qb, meta["ROWS"]) + self._select_units(meta)
-            return (self._bh * per_head,)
-
-        _launch(_fused_kernel, config, grid,
-                self._q, self._k, *self._pooled, *self._select_tensors, sync, *self._strides, *self._rule_args,
-                *self._dims, SIMILARITY_EPS, self._scale_log2, self._bh, min(_LAG, self._bh),
-                **self._pool_meta, **{k: v for k, v in {**self._logits_meta, **self._select_meta}.items()
-                                      if k not in self._pool_meta})
-
 
 def _launch(kernel, config: triton.Config | None, grid, *args, **meta) -> None:
     """Launch an autotuned kernel, or with ``config`` (one of its candidates) without tuning."""
@@ -631,7 +518,8 @@ def _launch(kernel, config: triton.Config | None, grid, *args, **meta) -> None:
 
 
 def triton_predict(q: torch.Tensor, k: torch.Tensor, **options) -> tuple[torch.Tensor, ...]:
-    """The fused launch; options and the returned outputs as in :class:`PredictLaunch`."""
+    """Pool, logits and select launches; options and the returned outputs as in :class:`PredictLaunch`."""
     launch = PredictLaunch(q, k, **options)
-    launch.fused()
+    launch.pool()
+    launch.select()
     return launch.outputs
