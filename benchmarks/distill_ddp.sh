@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Data-parallel distillation check: the same run (built-in model, hybrid 95% student, procedural data, same
-# global batch) on one GPU and on two GPUs under torchrun; compares the loss trajectories and throughput.
+# Data-parallel distillation check: the same run (built-in model, hybrid student with top-k 5% and top-p 0.9,
+# procedural data, same global batch) on one GPU and on two GPUs under torchrun; compares the loss
+# trajectories and throughput.
 # Usage: benchmarks/distill_ddp.sh [OUT]   (env: PYTHON, STEPS, BATCH, GPUS; needs GPUS CUDA devices)
 # CPU smoke run (gloo): GPUS=2 STEPS=2 BATCH=2 DEVICE=cpu MODEL_ARGS=--tiny PYTHON=.venv/bin/python \
 #     benchmarks/distill_ddp.sh /tmp/ddp
