@@ -71,6 +71,44 @@ def _configs(candidates: list[triton.Config]) -> list[triton.Config]:
     return candidates[:1] if _INTERPRET or not _AUTOTUNE else candidates
 
 
+def _select_rows_per_group(args) -> int:
+    """SEL_ROWS: rows of a [SEL_ROWS, BLOCK_KB] search tile of about SEL_TILE entries (at least one row)."""
+    return max(1, args["SEL_TILE"] // args["BLOCK_KB"])
+
+
+def _out_chunk(args) -> int:
+    """OUT_CHUNK: columns of a [SEL_ROWS, OUT_CHUNK] output tile, about a quarter of SEL_TILE entries."""
+    return max(32, min(args["BLOCK_KB"], args["SEL_TILE"] // 4 // args["SEL_ROWS"]))
+
+
+_SELECT_HEURISTICS = {"SEL_ROWS": _select_rows_per_group, "OUT_CHUNK": _out_chunk}
+_LOGITS_PARAMS = ("ROWS", "CHUNK")
+_SELECT_PARAMS = ("SEL_TILE",)
+
+
+def _subconfig(config: triton.Config, params: tuple[str, ...]) -> triton.Config:
+    """``config`` restricted to the meta-parameters ``params`` (same warps, stages and register cap)."""
+    return triton.Config({k: v for k, v in config.kwargs.items() if k in params}, num_warps=config.num_warps,
+                         num_stages=config.num_stages, maxnreg=config.maxnreg)
+
+
+def _stage_configs(params: tuple[str, ...]) -> list[triton.Config]:
+    """One stage's share of the select configs, without repeats."""
+    seen, configs = set(), []
+    for config in _SELECT_CONFIGS:
+        sub = _subconfig(config, params)
+        key = (tuple(sorted(sub.kwargs.items())), sub.num_warps, sub.num_stages, sub.maxnreg)
+        if key not in seen:
+            seen.add(key)
+            configs.append(sub)
+    return configs
+
+
+_POOL_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"]
+_LOGITS_KEY = ["HEAD_DIM", "BLOCK_KB"]
+_SELECT_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "BLOCK_KB", "USE_TOPK", "USE_TOPP", "WITH_SIM", "WITHIN"]
+
+
 # --------------------------------------------------------------------------- pooling
 
 @triton.jit
@@ -108,13 +146,17 @@ def _pool_tile(p_x, stride_n, stride_d, length, num_blocks, tile, p_mean, p_sim,
         tl.store(p_sim + o_b, tl.sum(b_mean * b_unit, 1) / tl.maximum(mean_norm, eps), mask=m_b)
 
 
+@triton.autotune(configs=_configs(_POOL_CONFIGS), key=_POOL_KEY)
 @triton.jit
-def _pool_unit(unit, bh, Q, K, PooledQ, PooledK, SimQ, SimK,
-               stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-               H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-               POOL_TOKENS: tl.constexpr, POOL_CHUNK: tl.constexpr, WITH_SIM: tl.constexpr):
-    """Pool tile ``unit`` of batch-head ``bh``: units [0, QT) are query tiles, the rest key tiles."""
+def _pool_kernel(Q, K, PooledQ, PooledK, SimQ, SimK,
+                 stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                 WITH_SIM: tl.constexpr, POOL_TOKENS: tl.constexpr, POOL_CHUNK: tl.constexpr):
+    """Pool tile ``program_id(0)`` of batch-head ``program_id(1)``: tiles [0, QT) are query tiles, the rest
+    key tiles. Grid (query tiles + key tiles, B*H)."""
+    unit = tl.program_id(0)
+    bh = tl.program_id(1)
     i_b = (bh // H).to(tl.int64)
     i_h = (bh % H).to(tl.int64)
     q_tiles = tl.cdiv(NUM_Q_BLOCKS, POOL_TOKENS // BLOCK_Q)
@@ -211,13 +253,15 @@ def _threshold_bits(b_p, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, BLOCK_K
     return lo
 
 
+@triton.autotune(configs=_configs(_stage_configs(_LOGITS_PARAMS)), key=_LOGITS_KEY)
 @triton.jit
-def _logit_rows(unit, bh, PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
-    """Base-2 pooled logits of query-block rows unit*ROWS... of batch-head ``bh`` against every key block,
-    CHUNK key blocks per tl.dot, into their scratch rows. Pooled rows are read through L2 only (.cg): other
-    programs of the launch wrote them."""
+def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr):
+    """Base-2 pooled logits of query-block rows program_id(0)*ROWS... of batch-head ``program_id(1)`` against
+    every key block, CHUNK key blocks per tl.dot, into their scratch rows. Grid (cdiv(QB, ROWS), B*H)."""
+    unit = tl.program_id(0)
+    bh = tl.program_id(1)
     q_rows = bh.to(tl.int64) * NUM_Q_BLOCKS          # first row of this batch-head in [B*H*QB, ...]
     p_kbar = PooledK + bh.to(tl.int64) * NUM_KV_BLOCKS * HEAD_DIM
     o_r = unit * ROWS + tl.arange(0, ROWS)
@@ -236,23 +280,28 @@ def _logit_rows(unit, bh, PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS
         tl.store(p_scratch + (c + o_j)[None, :], b_s * scale_log2, mask=m_r[:, None] & m_j[None, :])
 
 
+# The select stage overwrites its input logits with probabilities: tuning restores them between its runs.
+@triton.autotune(configs=_configs(_stage_configs(_SELECT_PARAMS)), key=_SELECT_KEY, restore_value=["Scratch"])
+@triton.heuristics(_SELECT_HEURISTICS)
 @triton.jit
-def _select_rows(unit, bh, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
-                 TopkPerHead, ToppPerHead, SimPerHead, Within,
-                 topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
-                 BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KB: tl.constexpr, SEL_ROWS: tl.constexpr,
-                 OUT_CHUNK: tl.constexpr, COMPACT: tl.constexpr, USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
-                 TOPK_PER_HEAD: tl.constexpr, TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr,
-                 KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITH_SIM: tl.constexpr,
-                 WITHIN: tl.constexpr):
-    """Query-block rows unit*SEL_ROWS... of batch-head ``bh`` (their logits in the scratch rows): softmax,
-    threshold, options and outputs.
+def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
+                   TopkPerHead, ToppPerHead, SimPerHead, Within,
+                   topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
+                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
+                   HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WITH_SIM: tl.constexpr,
+                   BLOCK_KB: tl.constexpr, COMPACT: tl.constexpr, USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
+                   TOPK_PER_HEAD: tl.constexpr, TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr,
+                   KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr,
+                   SEL_TILE: tl.constexpr, SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr):
+    """Query-block rows program_id(0)*SEL_ROWS... of batch-head ``program_id(1)`` (their logits in the
+    scratch rows): softmax, threshold, options and outputs. Grid (cdiv(QB, SEL_ROWS), B*H).
 
     The probabilities replace the logits in the scratch rows (candidates only; others hold -1), so that the
     packing and the outputs read them back in chunks of OUT_CHUNK columns; only the search keeps whole rows in
-    registers. The logits are read through L2 only (.cg): other programs of the launch wrote them.
+    registers.
     """
+    unit = tl.program_id(0)
+    bh = tl.program_id(1)
     i_h = bh % H
     k_eff = min_blocks
     if USE_TOPK:
@@ -326,90 +375,6 @@ def _select_rows(unit, bh, SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
         tl.store(p_index[:, None] + o_c[None, :], last[:, None] + tl.zeros_like(o_c)[None, :], mask=m_pad)
     tl.store(Count + rows, count, mask=m_s)
     tl.store(KeptMass + rows, kept_mass, mask=m_s)
-
-
-def _select_rows_per_group(args) -> int:
-    """SEL_ROWS: rows of a [SEL_ROWS, BLOCK_KB] search tile of about SEL_TILE entries (at least one row)."""
-    return max(1, args["SEL_TILE"] // args["BLOCK_KB"])
-
-
-def _out_chunk(args) -> int:
-    """OUT_CHUNK: columns of a [SEL_ROWS, OUT_CHUNK] output tile, about a quarter of SEL_TILE entries."""
-    return max(32, min(args["BLOCK_KB"], args["SEL_TILE"] // 4 // args["SEL_ROWS"]))
-
-
-_SELECT_HEURISTICS = {"SEL_ROWS": _select_rows_per_group, "OUT_CHUNK": _out_chunk}
-_LOGITS_PARAMS = ("ROWS", "CHUNK")
-_SELECT_PARAMS = ("SEL_TILE",)
-
-
-def _subconfig(config: triton.Config, params: tuple[str, ...]) -> triton.Config:
-    """``config`` restricted to the meta-parameters ``params`` (same warps, stages and register cap)."""
-    return triton.Config({k: v for k, v in config.kwargs.items() if k in params}, num_warps=config.num_warps,
-                         num_stages=config.num_stages, maxnreg=config.maxnreg)
-
-
-def _stage_configs(params: tuple[str, ...]) -> list[triton.Config]:
-    """One stage's share of the select configs, without repeats."""
-    seen, configs = set(), []
-    for config in _SELECT_CONFIGS:
-        sub = _subconfig(config, params)
-        key = (tuple(sorted(sub.kwargs.items())), sub.num_warps, sub.num_stages, sub.maxnreg)
-        if key not in seen:
-            seen.add(key)
-            configs.append(sub)
-    return configs
-
-
-_POOL_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"]
-_LOGITS_KEY = ["HEAD_DIM", "BLOCK_KB"]
-_SELECT_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "BLOCK_KB", "USE_TOPK", "USE_TOPP", "WITH_SIM", "WITHIN"]
-
-
-@triton.autotune(configs=_configs(_POOL_CONFIGS), key=_POOL_KEY)
-@triton.jit
-def _pool_kernel(Q, K, PooledQ, PooledK, SimQ, SimK,
-                 stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                 WITH_SIM: tl.constexpr, POOL_TOKENS: tl.constexpr, POOL_CHUNK: tl.constexpr):
-    """Staged launch, pool stage. Grid (query tiles + key tiles, B*H)."""
-    _pool_unit(tl.program_id(0), tl.program_id(1), Q, K, PooledQ, PooledK, SimQ, SimK,
-               stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-               H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
-               HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_K, POOL_TOKENS, POOL_CHUNK, WITH_SIM)
-
-
-@triton.autotune(configs=_configs(_stage_configs(_LOGITS_PARAMS)), key=_LOGITS_KEY)
-@triton.jit
-def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr):
-    """Staged launch, logits stage. Grid (cdiv(QB, ROWS), B*H)."""
-    _logit_rows(tl.program_id(0), tl.program_id(1), PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
-                scale_log2, HEAD_DIM, BLOCK_D, ROWS, CHUNK, DOT_PRECISION)
-
-
-# The select stage overwrites its input logits with probabilities: tuning restores them between its runs.
-@triton.autotune(configs=_configs(_stage_configs(_SELECT_PARAMS)), key=_SELECT_KEY, restore_value=["Scratch"])
-@triton.heuristics(_SELECT_HEURISTICS)
-@triton.jit
-def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
-                   TopkPerHead, ToppPerHead, SimPerHead, Within,
-                   topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
-                   HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WITH_SIM: tl.constexpr,
-                   BLOCK_KB: tl.constexpr, COMPACT: tl.constexpr, USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
-                   TOPK_PER_HEAD: tl.constexpr, TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr,
-                   KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr,
-                   SEL_TILE: tl.constexpr, SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr):
-    """Staged launch, select stage (after the logits stage). Grid (cdiv(QB, SEL_ROWS), B*H)."""
-    _select_rows(tl.program_id(0), tl.program_id(1), SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
-                 TopkPerHead, ToppPerHead, SimPerHead, Within,
-                 topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
-                 BLOCK_Q, BLOCK_K, BLOCK_KB, SEL_ROWS, OUT_CHUNK, COMPACT, USE_TOPK, USE_TOPP, TOPK_PER_HEAD,
-                 TOPP_PER_HEAD, SIM_PER_HEAD, KEEP_SINK, KEEP_DIAGONAL, WITH_SIM, WITHIN)
 
 
 # --------------------------------------------------------------------------- launcher
