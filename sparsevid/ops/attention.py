@@ -15,7 +15,8 @@ import torch
 
 from .mask import SparseMask
 from .reference import reference_block_sparse_attention
-from .validation import check_choice, check_head_tensors, check_scale, check_triton_inputs, triton_fits
+from .validation import (check_choice, check_head_tensors, check_scale, check_triton_inputs, grad_requested,
+                         triton_fits)
 
 BACKENDS = ("auto", "triton", "flex", "reference")
 
@@ -92,7 +93,7 @@ def _(q, k, v, kv_count, kv_index, block_q, block_k, scale, tile_slots):
 
 
 def _triton_backend(q, k, v, mask: SparseMask, scale: float, return_tile_mass: bool = False):
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    needs_grad = grad_requested(q, k, v)
     if not needs_grad and not torch.compiler.is_compiling():
         # Eager inference launches the kernel directly: the custom ops serve autograd and torch.compile, and
         # their dispatch costs tens of microseconds of host time per call.
@@ -169,7 +170,7 @@ def _check_inputs(q, k, v, mask, scale, backend) -> None:
     check_choice("backend", backend, BACKENDS)
     if backend == "triton":
         check_triton_inputs(q)
-    if backend == "flex" and q.is_cuda and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if backend == "flex" and q.is_cuda and grad_requested(q, k, v):
         _check_flex_gradients(mask)
 
 
@@ -187,7 +188,7 @@ def _check_tile_mass_request(return_tile_mass, backend: str, q, k, v) -> None:
         return
     if backend not in ("triton", "reference"):
         raise ValueError(f"return_tile_mass=True needs backend 'triton' or 'reference' (or 'auto'), got {backend!r}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if grad_requested(q, k, v):
         raise ValueError("return_tile_mass=True is inference only (no backward): call it under torch.no_grad() "
                          "or with inputs that do not require grad")
 

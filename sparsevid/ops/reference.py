@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .mask import SparseMask
+from .validation import grad_requested
 
 # Upper bound on the number of score elements materialised at once (per chunk, all batches and heads).
 _MAX_CHUNK_ELEMENTS = 1 << 26
@@ -69,8 +70,7 @@ def reference_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.
         with torch.no_grad():
             parts = _chunks(q, k, v, mask, scale, needs_grad=False, block_q=mask.block_q)
         return tuple(torch.cat(p, dim=d) for p, d in zip(parts, (-2, -1, -2)))
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    outs, lses = _chunks(q, k, v, mask, scale, needs_grad=needs_grad)
+    outs, lses = _chunks(q, k, v, mask, scale, needs_grad=grad_requested(q, k, v))
     return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
 
 

@@ -32,6 +32,11 @@ def check_head_tensors(**tensors: torch.Tensor) -> None:
                          f"{[tuple(t.shape) for t in tensors.values()]}")
 
 
+def grad_requested(*tensors: torch.Tensor) -> bool:
+    """Whether autograd will record an op on these tensors (grad mode on and one of them requires grad)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def check_scale(scale) -> None:
     if scale is not None and not (isinstance(scale, numbers.Real) and not isinstance(scale, bool) and scale > 0):
         raise ValueError(f"scale must be None or a positive number, got {scale!r}")
