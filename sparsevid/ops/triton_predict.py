@@ -66,6 +66,8 @@ _SELECT_CONFIGS = [triton.Config(dict(ROWS=16, CHUNK=16, SEL_TILE=1024), num_war
                    triton.Config(dict(ROWS=16, CHUNK=16, SEL_TILE=512), num_warps=1, num_stages=1),
                    triton.Config(dict(ROWS=16, CHUNK=16, SEL_TILE=2048), num_warps=1, num_stages=1),
                    triton.Config(dict(ROWS=16, CHUNK=32, SEL_TILE=4096), num_warps=4, num_stages=1)]
+
+
 def _configs(candidates: list[triton.Config]) -> list[triton.Config]:
     """The autotuning space: the first candidate alone when interpreted or with SPARSEVID_AUTOTUNE=off."""
     return candidates[:1] if _INTERPRET or not _AUTOTUNE else candidates
