@@ -459,12 +459,12 @@ class PredictLaunch:
         return num_blocks(self._qb, _select_rows_per_group(meta))
 
     def pool(self, config: triton.Config | None = None) -> None:
-        """Staged launch, stage 1: the pooled rows (and similarities) into the workspace."""
+        """Stage 1: the pooled rows (and similarities) into the workspace."""
         _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), self._bh),
                 self._q, self._k, *self._pooled, *self._strides, *self._dims, SIMILARITY_EPS, **self._pool_meta)
 
     def select(self, config: triton.Config | None = None) -> None:
-        """Staged launch, stages 2 and 3 (after ``pool``): the logits, then the selection and the outputs;
+        """Stages 2 and 3 (after ``pool``): the logits, then the selection and the outputs;
         ``config``: one of ``_SELECT_CONFIGS``, each stage taking its share."""
         pooled_q, pooled_k, sim_q, sim_k = self._pooled
         _launch(_logits_kernel, config and _subconfig(config, _LOGITS_PARAMS),
