@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
 from sparsevid.ops import triton_attention  # noqa: E402
 from run_info import git_commit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from timing import median_ms  # noqa: E402
 
 SHAPES = {"wan1.3b-480p": (1, 12, 32760, 128), "wan14b-720p": (1, 40, 75600, 128)}
 BLOCKS = {"128x128": (128, 128), "128x64": (128, 64)}
@@ -37,7 +38,7 @@ def attention_flops(n: int, m: int, heads: int, batch: int, d: int, kept: float,
 
 
 def bench(fn, grad_to_none=None) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=150, grad_to_none=grad_to_none, return_mode="median")
+    return median_ms(fn, torch.device("cuda"), rep_ms=150, grad_to_none=grad_to_none)
 
 
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:

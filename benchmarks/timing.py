@@ -5,13 +5,15 @@ import statistics
 import time
 
 
-def median_ms(fn, device, reps: int = 3, rep_ms: int = 100) -> float:
+def median_ms(fn, device, reps: int = 3, rep_ms: int = 100, grad_to_none=None) -> float:
     """Median time of ``fn()`` in ms: on CUDA ``triton.testing.do_bench`` (25 ms warm-up, ``rep_ms`` of
-    repetitions, L2 flushed between them); elsewhere ``time.perf_counter`` over ``reps`` calls after one."""
+    repetitions, L2 flushed between them, the ``.grad`` of the ``grad_to_none`` tensors reset before each);
+    elsewhere ``time.perf_counter`` over ``reps`` calls after one."""
     if device.type == "cuda":
         import triton
 
-        return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+        return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, grad_to_none=grad_to_none,
+                                             return_mode="median"))
     fn()
     times = []
     for _ in range(reps):

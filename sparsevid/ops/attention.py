@@ -16,7 +16,7 @@ import torch
 from .mask import SparseMask
 from .reference import reference_block_sparse_attention
 from .validation import (check_choice, check_head_tensors, check_scale, check_triton_inputs, grad_requested,
-                         triton_fits)
+                         resolve_auto)
 
 BACKENDS = ("auto", "triton", "flex", "reference")
 
@@ -176,9 +176,7 @@ def _check_inputs(q, k, v, mask, scale, backend) -> None:
 
 def resolve_backend(backend: str, q: torch.Tensor) -> str:
     """The backend "auto" stands for on q's device (others unchanged)."""
-    if backend != "auto":
-        return backend
-    return "triton" if q.is_cuda and triton_fits(q) else "reference"
+    return resolve_auto(backend, q, "reference")
 
 
 def _check_tile_mass_request(return_tile_mass, backend: str, q, k, v) -> None:

@@ -19,7 +19,7 @@ from .mask import SparseMask, _check_block_size, num_blocks
 from .pooling import block_similarity, pool_blocks, pooled_scores
 from .selection import (RULES, add_option_blocks, diagonal_blocks, resolve_similarity_threshold, resolve_topk,
                         resolve_topp, threshold_keep, uses_topk, uses_topp)
-from .validation import check_choice, check_head_tensors, check_scale, check_triton_inputs, triton_fits
+from .validation import check_choice, check_head_tensors, check_scale, check_triton_inputs, resolve_auto
 
 BACKENDS = ("auto", "triton", "torch")
 
@@ -57,12 +57,6 @@ def _check_options(rule, scale, keep_sink, keep_diagonal, min_blocks, backend, q
     check_choice("backend", backend, BACKENDS)
     if backend == "triton":
         check_triton_inputs(q)
-
-
-def _resolve_backend(backend: str, q: torch.Tensor) -> str:
-    if backend != "auto":
-        return backend
-    return "triton" if q.is_cuda and triton_fits(q) else "torch"
 
 
 def _torch_predict(q, k, *, rule, rule_topk, rule_topp, min_blocks, keep_sink, keep_diagonal, similarity_threshold,
@@ -155,7 +149,7 @@ def predict_mask(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", topk=0.
     options = prediction_options(q, k, rule, topk, topp, block_q, block_k, scale, keep_sink, keep_diagonal,
                                  similarity_threshold, min_blocks, backend, within)
     n, m = q.shape[2], k.shape[2]
-    if _resolve_backend(backend, q) == "triton":
+    if resolve_auto(backend, q, "torch") == "triton":
         from .triton_predict import triton_predict
 
         keep, count, index, kept_mass = triton_predict(q, k, **options)

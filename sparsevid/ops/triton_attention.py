@@ -192,9 +192,9 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
         p_tile_lse = TileLse + (pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block) * TILE_SLOTS * BLOCK_M + o_in_block
     for it in range(0, num_full * SUBS):
         start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB
-        b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn,
-                                                     stride_vn, o_d, M, scale_log2, HEAD_DIM, BLOCK_D, SUB, False,
-                                                     DOT_PRECISION, USE_TMA)
+        b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn, stride_vn,
+                                            o_d, M, scale_log2, HEAD_DIM, BLOCK_D, SUB, False, DOT_PRECISION,
+                                            USE_TMA)
         if WITH_MASS:
             tl.store(p_tile_lse + it * BLOCK_M, b_m + tl.math.log2(b_psum))
     if ragged_tail:
@@ -202,9 +202,9 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
         for sub in range(0, SUBS):
             start_n = last_block * BLOCK_N + sub * SUB
             if start_n < M:
-                b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n,
-                                                             stride_kn, stride_vn, o_d, M, scale_log2, HEAD_DIM,
-                                                             BLOCK_D, SUB, True, DOT_PRECISION, USE_TMA)
+                b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn,
+                                                    stride_vn, o_d, M, scale_log2, HEAD_DIM, BLOCK_D, SUB, True,
+                                                    DOT_PRECISION, USE_TMA)
         if WITH_MASS:
             tl.store(p_tile_lse + num_full * BLOCK_M, b_m + tl.math.log2(b_psum))
 
@@ -402,8 +402,8 @@ def _alloc(like: torch.Tensor, shape: tuple[int, ...] | None = None, dtype: torc
 
 
 def padded_pow2(n: int) -> int:
-    """The smallest power of two >= n and >= 16 (a tl.arange extent; plain Python, cheap on the host)."""
-    return max(16, 1 << (n - 1).bit_length())
+    """The smallest power of two >= n and >= 16 (a tl.arange extent)."""
+    return max(16, triton.next_power_of_2(n))
 
 
 def _dot_precision(dtype: torch.dtype) -> str:

@@ -472,7 +472,7 @@ class PredictLaunch:
                 pooled_q, pooled_k, self._select_tensors[0], self._qb, self._kb, self._scale_log2,
                 **self._logits_meta)
         _launch(_select_kernel, config and _subconfig(config, _SELECT_PARAMS),
-                lambda meta: (self._select_units({**self._select_meta, **meta}), self._bh),
+                lambda meta: (self._select_units(meta), self._bh),
                 sim_q, sim_k, *self._select_tensors, *self._rule_args, *self._dims, **self._select_meta)
 
 

@@ -52,9 +52,13 @@ def triton_runs_on(t: torch.Tensor) -> bool:
     return t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
-def triton_fits(q: torch.Tensor) -> bool:
-    """Whether the Triton kernels support q's dtype and head dim."""
-    return q.dtype in TRITON_DTYPES and q.shape[-1] <= MAX_TRITON_HEAD_DIM
+def resolve_auto(backend: str, q: torch.Tensor, fallback: str) -> str:
+    """The backend "auto" stands for on q's device: "triton" for CUDA tensors of a dtype and head dim the
+    Triton kernels support, else ``fallback`` (other backends unchanged)."""
+    if backend != "auto":
+        return backend
+    fits = q.dtype in TRITON_DTYPES and q.shape[-1] <= MAX_TRITON_HEAD_DIM
+    return "triton" if q.is_cuda and fits else fallback
 
 
 def check_triton_inputs(q: torch.Tensor) -> None:

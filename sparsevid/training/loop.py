@@ -127,8 +127,8 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
     pending: list[tuple] = []  # per-step JSONL rows whose loss / grad norm are still on the device
 
     def flush_jsonl() -> None:
-        """Write the pending per-step rows (one device read for all of them)."""
-        if not pending:
+        """Write the pending per-step rows to the JSONL log, if there is one (one device read for all)."""
+        if jsonl is None or not pending:
             return
         values = torch.stack([torch.stack([loss_.float(), norm_.float()])
                               for _, loss_, _, norm_, _ in pending]).tolist()
@@ -138,8 +138,7 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
         pending.clear()
 
     def checkpoint() -> None:
-        if jsonl is not None:
-            flush_jsonl()
+        flush_jsonl()
         if state_path is not None and main:
             info = {"elapsed": time.perf_counter() - start, "run": run_info or {}}
             save_training_state(state_path, module, {} if ema is None else ema.shadow, optimizer, step, info)
@@ -170,8 +169,7 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
         if bar is not None:
             bar.update(1)
         if step % config.log_every == 0 or step == first_step + 1:
-            if jsonl is not None:
-                flush_jsonl()
+            flush_jsonl()
             mean = float(torch.stack(window).mean())
             window.clear()
             if not math.isfinite(mean):
@@ -188,8 +186,7 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
     if window:
         history.append(_row(step, float(torch.stack(window).mean()), lr, float(grad_norm),
                             time.perf_counter() - start, 2))
-    if jsonl is not None:
-        flush_jsonl()
+    flush_jsonl()
     if step > first_step and step % config.checkpoint_every:
         checkpoint()
     for handle in (bar, jsonl):
