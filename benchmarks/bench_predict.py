@@ -13,8 +13,8 @@ version and the 95%-sparse attention forward; and attention recall of predicted 
      the regime the product runs in.
 
    the Triton masks are first checked against the PyTorch path of ``predict_mask`` and the naive version;
-   then, with ``triton.testing.do_bench`` medians (L2 flushed before each call): the pool stage alone, the
-   logits and select stages together ("select"), all three launches with the fastest configs ("staged"),
+   then, with ``triton.testing.do_bench`` medians (L2 flushed before each call): each stage alone (pool,
+   logits, select), all three launches with the fastest configs ("staged"),
    ``predict_mask`` end to end (eager, and replayed from a CUDA graph: device time only), its host time per
    call, the naive version, the time to read q and k once (``torch.sum`` over their storage: the floor), and
    the block-sparse attention forward at 95% sparsity (random mask) of the same shape. The stages are timed
@@ -212,11 +212,15 @@ def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, att
     # Every candidate config of each kernel, timed explicitly (whatever the autotuner would pick).
     differing = lambda: differing_rows(launch.outputs[0], mask.keep)  # noqa: E731
     pool_times, best_pool = time_candidates(launch.pool, triton_predict._POOL_CONFIGS, measure,
-                                            lambda: (launch.select(), differing())[1])
+                                            lambda: (launch.logits(), launch.select(), differing())[2])
+    logits_times, best_logits = time_candidates(launch.logits, triton_predict._LOGITS_CONFIGS, measure,
+                                                lambda: (launch.select(), differing())[1])
     select_times, best_select = time_candidates(launch.select, triton_predict._SELECT_CONFIGS, measure, differing)
-    row["configs_ms"] = {"pool": pool_times, "select": select_times}
-    row["pool_ms"], row["select_ms"] = min(pool_times.values()), min(select_times.values())
-    row["staged_ms"] = measure(lambda: (launch.pool(best_pool), launch.select(best_select)))
+    row["configs_ms"] = {"pool": pool_times, "logits": logits_times, "select": select_times}
+    row["pool_ms"], row["logits_ms"], row["select_ms"] = (min(times.values())
+                                                          for times in (pool_times, logits_times, select_times))
+    row["staged_ms"] = measure(lambda: (launch.pool(best_pool), launch.logits(best_logits),
+                                        launch.select(best_select)))
     row["predict_mask_ms"] = measure(predict)
     row["naive_ms"] = measure(lambda: naive_predict(q, k, RULE["topk"], RULE["topp"], block_q, block_k))
     if cuda:
@@ -292,13 +296,13 @@ def main() -> None:
     (out_dir / "results.json").write_text(json.dumps(result, indent=2))
 
     print(f"\n{result['device']}  torch {result['torch']}  triton {result['triton']}  commit {result['commit']}")
-    print(f"{'shape':<8}{'blocks':>8}{'input':>7}{'spars':>6}{'pool':>8}{'select':>8}{'staged':>8}"
+    print(f"{'shape':<8}{'blocks':>8}{'input':>7}{'spars':>6}{'pool':>8}{'logits':>8}{'select':>8}{'staged':>8}"
           f"{'e2e':>8}{'graph':>8}{'host us':>8}{'naive':>8}{'attn95':>8}{'best/attn':>10}{'TB/s':>6}{'floor':>7}")
     for row in timing:
         graph, host, floor = (row.get(key) or float("nan")
                               for key in ("predict_mask_graph_ms", "predict_mask_host_us", "read_floor_ms"))
         print(f"{row['shape']:<8}{row['block_q']:>4}x{row['block_k']:<3}{row['input']:>7}"
-              f"{row['checks']['sparsity']:>6.3f}{row['pool_ms']:>8.4f}{row['select_ms']:>8.4f}"
+              f"{row['checks']['sparsity']:>6.3f}{row['pool_ms']:>8.4f}{row['logits_ms']:>8.4f}{row['select_ms']:>8.4f}"
               f"{row['staged_ms']:>8.4f}{row['predict_mask_ms']:>8.4f}{graph:>8.4f}"
               f"{host:>8.1f}{row['naive_ms']:>8.3f}{row['attention_95_ms']:>8.3f}{row['best_over_attention']:>10.3f}"
               f"{row['read_TBps']:>6.2f}{floor:>7.4f}")

@@ -23,21 +23,29 @@ COMMON = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 64, "DOT_P
 
 
 def _variants(ta):
-    """(kernel, constexprs) for the forward (plain, tile masses), dQ and dK/dV, each with and without TMA."""
+    """(kernel, constexprs, descriptor boxes) for the forward (plain, tile masses), dQ and dK/dV, each with
+    and without TMA; the boxes map the arguments read through tensor descriptors to their box rows."""
     for use_tma in (False, True):
         for with_mass in (False, True):
-            yield ta._bsa_fwd_kernel, {**COMMON, "ROWS": 64, "SUB_N": 32, "WITH_MASS": with_mass, "USE_TMA": use_tma}
-        yield ta._bsa_bwd_dq_kernel, {**COMMON, "ROWS": 64, "SUB_N": 32, "USE_TMA": use_tma}
-        yield ta._bsa_bwd_dkdv_kernel, {**COMMON, "COLS": 64, "SUB_M": 32, "USE_TMA": use_tma}
-    yield ta._bsa_bwd_delta_kernel, {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 128, "HAS_DLSE": True}
+            rows = COMMON["BLOCK_N"] if with_mass else 32
+            yield (ta._bsa_fwd_kernel, {**COMMON, "ROWS": 64, "SUB_N": 32, "WITH_MASS": with_mass, "USE_TMA": use_tma},
+                   {"K": rows, "V": rows} if use_tma else {})
+        yield (ta._bsa_bwd_dq_kernel, {**COMMON, "ROWS": 64, "SUB_N": 32, "USE_TMA": use_tma},
+               {"K": 32, "V": 32} if use_tma else {})
+        yield (ta._bsa_bwd_dkdv_kernel, {**COMMON, "COLS": 64, "SUB_M": 32, "USE_TMA": use_tma},
+               {"Q": 32, "dOut": 32} if use_tma else {})
+    yield ta._bsa_bwd_delta_kernel, {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 128, "HAS_DLSE": True}, {}
 
 
-def _signature(fn, constexprs: dict) -> dict:
-    """Argument types by name: bf16 tensors for q/k/v-like pointers, int32 tables, fp32 statistics."""
+def _signature(fn, constexprs: dict, boxes: dict | None = None) -> dict:
+    """Argument types by name: bf16 tensors for q/k/v-like pointers (tensor descriptors with [1, 1, rows, D]
+    boxes for the arguments in ``boxes``), int32 tables, fp32 statistics."""
     signature = {}
     for name in inspect.signature(fn.fn).parameters:
         if name in constexprs:
             signature[name] = "constexpr"
+        elif name in (boxes or {}):
+            signature[name] = f"tensordesc<bf16[1, 1, {boxes[name]}, {constexprs['HEAD_DIM']}]>"
         elif name in POINTERS:
             signature[name] = POINTERS[name]
         elif name not in SIZES and (name[0].isupper() or name in ("dOut", "dQ", "dK", "dV")):
@@ -48,22 +56,22 @@ def _signature(fn, constexprs: dict) -> dict:
 
 
 def _predict_variants(tp):
-    """(kernel, constexprs, num_warps) for each candidate config of the pool, logits and select kernels, with
+    """(kernel, constexprs, num_warps, no descriptor boxes) for each candidate config of the pool, logits and
+    select kernels, with
     every option on (similarity check, per-head thresholds, restriction to an earlier mask)."""
     pool = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True}
     logits = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_KB": 2048, "DOT_PRECISION": "tf32x3"}
     select = {"HEAD_DIM": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True, "BLOCK_KB": 2048,
               "COMPACT": tp._COMPACT, "USE_TOPK": True, "USE_TOPP": True, "TOPK_PER_HEAD": True,
               "TOPP_PER_HEAD": True, "SIM_PER_HEAD": True, "KEEP_SINK": True, "KEEP_DIAGONAL": True, "WITHIN": True}
-    for kernel, configs, base in ((tp._pool_kernel, tp._POOL_CONFIGS, pool),
-                                  (tp._logits_kernel, tp._stage_configs(tp._LOGITS_PARAMS), logits),
-                                  (tp._select_kernel, tp._stage_configs(tp._SELECT_PARAMS), select)):
+    for kernel, configs, base in ((tp._pool_kernel, tp._POOL_CONFIGS, pool), (tp._logits_kernel, tp._LOGITS_CONFIGS, logits),
+                                  (tp._select_kernel, tp._SELECT_CONFIGS, select)):
         for config in configs:
             constexprs = {**base, **config.kwargs}
             if "SEL_TILE" in constexprs:
                 constexprs["SEL_ROWS"] = tp._select_rows_per_group(constexprs)
                 constexprs["OUT_CHUNK"] = tp._out_chunk(constexprs)
-            yield kernel, constexprs, config.num_warps
+            yield kernel, constexprs, config.num_warps, {}
 
 
 def compile_all() -> None:
@@ -74,12 +82,12 @@ def compile_all() -> None:
     from sparsevid.ops import triton_attention as ta
     from sparsevid.ops import triton_predict as tp
 
-    variants = [(kernel, constexprs, 4) for kernel, constexprs in _variants(ta)] + list(_predict_variants(tp))
-    for kernel, constexprs, num_warps in variants:
+    variants = [(kernel, constexprs, 4, boxes) for kernel, constexprs, boxes in _variants(ta)]
+    for kernel, constexprs, num_warps, boxes in variants + list(_predict_variants(tp)):
         fn = kernel
         while not isinstance(fn, triton.runtime.jit.JITFunction):
             fn = fn.fn
-        source = ASTSource(fn=fn, signature=_signature(fn, constexprs), constexprs=constexprs)
+        source = ASTSource(fn=fn, signature=_signature(fn, constexprs, boxes), constexprs=constexprs)
         triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2})
         print("compiled", fn.fn.__name__, num_warps,
               {k: v for k, v in constexprs.items() if k in ("WITH_MASS", "USE_TMA", "SEL_ROWS", "POOL_CHUNK")})
@@ -91,8 +99,7 @@ def test_every_kernel_variant_compiles_for_sm90():
     assert done.returncode == 0, done.stdout + done.stderr
     from sparsevid.ops import triton_predict as tp
 
-    expected = 9 + len(tp._POOL_CONFIGS) + sum(
-        len(tp._stage_configs(params)) for params in (tp._LOGITS_PARAMS, tp._SELECT_PARAMS))
+    expected = 9 + len(tp._POOL_CONFIGS) + len(tp._LOGITS_CONFIGS) + len(tp._SELECT_CONFIGS)
     assert done.stdout.count("compiled") == expected, done.stdout
 
 

@@ -76,11 +76,14 @@ def test_triton_matches_torch(shape, rule, options):
 
 
 def launches():
-    """(name, run) for every candidate config: each select config (logits and select stages), with the pool
-    configs taken in turn."""
-    pools, selects = triton_predict._POOL_CONFIGS, triton_predict._SELECT_CONFIGS
-    return [(f"staged-{i}", lambda launch, p=pools[i % len(pools)], s=s: (launch.pool(p), launch.select(s)))
-            for i, s in enumerate(selects)]
+    """(name, run) for every candidate config: each logits and each select config, with the configs of the
+    other stages taken in turn."""
+    pools, logits, selects = (triton_predict._POOL_CONFIGS, triton_predict._LOGITS_CONFIGS,
+                              triton_predict._SELECT_CONFIGS)
+    runs = max(len(logits), len(selects))
+    return [(f"staged-{i}", lambda launch, p=pools[i % len(pools)], g=logits[i % len(logits)],
+             s=selects[i % len(selects)]: (launch.pool(p), launch.logits(g), launch.select(s)))
+            for i in range(runs)]
 
 
 # (B, H, N, M, D, block_q, block_k): rows short enough to search whole (KB <= COMPACT), and longer rows whose

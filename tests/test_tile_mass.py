@@ -146,8 +146,9 @@ def test_triton_tile_mass_when_one_program_owns_a_whole_query_block(monkeypatch,
     autotuner may give one program all 128 rows (and whole 64-key tiles): the masses must not change."""
     import triton
 
-    monkeypatch.setattr(triton_attention._bsa_fwd_kernel, "configs",
-                        [triton.Config({"ROWS": 128, "SUB_N": 64}, num_warps=4, num_stages=1)])
+    kernel = triton_attention._bsa_fwd_kernel
+    monkeypatch.setattr(kernel, "configs", [triton.Config({"ROWS": 128, "SUB_N": 64}, num_warps=4, num_stages=1,
+                                                          pre_hook=kernel.configs[0].pre_hook)])
     b, h, n, m, d = 1, 2, 333, 200, 64
     mask = make_mask("random", b, h, n, m, 128, 64)
     q, k, v = rand_qkv(b, h, n, m, d, torch.float32)

@@ -15,6 +15,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 LOG2E = 1.4426950408889634
 
@@ -40,17 +41,29 @@ def _tma_kernels(setting: str) -> frozenset[str]:
 TMA = _tma_kernels(os.environ.get("SPARSEVID_TMA", "all"))
 
 
-def _configs(split: str, inner: str, choices: tuple[tuple[int, int, int, int], ...]) -> list[triton.Config]:
-    """Autotuning space, as (split, inner, warps, stages) choices: rows a program owns (``split``, a divisor
-    of its mask block), the sub-tile of the inner loop (``inner``, a divisor of the visited blocks), warps
-    and pipeline stages. A short list of shapes that do well on Hopper keeps the first call's compile time
-    (every config is compiled) near a minute. When interpreted, one config that exercises both splits; with
-    autotuning off, one config valid for every block size."""
+def _box_rows_hook(sources: tuple[str, str], rows):
+    """Autotuning pre-hook: the box of the tensor descriptors passed as arguments ``sources`` becomes
+    [1, 1, rows(args), D], the sub-tile the config's inner loop reads (pointer arguments are left alone)."""
+    def hook(args: dict) -> None:
+        for name in sources:
+            if isinstance(args[name], TensorDescriptor):
+                args[name].block_shape = [1, 1, rows(args), args[name].block_shape[-1]]
+    return hook
+
+
+def _configs(split: str, inner: str, choices: tuple[tuple[int, ...], ...], box_hook) -> list[triton.Config]:
+    """Autotuning space, as (split, inner, warps, stages[, register cap]) choices: rows a program owns
+    (``split``, a divisor of its mask block), the sub-tile of the inner loop (``inner``, a divisor of the
+    visited blocks), warps, pipeline stages and an optional cap on registers per thread. A short list of
+    shapes that do well on Hopper keeps the first call's compile time (every config is compiled) near a
+    minute. When interpreted, one config that exercises both splits; with autotuning off, one config valid
+    for every block size. ``box_hook`` (:func:`_box_rows_hook`) fits the descriptors to each config."""
     if _INTERPRET:
-        return [triton.Config({split: 64, inner: 32}, num_warps=4, num_stages=1)]
-    if not _AUTOTUNE:
-        return [triton.Config({split: 64, inner: 64}, num_warps=4, num_stages=3)]
-    return [triton.Config({split: r, inner: t}, num_warps=w, num_stages=s) for r, t, w, s in choices]
+        choices = ((64, 32, 4, 1),)
+    elif not _AUTOTUNE:
+        choices = ((64, 64, 4, 3),)
+    return [triton.Config({split: c[0], inner: c[1]}, num_warps=c[2], num_stages=c[3],
+                          maxnreg=c[4] if len(c) > 4 else None, pre_hook=box_hook) for c in choices]
 
 
 def _prune(split: str, own_block: str, inner: str, inner_block: str, whole_tiles_flag: str | None = None):
@@ -79,25 +92,26 @@ def _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _rows_source(p_base, stride_n, length, HEAD_DIM: tl.constexpr, SUB: tl.constexpr, USE_TMA: tl.constexpr):
-    """What :func:`_load_rows` reads a [length, HEAD_DIM] matrix (unit stride over D) through: a tensor
-    descriptor for the tensor-memory accelerator (SUB-row boxes; HEAD_DIM is then a power of two and the
-    launcher checked the alignment) or the base pointer itself."""
+def _rows_source(X, i_b, i_h, stride_b, stride_h, USE_TMA: tl.constexpr):
+    """What :func:`_load_rows` reads the [T, D] matrix of batch i_b, head i_h of X through: X itself when it
+    is a tensor descriptor over [B, H, T, D] built by the launcher (USE_TMA), else that matrix's first
+    element."""
     if USE_TMA:
-        return tl.make_tensor_descriptor(p_base, shape=[length, HEAD_DIM], strides=[stride_n, 1],
-                                         block_shape=[SUB, HEAD_DIM])
+        return X
     else:
-        return p_base
+        return X + i_b * stride_b + i_h * stride_h
 
 
 @triton.jit
 def _load_rows(source, start, stride_n, o_d, M, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB: tl.constexpr,
-               MASK_COLS: tl.constexpr, TRANSPOSED: tl.constexpr, USE_TMA: tl.constexpr):
+               MASK_COLS: tl.constexpr, TRANSPOSED: tl.constexpr, USE_TMA: tl.constexpr, i_b, i_h):
     """Rows [start, start + SUB) of a [M, D] matrix as [SUB, BLOCK_D] (or [BLOCK_D, SUB] when TRANSPOSED),
     from a source made by :func:`_rows_source`; rows past M and columns past HEAD_DIM read as zero (masked
-    pointer loads only where they can occur: MASK_COLS for the sequence's last block, BLOCK_D > HEAD_DIM)."""
+    pointer loads only where they can occur: MASK_COLS for the sequence's last block, BLOCK_D > HEAD_DIM).
+    Through a descriptor, one bulk copy of the [1, 1, SUB, HEAD_DIM] box at (i_b, i_h, start) (HEAD_DIM is
+    then a power of two); the accelerator fills rows past M with zeros."""
     if USE_TMA:
-        b_x = source.load([start, 0])  # the accelerator fills rows past M with zeros
+        b_x = source.load([i_b.to(tl.int32), i_h.to(tl.int32), start, 0]).reshape(SUB, HEAD_DIM)
         if TRANSPOSED:
             b_x = tl.trans(b_x)
         return b_x
@@ -119,13 +133,31 @@ def _load_rows(source, start, stride_n, o_d, M, HEAD_DIM: tl.constexpr, BLOCK_D:
             return tl.load(ptrs)
 
 
+# The interpreter cannot run PTX: there, _store_in_place is a plain tl.store.
+_PTX_STORE = tl.constexpr(not _INTERPRET)
+
+
 @triton.jit
-def _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn, stride_vn, o_d, M, scale_log2,
+def _store_in_place(p_dst, b_x):
+    """Store fp32 b_x at p_dst from the register layout b_x already has. A tl.store first moves b_x to a
+    coalesced layout through shared memory, and in the forward's pipelined loop that costs a block-wide
+    barrier per iteration; one PTX store per element does not (threads holding copies store the same value)."""
+    if _PTX_STORE:
+        tl.inline_asm_elementwise("st.global.f32 [$1], $2; mov.u32 $0, 0;", "=r,l,f",
+                                  [p_dst.to(tl.int64, bitcast=True), b_x], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.store(p_dst, b_x)
+
+
+@triton.jit
+def _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn, stride_vn, o_d, M, scale_log2, i_b, i_h,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr,
               DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
     """SUB_N key columns of a kept tile: update the running max, sum and output accumulator."""
-    b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA)
-    b_v = _load_rows(v_src, start_n, stride_vn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, False, USE_TMA)
+    b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA,
+                      i_b, i_h)
+    b_v = _load_rows(v_src, start_n, stride_vn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, False, USE_TMA,
+                     i_b, i_h)
     b_s = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
     if MASK_COLS:
         b_s = tl.where((start_n + tl.arange(0, SUB_N) < M)[None, :], b_s, float("-inf"))
@@ -140,9 +172,10 @@ def _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn, stride_vn,
 
 
 # TileMass is zeroed after tuning: a config owning fewer rows writes more splits than the one finally chosen.
-@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 3), (128, 64, 4, 2), (128, 64, 4, 4), (128, 64, 8, 3),
-                                                   (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),
-                                                   (64, 128, 4, 2))),
+@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 4, 4),
+                                                   (128, 64, 8, 2, 128), (128, 128, 8, 2), (128, 128, 8, 3),
+                                                   (64, 64, 4, 3), (64, 128, 4, 2)),
+                                  _box_rows_hook(("K", "V"), lambda a: a["BLOCK_N"] if a["WITH_MASS"] else a["SUB_N"])),
                  key=_TUNE_KEY + ["WITH_MASS"], reset_to_zero=["TileMass"],
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N", whole_tiles_flag="WITH_MASS"))
 @triton.jit
@@ -175,8 +208,8 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
     b_q = tl.load(p_q, mask=m_tile, other=0.0)
     SUB: tl.constexpr = BLOCK_N if WITH_MASS else SUB_N
     SUBS: tl.constexpr = BLOCK_N // SUB
-    k_src = _rows_source(K + i_b * stride_kb + i_h * stride_kh, stride_kn, M, HEAD_DIM, SUB, USE_TMA)
-    v_src = _rows_source(V + i_b * stride_vb + i_h * stride_vh, stride_vn, M, HEAD_DIM, SUB, USE_TMA)
+    k_src = _rows_source(K, i_b, i_h, stride_kb, stride_kh, USE_TMA)
+    v_src = _rows_source(V, i_b, i_h, stride_vb, stride_vh, USE_TMA)
 
     count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + q_block)
     p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + q_block * stride_ir
@@ -193,18 +226,18 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
     for it in range(0, num_full * SUBS):
         start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB
         b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn, stride_vn,
-                                            o_d, M, scale_log2, HEAD_DIM, BLOCK_D, SUB, False, DOT_PRECISION,
-                                            USE_TMA)
+                                            o_d, M, scale_log2, i_b, i_h, HEAD_DIM, BLOCK_D, SUB, False,
+                                            DOT_PRECISION, USE_TMA)
         if WITH_MASS:
-            tl.store(p_tile_lse + it * BLOCK_M, b_m + tl.math.log2(b_psum))
+            _store_in_place(p_tile_lse + it * BLOCK_M, b_m + tl.math.log2(b_psum))
     if ragged_tail:
         b_psum = tl.zeros([ROWS], dtype=tl.float32)  # the tail tile's row sums (WITH_MASS: one sub-tile)
         for sub in range(0, SUBS):
             start_n = last_block * BLOCK_N + sub * SUB
             if start_n < M:
                 b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn,
-                                                    stride_vn, o_d, M, scale_log2, HEAD_DIM, BLOCK_D, SUB, True,
-                                                    DOT_PRECISION, USE_TMA)
+                                                    stride_vn, o_d, M, scale_log2, i_b, i_h, HEAD_DIM, BLOCK_D,
+                                                    SUB, True, DOT_PRECISION, USE_TMA)
         if WITH_MASS:
             tl.store(p_tile_lse + num_full * BLOCK_M, b_m + tl.math.log2(b_psum))
 
@@ -259,11 +292,13 @@ def _bsa_bwd_delta_kernel(Out, dOut, dLse, Delta, stride_ob, stride_oh, stride_o
 
 @triton.jit
 def _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, k_src, v_src, start_n, stride_kn, stride_vn, o_d, M, scale_log2,
-             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr,
+             i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr,
              DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
     """SUB_N key columns of a kept tile in the dQ pass: recompute P and accumulate dS @ K."""
-    b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA)
-    b_vt = _load_rows(v_src, start_n, stride_vn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA)
+    b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA,
+                      i_b, i_h)
+    b_vt = _load_rows(v_src, start_n, stride_vn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA,
+                      i_b, i_h)
     b_s = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
     b_p = tl.math.exp2(b_s * scale_log2 - b_lse2[:, None])
     if MASK_COLS:
@@ -274,7 +309,8 @@ def _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, k_src, v_src, start_n, stride_kn,
 
 
 @triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 2), (128, 32, 4, 3),
-                                                   (64, 64, 4, 2), (64, 128, 4, 2))), key=_TUNE_KEY,
+                                                   (64, 64, 4, 2), (64, 128, 4, 2)),
+                                  _box_rows_hook(("K", "V"), lambda a: a["SUB_N"])), key=_TUNE_KEY,
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N"))
 @triton.jit
 def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
@@ -307,8 +343,8 @@ def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
     # Padding rows read lse = +inf so that their probabilities are exactly zero.
     b_lse2 = tl.load(Lse + p_row, mask=m_rows, other=float("inf")) * 1.4426950408889634
     b_delta = tl.load(Delta + p_row, mask=m_rows, other=0.0)
-    k_src = _rows_source(K + i_b * stride_kb + i_h * stride_kh, stride_kn, M, HEAD_DIM, SUB_N, USE_TMA)
-    v_src = _rows_source(V + i_b * stride_vb + i_h * stride_vh, stride_vn, M, HEAD_DIM, SUB_N, USE_TMA)
+    k_src = _rows_source(K, i_b, i_h, stride_kb, stride_kh, USE_TMA)
+    v_src = _rows_source(V, i_b, i_h, stride_vb, stride_vh, USE_TMA)
 
     count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + q_block)
     p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + q_block * stride_ir
@@ -319,19 +355,21 @@ def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
     for it in range(0, num_full * SUBS):
         start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB_N
         b_dq = _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, k_src, v_src, start_n, stride_kn, stride_vn, o_d, M,
-                        scale_log2, HEAD_DIM, BLOCK_D, SUB_N, False, DOT_PRECISION, USE_TMA)
+                        scale_log2, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, False, DOT_PRECISION, USE_TMA)
     if ragged_tail:
         for sub in range(0, SUBS):
             start_n = last_block * BLOCK_N + sub * SUB_N
             if start_n < M:
                 b_dq = _dq_tile(b_dq, b_q, b_do, b_lse2, b_delta, k_src, v_src, start_n, stride_kn, stride_vn,
-                                o_d, M, scale_log2, HEAD_DIM, BLOCK_D, SUB_N, True, DOT_PRECISION, USE_TMA)
+                                o_d, M, scale_log2, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, True, DOT_PRECISION,
+                                USE_TMA)
     p_dq = dQ + i_b * stride_db + i_h * stride_dh + o_rows * stride_dn + o_d[None, :] * stride_dd
     tl.store(p_dq, (b_dq * scale).to(dQ.dtype.element_ty), mask=m_tile)
 
 
 @triton.autotune(configs=_configs("COLS", "SUB_M", ((64, 64, 4, 2), (64, 32, 4, 3), (64, 128, 4, 2), (128, 64, 8, 2),
-                                                   (128, 32, 8, 2), (128, 64, 4, 2))), key=_TUNE_KEY,
+                                                   (128, 32, 8, 2), (128, 64, 4, 2)),
+                                  _box_rows_hook(("Q", "dOut"), lambda a: a["SUB_M"])), key=_TUNE_KEY,
                  prune_configs_by=_prune("COLS", "BLOCK_N", "SUB_M", "BLOCK_M"))
 @triton.jit
 def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
@@ -360,8 +398,8 @@ def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
                   mask=m_tile, other=0.0)
     b_v = tl.load(V + i_b * stride_vb + i_h * stride_vh + o_cols * stride_vn + o_d[None, :] * stride_vd,
                   mask=m_tile, other=0.0)
-    q_src = _rows_source(Q + i_b * stride_qb + i_h * stride_qh, stride_qn, N, HEAD_DIM, SUB_M, USE_TMA)
-    do_src = _rows_source(dOut + i_b * stride_gb + i_h * stride_gh, stride_gn, N, HEAD_DIM, SUB_M, USE_TMA)
+    q_src = _rows_source(Q, i_b, i_h, stride_qb, stride_qh, USE_TMA)
+    do_src = _rows_source(dOut, i_b, i_h, stride_gb, stride_gh, USE_TMA)
     p_rows = Lse + pid_bh.to(tl.int64) * N
     p_delta = Delta + pid_bh.to(tl.int64) * N
 
@@ -375,8 +413,9 @@ def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
         o_rows = start_m + tl.arange(0, SUB_M)
         m_rows = o_rows < N
         # Transposed loads: rows are the head dim, columns the queries; padding queries read zeros.
-        b_qt = _load_rows(q_src, start_m, stride_qn, o_d, N, HEAD_DIM, BLOCK_D, SUB_M, True, True, USE_TMA)
-        b_do = _load_rows(do_src, start_m, stride_gn, o_d, N, HEAD_DIM, BLOCK_D, SUB_M, True, False, USE_TMA)
+        b_qt = _load_rows(q_src, start_m, stride_qn, o_d, N, HEAD_DIM, BLOCK_D, SUB_M, True, True, USE_TMA, i_b, i_h)
+        b_do = _load_rows(do_src, start_m, stride_gn, o_d, N, HEAD_DIM, BLOCK_D, SUB_M, True, False, USE_TMA, i_b,
+                          i_h)
         # Padding queries read lse = +inf so that their probabilities are exactly zero.
         b_lse2 = tl.load(p_rows + o_rows, mask=m_rows, other=float("inf")) * 1.4426950408889634
         b_delta = tl.load(p_delta + o_rows, mask=m_rows, other=0.0)
@@ -435,16 +474,12 @@ def _hopper_or_newer(device_index: int | None) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def _workspace(size: int, alignment: int, stream) -> torch.Tensor:
-    """Global scratch for device-side tensor descriptors, from torch's caching allocator."""
-    return torch.empty(size, dtype=torch.int8, device="cpu" if _INTERPRET else "cuda")
-
-
-def _ensure_workspace_allocator() -> None:
-    """Kernels that build tensor descriptors need Triton's allocator: set ours unless one is already set."""
-    allocation = getattr(triton.runtime, "_allocation", None)
-    if allocation is None or isinstance(allocation._allocator.get(), allocation.NullAllocator):
-        triton.set_allocator(_workspace)
+def _sources(use_tma: bool, *tensors: torch.Tensor) -> tuple:
+    """What a kernel reads these [B, H, T, D] tensors through: tensor descriptors built once per call (their
+    box rows set per config by :func:`_box_rows_hook`), or the tensors themselves."""
+    if not use_tma:
+        return tensors
+    return tuple(TensorDescriptor.from_tensor(t, [1, 1, 16, t.shape[-1]]) for t in tensors)
 
 
 def _table_strides(count: torch.Tensor, index: torch.Tensor, batch: int, heads: int) -> tuple[int, ...]:
@@ -478,10 +513,8 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
     splits = block_q // 64
     tile_mass = torch.zeros((b, h, qb, splits, kb), device=q.device, dtype=torch.float32) if with_tile_mass else lse
     use_tma = _use_tma("fwd", k, v)
-    if use_tma:
-        _ensure_workspace_allocator()
     _bsa_fwd_kernel[lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h)](
-        q, k, v, out, lse, kv_count, kv_index, tile_lse, tile_mass,
+        q, *_sources(use_tma, k, v), out, lse, kv_count, kv_index, tile_lse, tile_mass,
         *q.stride(), *k.stride()[:3], *v.stride()[:3], *out.stride(),
         *_table_strides(kv_count, kv_index, b, h),
         h, n, m, qb, kb, slots, scale * LOG2E,
@@ -512,17 +545,16 @@ def triton_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
     )
     dq, dk, dv = _alloc(q), _alloc(k), _alloc(v)
     dq_tma, dkdv_tma = _use_tma("dq", k, v), _use_tma("dkdv", q, grad_out)
-    if dq_tma or dkdv_tma:
-        _ensure_workspace_allocator()
     _bsa_bwd_dq_kernel[lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h)](
-        q, k, v, grad_out, lse, delta, dq, kv_count, kv_index,
+        q, *_sources(dq_tma, k, v), grad_out, lse, delta, dq, kv_count, kv_index,
         *q.stride(), *k.stride()[:3], *v.stride()[:3], *grad_out.stride(), *dq.stride(),
         *_table_strides(kv_count, kv_index, b, h),
         h, n, m, kv_index.shape[-1], scale, scale * LOG2E,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_q, BLOCK_N=block_k, DOT_PRECISION=precision, USE_TMA=dq_tma,
     )
+    q_source, do_source = _sources(dkdv_tma, q, grad_out)
     _bsa_bwd_dkdv_kernel[lambda meta: (triton.cdiv(m, meta["COLS"]), b * h)](
-        q, k, v, grad_out, lse, delta, dk, dv, q_count, q_index,
+        q_source, k, v, do_source, lse, delta, dk, dv, q_count, q_index,
         *q.stride()[:3], *k.stride(), *v.stride(), *grad_out.stride()[:3], *dk.stride(), *dv.stride(),
         *_table_strides(q_count, q_index, b, h),
         h, n, m, scale, scale * LOG2E,

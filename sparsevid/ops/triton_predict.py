@@ -6,8 +6,9 @@ Three kinds of program do the work:
   four key blocks), ``POOL_CHUNK`` tokens at a time, streamed past the L2 cache (``evict_first``), and writes
   the fp32 block means (and, when asked, the block self-similarities, see ``pooling.py``). Pooling reads all
   of Q and K: it sets the floor of the prediction time.
-* A logits program takes ``ROWS`` query-block rows of one head and computes their base-2 pooled logits
-  ``q_bar @ k_bar^T`` with ``tl.dot`` (3xTF32 on the GPU), ``CHUNK`` key blocks at a time, into scratch rows.
+* A logits program takes a [ROWS, SPAN] tile of one head's pooled map (query blocks x key blocks) and
+  computes its base-2 pooled logits ``q_bar @ k_bar^T`` with ``tl.dot`` (3xTF32 on the GPU), ``CHUNK`` key
+  blocks at a time, into scratch rows.
 * A select program takes ``SEL_ROWS`` rows (usually one) with whole rows in registers: it takes the softmax,
   writes the probabilities back over the logits, finds the rule's threshold, and writes the outputs
   ``OUT_CHUNK`` columns at a time: option tiles, keep row, kept mass and the compacted index table row (count
@@ -15,13 +16,14 @@ Three kinds of program do the work:
   lays it out).
 
 Threshold: the largest ``tau`` with ``count(p >= tau) >= k_eff`` and ``mass(p >= tau) >= p_target`` (see
-``selection.py``), found by bisection on the float's bit pattern (probabilities are non-negative, so their
-bit patterns order like their values); each step counts and sums the entries above the midpoint. While a
-row's bracket ``[lo, hi)`` holds more than ``COMPACT`` entries the steps scan the whole row; then the
-bracket's entries are packed into the row of the index table (not written yet) and the remaining steps scan
-only those, with the count and mass above ``hi`` carried as constants. The search stops once a single entry
-separates the bounds. The search is a long chain of dependent row reductions: one-warp programs keep those
-reductions inside a warp, and one row per program gives the GPU enough independent chains.
+``selection.py``); it is one of the row's entries. Bisection on the float's bit pattern (probabilities are
+non-negative, so their bit patterns order like their values) narrows a bracket ``[lo, hi)``, each step
+counting and summing the entries above the midpoint over the whole row, until the bracket holds at most
+``COMPACT`` entries. Those are packed into the row of the index table (not written yet) and all of them are
+tried at once: a [COMPACT, COMPACT] comparison gives each candidate's count and mass (on top of those above
+``hi``), and the largest accepted candidate is ``tau``. Rows of at most ``COMPACT`` key blocks skip the
+bisection. The bisection is a chain of dependent row reductions: one-warp programs keep those reductions
+inside a warp, and one row per program gives the GPU enough independent chains.
 
 The three stages run as three launches (:class:`PredictLaunch`), each autotuned on its own. Pooling is
 memory bound and, with one-warp programs, reads at the rate of a plain reduction over Q and K. A single
@@ -50,22 +52,26 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _AUTOTUNE = os.environ.get("SPARSEVID_AUTOTUNE", "on") != "off"
 
 # Entries of a row's bracket below which the threshold search continues on the packed bracket only.
-_COMPACT = 64
+_COMPACT = 32
 
 # Candidate configs; the autotuner times them per shape key (the first alone runs when interpreted or with
 # autotuning off). POOL_TOKENS: tokens per pool program (a multiple of both block sizes, 64 and 128), read
-# POOL_CHUNK at a time (a divisor of 64); ROWS: query-block rows per logits program (>= 16 for tl.dot), CHUNK
-# key blocks per dot; SEL_TILE: entries of a search tile [SEL_ROWS, BLOCK_KB] of a select program, at least
-# one row. With one warp a select program's row reductions (each bisection step's count and mass) stay
-# within the warp, without barriers, and many small programs keep every SM busy. A select config is shared by
-# the logits and select stages (each takes its part) when a caller launches with an explicit config.
+# POOL_CHUNK at a time (a divisor of 64); ROWS: query-block rows per logits program (>= 16 for tl.dot), SPAN
+# key blocks per program, CHUNK key blocks per dot; SEL_TILE: entries of a search tile [SEL_ROWS, BLOCK_KB]
+# of a select program, at least one row. With one warp a select program's row reductions (each bisection
+# step's count and mass) stay within the warp, without barriers, and many small programs keep every SM busy.
 _POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=2, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=64), num_warps=4, num_stages=1)]
-_SELECT_CONFIGS = [triton.Config(dict(ROWS=16, CHUNK=16, SEL_TILE=1024), num_warps=1, num_stages=1),
-                   triton.Config(dict(ROWS=16, CHUNK=16, SEL_TILE=512), num_warps=1, num_stages=1),
-                   triton.Config(dict(ROWS=16, CHUNK=16, SEL_TILE=2048), num_warps=1, num_stages=1),
-                   triton.Config(dict(ROWS=16, CHUNK=32, SEL_TILE=4096), num_warps=4, num_stages=1)]
+_LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64), num_warps=4, num_stages=2),
+                   triton.Config(dict(ROWS=64, SPAN=512, CHUNK=128), num_warps=8, num_stages=2),
+                   triton.Config(dict(ROWS=128, SPAN=256, CHUNK=64), num_warps=8, num_stages=2),
+                   triton.Config(dict(ROWS=32, SPAN=512, CHUNK=64), num_warps=4, num_stages=2),
+                   triton.Config(dict(ROWS=16, SPAN=4096, CHUNK=32), num_warps=4, num_stages=2)]
+_SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=1024), num_warps=1, num_stages=1),
+                   triton.Config(dict(SEL_TILE=512), num_warps=1, num_stages=1),
+                   triton.Config(dict(SEL_TILE=2048), num_warps=1, num_stages=1),
+                   triton.Config(dict(SEL_TILE=4096), num_warps=4, num_stages=1)]
 
 
 def _configs(candidates: list[triton.Config]) -> list[triton.Config]:
@@ -84,26 +90,6 @@ def _out_chunk(args) -> int:
 
 
 _SELECT_HEURISTICS = {"SEL_ROWS": _select_rows_per_group, "OUT_CHUNK": _out_chunk}
-_LOGITS_PARAMS = ("ROWS", "CHUNK")
-_SELECT_PARAMS = ("SEL_TILE",)
-
-
-def _subconfig(config: triton.Config, params: tuple[str, ...]) -> triton.Config:
-    """``config`` restricted to the meta-parameters ``params`` (same warps, stages and register cap)."""
-    return triton.Config({k: v for k, v in config.kwargs.items() if k in params}, num_warps=config.num_warps,
-                         num_stages=config.num_stages, maxnreg=config.maxnreg)
-
-
-def _stage_configs(params: tuple[str, ...]) -> list[triton.Config]:
-    """One stage's share of the select configs, without repeats."""
-    seen, configs = set(), []
-    for config in _SELECT_CONFIGS:
-        sub = _subconfig(config, params)
-        key = (tuple(sorted(sub.kwargs.items())), sub.num_warps, sub.num_stages, sub.maxnreg)
-        if key not in seen:
-            seen.add(key)
-            configs.append(sub)
-    return configs
 
 
 _POOL_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"]
@@ -212,22 +198,36 @@ def _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_base, mass_base, k_eff, ta
 
 
 @triton.jit
-def _threshold_bits(b_p, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, BLOCK_KB: tl.constexpr,
-                    COMPACT: tl.constexpr, OUT_CHUNK: tl.constexpr):
-    """int32 [R]: bit pattern of the largest tau with count(p >= tau) >= k_eff and mass(p >= tau) >= target.
+def _largest_accepted(b_w, cnt_base, mass_base, k_eff, target):
+    """float32 [R]: the largest entry c of each row of b_w [R, C] (entries >= 0; -1 marks none) with
+    count >= k_eff and mass >= target, where count and mass are those of the row's entries >= c plus
+    cnt_base, mass_base [R] (the entries above all of b_w); -1 where no entry qualifies. Every candidate is
+    tried at once through an [R, C, C] comparison."""
+    b_ge = b_w[:, None, :] >= b_w[:, :, None]          # [r, i, j]: entry j is at or above candidate i
+    cnt = tl.sum(b_ge.to(tl.int32), 2) + cnt_base[:, None]
+    mass = tl.sum(tl.where(b_ge, b_w[:, None, :], 0.0), 2) + mass_base[:, None]
+    ok = (b_w >= 0.0) & (cnt >= k_eff) & (mass >= target)
+    return tl.max(tl.where(ok, b_w, -1.0), 1)
+
+
+@triton.jit
+def _threshold(b_p, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, BLOCK_KB: tl.constexpr,
+               COMPACT: tl.constexpr, OUT_CHUNK: tl.constexpr):
+    """float32 [R]: the largest tau with count(p >= tau) >= k_eff and mass(p >= tau) >= target (-1 when no
+    entry qualifies, e.g. fewer candidates than k_eff: then every candidate is kept).
 
     b_p: float32 [R, BLOCK_KB], probabilities of the candidates, -1 elsewhere (padding, non-candidates), also
     stored at p_rows (pointers [R] to rows of NUM_KV_BLOCKS floats). p_buffer: pointers [R] to int32 rows of
-    NUM_KV_BLOCKS that this program owns and overwrites later. The lower bound starts at the row's smallest
-    candidate (where every candidate qualifies), the upper bound just above the row maximum.
+    NUM_KV_BLOCKS that this program owns and overwrites later. The bisection's lower bound starts at the
+    row's smallest candidate (where every candidate qualifies), the upper bound just above the row maximum.
     """
-    m_valid = b_p >= 0.0
-    lo = tl.min(tl.where(m_valid, b_p, 2.0), 1).to(tl.int32, bitcast=True)
-    hi = tl.max(b_p, 1).to(tl.int32, bitcast=True) + 1
-    cnt_lo = tl.sum(m_valid.to(tl.int32), 1)
-    cnt_hi = tl.zeros_like(lo)
-    mass_hi = tl.zeros_like(lo).to(tl.float32)
+    cnt_hi = tl.zeros([b_p.shape[0]], dtype=tl.int32)  # count and mass of the entries at or above hi
+    mass_hi = tl.zeros([b_p.shape[0]], dtype=tl.float32)
     if BLOCK_KB > COMPACT:
+        m_valid = b_p >= 0.0
+        lo = tl.min(tl.where(m_valid, b_p, 2.0), 1).to(tl.int32, bitcast=True)
+        hi = tl.max(b_p, 1).to(tl.int32, bitcast=True) + 1
+        cnt_lo = tl.sum(m_valid.to(tl.int32), 1)
         lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff, target,
                                                   COMPACT)
         # Pack each open row's bracket entries (at most COMPACT) into its buffer, OUT_CHUNK columns at a time.
@@ -248,21 +248,23 @@ def _threshold_bits(b_p, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, BLOCK_K
         m_w = o_w[None, :] < packed[:, None]
         b_w = tl.load(p_buffer[:, None] + o_w[None, :], mask=m_w, other=0).to(tl.float32, bitcast=True)
         b_w = tl.where(m_w, b_w, -1.0)
-        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_w, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_hi, mass_hi, k_eff,
-                                                  target, 1)
+        # A closed row's bracket holds at most one entry, and lo already accepts it.
+        return tl.where(is_open, _largest_accepted(b_w, cnt_hi, mass_hi, k_eff, target), lo_f)
     else:
-        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff, target, 1)
-    return lo
+        return _largest_accepted(b_p, cnt_hi, mass_hi, k_eff, target)
 
 
-@triton.autotune(configs=_configs(_stage_configs(_LOGITS_PARAMS)), key=_LOGITS_KEY)
+@triton.autotune(configs=_configs(_LOGITS_CONFIGS), key=_LOGITS_KEY)
 @triton.jit
 def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr):
-    """Base-2 pooled logits of query-block rows program_id(0)*ROWS... of batch-head ``program_id(1)`` against
-    every key block, CHUNK key blocks per tl.dot, into their scratch rows. Grid (cdiv(QB, ROWS), B*H)."""
-    unit = tl.program_id(0)
+                   DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr):
+    """Base-2 pooled logits of tile ``program_id(0)`` (ROWS query-block rows x SPAN key blocks, row tiles
+    outer) of batch-head ``program_id(1)``, CHUNK key blocks per tl.dot, into their scratch rows.
+    Grid (cdiv(QB, ROWS) * cdiv(KB, SPAN), B*H)."""
+    spans = tl.cdiv(NUM_KV_BLOCKS, SPAN)
+    unit = tl.program_id(0) // spans
+    first = (tl.program_id(0) % spans) * SPAN
     bh = tl.program_id(1)
     q_rows = bh.to(tl.int64) * NUM_Q_BLOCKS          # first row of this batch-head in [B*H*QB, ...]
     p_kbar = PooledK + bh.to(tl.int64) * NUM_KV_BLOCKS * HEAD_DIM
@@ -274,7 +276,7 @@ def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale
                      other=0.0, cache_modifier=".cg")
     p_scratch = Scratch + (q_rows + o_r[:, None]) * NUM_KV_BLOCKS
     o_j = tl.arange(0, CHUNK)
-    for c in tl.range(0, NUM_KV_BLOCKS, CHUNK, num_stages=2):
+    for c in tl.range(first, tl.minimum(first + SPAN, NUM_KV_BLOCKS), CHUNK):
         m_j = (c + o_j) < NUM_KV_BLOCKS
         b_kbar = tl.load(p_kbar + (c + o_j)[:, None] * HEAD_DIM + o_d[None, :], mask=m_j[:, None] & m_d[None, :],
                          other=0.0, cache_modifier=".cg")
@@ -283,7 +285,7 @@ def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale
 
 
 # The select stage overwrites its input logits with probabilities: tuning restores them between its runs.
-@triton.autotune(configs=_configs(_stage_configs(_SELECT_PARAMS)), key=_SELECT_KEY, restore_value=["Scratch"])
+@triton.autotune(configs=_configs(_SELECT_CONFIGS), key=_SELECT_KEY, restore_value=["Scratch"])
 @triton.heuristics(_SELECT_HEURISTICS)
 @triton.jit
 def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
@@ -334,8 +336,7 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
     tl.debug_barrier()
 
     p_index = Index + rows * NUM_KV_BLOCKS
-    tau = _threshold_bits(b_p, k_eff, target, p_rows, p_index, NUM_KV_BLOCKS, BLOCK_KB, COMPACT,
-                          OUT_CHUNK).to(tl.float32, bitcast=True)
+    tau = _threshold(b_p, k_eff, target, p_rows, p_index, NUM_KV_BLOCKS, BLOCK_KB, COMPACT, OUT_CHUNK)
     if USE_TOPP:
         tau = tl.where(target >= 1.0, 0.0, tau)
     if WITH_SIM:
@@ -395,7 +396,7 @@ class PredictLaunch:
     int32 [H]) or None when the rule has no top-k part; rule_topp likewise (float or float32 [H]).
     within: None or bool [B|1, H|1, QB, KB]: only these tiles are candidates, and only they can be kept.
 
-    ``pool()`` then ``select()`` (the logits and select launches) fill ``outputs``: keep bool
+    ``pool()``, ``logits()`` then ``select()`` fill ``outputs``: keep bool
     [B, H, QB, KB], kv_count int32 [B, H, QB], kv_index int32 [B, H, QB, KB] and the kept pooled mass
     float32 [B, H, QB].
     """
@@ -463,16 +464,18 @@ class PredictLaunch:
         _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), self._bh),
                 self._q, self._k, *self._pooled, *self._strides, *self._dims, SIMILARITY_EPS, **self._pool_meta)
 
-    def select(self, config: triton.Config | None = None) -> None:
-        """Stages 2 and 3 (after ``pool``): the logits, then the selection and the outputs;
-        ``config``: one of ``_SELECT_CONFIGS``, each stage taking its share."""
-        pooled_q, pooled_k, sim_q, sim_k = self._pooled
-        _launch(_logits_kernel, config and _subconfig(config, _LOGITS_PARAMS),
-                lambda meta: (num_blocks(self._qb, meta["ROWS"]), self._bh),
+    def logits(self, config: triton.Config | None = None) -> None:
+        """Stage 2 (after ``pool``): the pooled logits into the scratch rows."""
+        pooled_q, pooled_k = self._pooled[:2]
+        _launch(_logits_kernel, config,
+                lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), self._bh),
                 pooled_q, pooled_k, self._select_tensors[0], self._qb, self._kb, self._scale_log2,
                 **self._logits_meta)
-        _launch(_select_kernel, config and _subconfig(config, _SELECT_PARAMS),
-                lambda meta: (self._select_units(meta), self._bh),
+
+    def select(self, config: triton.Config | None = None) -> None:
+        """Stage 3 (after ``logits``): the selection and the outputs."""
+        sim_q, sim_k = self._pooled[2:]
+        _launch(_select_kernel, config, lambda meta: (self._select_units(meta), self._bh),
                 sim_q, sim_k, *self._select_tensors, *self._rule_args, *self._dims, **self._select_meta)
 
 
@@ -488,5 +491,6 @@ def triton_predict(q: torch.Tensor, k: torch.Tensor, **options) -> tuple[torch.T
     """Pool, logits and select launches; options and the returned outputs as in :class:`PredictLaunch`."""
     launch = PredictLaunch(q, k, **options)
     launch.pool()
+    launch.logits()
     launch.select()
     return launch.outputs
