@@ -51,7 +51,7 @@ training)
     step distill_ablation 420 bash benchmarks/distill_ablation.sh "$OUT/ablation"
     ;;
 tests)
-    SPARSEVID_AUTOTUNE=off step gpu_tests 120 python3 -m pytest -q -rfE --tb=line -p no:cacheprovider -m gpu tests
+    SPARSEVID_AUTOTUNE=off step gpu_tests 300 python3 -m pytest -q -rfE --tb=line -p no:cacheprovider -m gpu tests
     ;;
 parallel)
     step bench_context_parallel 200 python3 -m torch.distributed.run --nproc-per-node 2 \
