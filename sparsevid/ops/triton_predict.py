@@ -16,14 +16,13 @@ Three kinds of program do the work:
   lays it out).
 
 Threshold: the largest ``tau`` with ``count(p >= tau) >= k_eff`` and ``mass(p >= tau) >= p_target`` (see
-``selection.py``); it is one of the row's entries. Bisection on the float's bit pattern (probabilities are
-non-negative, so their bit patterns order like their values) narrows a bracket ``[lo, hi)``, each step
-counting and summing the entries above the midpoint over the whole row, until the bracket holds at most
-``COMPACT`` entries. Those are packed into the row of the index table (not written yet) and all of them are
-tried at once: a [COMPACT, COMPACT] comparison gives each candidate's count and mass (on top of those above
-``hi``), and the largest accepted candidate is ``tau``. Rows of at most ``COMPACT`` key blocks skip the
-bisection. The bisection is a chain of dependent row reductions: one-warp programs keep those reductions
-inside a warp, and one row per program gives the GPU enough independent chains.
+``selection.py``), found by bisection on the float's bit pattern (probabilities are non-negative, so their
+bit patterns order like their values); each step counts and sums the entries above the midpoint. While a
+row's bracket ``[lo, hi)`` holds more than ``COMPACT`` entries the steps scan the whole row; then the
+bracket's entries are packed into the row of the index table (not written yet) and the remaining steps scan
+only those, with the count and mass above ``hi`` carried as constants. The search stops once a single entry
+separates the bounds. The search is a long chain of dependent row reductions: one-warp programs keep those
+reductions inside a warp, and one row per program gives the GPU enough independent chains.
 
 The three stages run as three launches (:class:`PredictLaunch`), each autotuned on its own. Pooling is
 memory bound and, with one-warp programs, reads at the rate of a plain reduction over Q and K. A single
@@ -52,7 +51,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _AUTOTUNE = os.environ.get("SPARSEVID_AUTOTUNE", "on") != "off"
 
 # Entries of a row's bracket below which the threshold search continues on the packed bracket only.
-_COMPACT = 32
+_COMPACT = 64
 
 # Candidate configs; the autotuner times them per shape key (the first alone runs when interpreted or with
 # autotuning off). POOL_TOKENS: tokens per pool program (a multiple of both block sizes, 64 and 128), read
@@ -199,36 +198,22 @@ def _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_base, mass_base, k_eff, ta
 
 
 @triton.jit
-def _largest_accepted(b_w, cnt_base, mass_base, k_eff, target):
-    """float32 [R]: the largest entry c of each row of b_w [R, C] (entries >= 0; -1 marks none) with
-    count >= k_eff and mass >= target, where count and mass are those of the row's entries >= c plus
-    cnt_base, mass_base [R] (the entries above all of b_w); -1 where no entry qualifies. Every candidate is
-    tried at once through an [R, C, C] comparison."""
-    b_ge = b_w[:, None, :] >= b_w[:, :, None]          # [r, i, j]: entry j is at or above candidate i
-    cnt = tl.sum(b_ge.to(tl.int32), 2) + cnt_base[:, None]
-    mass = tl.sum(tl.where(b_ge, b_w[:, None, :], 0.0), 2) + mass_base[:, None]
-    ok = (b_w >= 0.0) & (cnt >= k_eff) & (mass >= target)
-    return tl.max(tl.where(ok, b_w, -1.0), 1)
-
-
-@triton.jit
-def _threshold(b_p, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, BLOCK_KB: tl.constexpr,
-               COMPACT: tl.constexpr, OUT_CHUNK: tl.constexpr):
-    """float32 [R]: the largest tau with count(p >= tau) >= k_eff and mass(p >= tau) >= target (-1 when no
-    entry qualifies, e.g. fewer candidates than k_eff: then every candidate is kept).
+def _threshold_bits(b_p, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, BLOCK_KB: tl.constexpr,
+                    COMPACT: tl.constexpr, OUT_CHUNK: tl.constexpr):
+    """int32 [R]: bit pattern of the largest tau with count(p >= tau) >= k_eff and mass(p >= tau) >= target.
 
     b_p: float32 [R, BLOCK_KB], probabilities of the candidates, -1 elsewhere (padding, non-candidates), also
     stored at p_rows (pointers [R] to rows of NUM_KV_BLOCKS floats). p_buffer: pointers [R] to int32 rows of
-    NUM_KV_BLOCKS that this program owns and overwrites later. The bisection's lower bound starts at the
-    row's smallest candidate (where every candidate qualifies), the upper bound just above the row maximum.
+    NUM_KV_BLOCKS that this program owns and overwrites later. The lower bound starts at the row's smallest
+    candidate (where every candidate qualifies), the upper bound just above the row maximum.
     """
-    cnt_hi = tl.zeros([b_p.shape[0]], dtype=tl.int32)  # count and mass of the entries at or above hi
-    mass_hi = tl.zeros([b_p.shape[0]], dtype=tl.float32)
+    m_valid = b_p >= 0.0
+    lo = tl.min(tl.where(m_valid, b_p, 2.0), 1).to(tl.int32, bitcast=True)
+    hi = tl.max(b_p, 1).to(tl.int32, bitcast=True) + 1
+    cnt_lo = tl.sum(m_valid.to(tl.int32), 1)
+    cnt_hi = tl.zeros_like(lo)
+    mass_hi = tl.zeros_like(lo).to(tl.float32)
     if BLOCK_KB > COMPACT:
-        m_valid = b_p >= 0.0
-        lo = tl.min(tl.where(m_valid, b_p, 2.0), 1).to(tl.int32, bitcast=True)
-        hi = tl.max(b_p, 1).to(tl.int32, bitcast=True) + 1
-        cnt_lo = tl.sum(m_valid.to(tl.int32), 1)
         lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff, target,
                                                   COMPACT)
         # Pack each open row's bracket entries (at most COMPACT) into its buffer, OUT_CHUNK columns at a time.
@@ -249,10 +234,11 @@ def _threshold(b_p, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, BLOCK_KB: tl
         m_w = o_w[None, :] < packed[:, None]
         b_w = tl.load(p_buffer[:, None] + o_w[None, :], mask=m_w, other=0).to(tl.float32, bitcast=True)
         b_w = tl.where(m_w, b_w, -1.0)
-        # A closed row's bracket holds at most one entry, and lo already accepts it.
-        return tl.where(is_open, _largest_accepted(b_w, cnt_hi, mass_hi, k_eff, target), lo_f)
+        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_w, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_hi, mass_hi, k_eff,
+                                                  target, 1)
     else:
-        return _largest_accepted(b_p, cnt_hi, mass_hi, k_eff, target)
+        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff, target, 1)
+    return lo
 
 
 @triton.autotune(configs=_configs(_LOGITS_CONFIGS), key=_LOGITS_KEY)
@@ -337,7 +323,8 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
     tl.debug_barrier()
 
     p_index = Index + rows * NUM_KV_BLOCKS
-    tau = _threshold(b_p, k_eff, target, p_rows, p_index, NUM_KV_BLOCKS, BLOCK_KB, COMPACT, OUT_CHUNK)
+    tau = _threshold_bits(b_p, k_eff, target, p_rows, p_index, NUM_KV_BLOCKS, BLOCK_KB, COMPACT,
+                          OUT_CHUNK).to(tl.float32, bitcast=True)
     if USE_TOPP:
         tau = tl.where(target >= 1.0, 0.0, tau)
     if WITH_SIM:
