@@ -171,11 +171,16 @@ def _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn, stride_vn,
     return b_acc, b_m_new, b_l, b_psum
 
 
+def _fwd_sub_rows(args: dict) -> int:
+    """Keys per K/V load of the forward (its SUB): whole key blocks with tile masses, else SUB_N."""
+    return args["BLOCK_N"] if args["WITH_MASS"] else args["SUB_N"]
+
+
 # TileMass is zeroed after tuning: a config owning fewer rows writes more splits than the one finally chosen.
 @triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 4, 4),
                                                    (128, 64, 8, 2, 128), (128, 128, 8, 2), (128, 128, 8, 3),
                                                    (64, 64, 4, 3), (64, 128, 4, 2)),
-                                  _box_rows_hook(("K", "V"), lambda a: a["BLOCK_N"] if a["WITH_MASS"] else a["SUB_N"])),
+                                  _box_rows_hook(("K", "V"), _fwd_sub_rows)),
                  key=_TUNE_KEY + ["WITH_MASS"], reset_to_zero=["TileMass"],
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N", whole_tiles_flag="WITH_MASS"))
 @triton.jit

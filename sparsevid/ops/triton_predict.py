@@ -417,7 +417,7 @@ class PredictLaunch:
             within.stride(2))
         keep_i8 = keep.view(torch.int8)
         self._q, self._k = q, k
-        self._pooled = (pooled_q, pooled_k, sim_q, sim_k)
+        self._means, self._similarities, self._scratch = (pooled_q, pooled_k), (sim_q, sim_k), scratch
         # Absent per-head tables and mask get any int32 / float32 / int8 buffer: the kernels never read them.
         self._select_tensors = (scratch, keep_i8, count, index, kept_mass,
                                 count if topk_table is None else topk_table,
@@ -450,21 +450,19 @@ class PredictLaunch:
     def pool(self, config: triton.Config | None = None) -> None:
         """Stage 1: the pooled rows (and similarities) into the workspace."""
         _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), self._bh),
-                self._q, self._k, *self._pooled, *self._strides, *self._dims, SIMILARITY_EPS, **self._pool_meta)
+                self._q, self._k, *self._means, *self._similarities, *self._strides, *self._dims, SIMILARITY_EPS,
+                **self._pool_meta)
 
     def logits(self, config: triton.Config | None = None) -> None:
         """Stage 2 (after ``pool``): the pooled logits into the scratch rows."""
-        pooled_q, pooled_k = self._pooled[:2]
         _launch(_logits_kernel, config,
                 lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), self._bh),
-                pooled_q, pooled_k, self._select_tensors[0], self._qb, self._kb, self._scale_log2,
-                **self._logits_meta)
+                *self._means, self._scratch, self._qb, self._kb, self._scale_log2, **self._logits_meta)
 
     def select(self, config: triton.Config | None = None) -> None:
         """Stage 3 (after ``logits``): the selection and the outputs."""
-        sim_q, sim_k = self._pooled[2:]
         _launch(_select_kernel, config, lambda meta: (self._select_units(meta), self._bh),
-                sim_q, sim_k, *self._select_tensors, *self._rule_args, *self._dims, **self._select_meta)
+                *self._similarities, *self._select_tensors, *self._rule_args, *self._dims, **self._select_meta)
 
 
 def _launch(kernel, config: triton.Config | None, grid, *args, **meta) -> None:
