@@ -4,6 +4,7 @@
 # `training`); `parallel` needs both.
 # Usage (repo root, CUDA machine): OUT=results bash benchmarks/gpu_session.sh PART
 #   kernels     kernel benchmark, Wan 1.3B 128x128 fwd and fwd+bwd vs SDPA and FlexAttention; 128x64 fwd
+#   kernels14b  kernel benchmark, Wan 14B 720p forward at 95%, 128x128 and 128x64
 #   tile_mass   forward with exact tile masses vs plain forward (time, per-kernel breakdown, mass error)
 #   model       training-free benchmark (tile-mass overhead, 50-step Wan 1.3B loop); training-free quality
 #               on the built-in model
@@ -16,7 +17,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-results}
-PART=${1:?usage: gpu_session.sh kernels|tile_mass|model|throughput|predict|training|tests|parallel|ddp}
+PART=${1:?usage: gpu_session.sh kernels|kernels14b|tile_mass|model|throughput|predict|training|tests|parallel|ddp}
 mkdir -p "$OUT"
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 seconds=$2; shift 2
@@ -31,6 +32,10 @@ kernels)
         --shapes wan1.3b-480p --blocks 128x128 --sparsities 0,0.9,0.95,0.97,0.5,0.8
     step bench_attention_128x64 150 python3 benchmarks/bench_attention.py --out "$OUT/attention_128x64" \
         --shapes wan1.3b-480p --blocks 128x64 --sparsities 0.9,0.95,0.97 --backward-shapes none
+    ;;
+kernels14b)
+    step bench_attention_14b 300 python3 benchmarks/bench_attention.py --out "$OUT/attention_14b" \
+        --shapes wan14b-720p --blocks 128x128,128x64 --sparsities 0.95 --backward-shapes none
     ;;
 tile_mass)
     step bench_tile_mass 120 python3 benchmarks/bench_training_free.py --out "$OUT/tile_mass" --parts kernel
@@ -62,7 +67,7 @@ ddp)
     step distill_ddp 150 bash benchmarks/distill_ddp.sh "$OUT/ddp"
     ;;
 *)
-    echo "unknown part: $PART (kernels|tile_mass|model|throughput|predict|training|tests|parallel|ddp)" >&2
+    echo "unknown part: $PART (kernels|kernels14b|tile_mass|model|throughput|predict|training|tests|parallel|ddp)" >&2
     exit 2
     ;;
 esac
