@@ -133,20 +133,24 @@ def _load_rows(source, start, stride_n, o_d, M, HEAD_DIM: tl.constexpr, BLOCK_D:
             return tl.load(ptrs)
 
 
-# The interpreter cannot run PTX: there, _store_in_place is a plain tl.store.
+# The interpreter cannot run PTX: there, _store_tile_lse is a plain tl.store.
 _PTX_STORE = tl.constexpr(not _INTERPRET)
 
 
 @triton.jit
-def _store_in_place(p_dst, b_x):
-    """Store fp32 b_x at p_dst from the register layout b_x already has. A tl.store first moves b_x to a
-    coalesced layout through shared memory, and in the forward's pipelined loop that costs a block-wide
-    barrier per iteration; one PTX store per element does not (threads holding copies store the same value)."""
+def _store_tile_lse(p_base, o_rows, b_m, b_psum):
+    """Store b_m + log2(b_psum) (fp32 [ROWS]) at p_base + o_rows from the registers' own layout, for the
+    forward's pipelined loop. Through tl.store, the vector would first move to a coalesced layout through
+    shared memory (a block-wide barrier per iteration), and libdevice's log2 adds a branch per element for
+    subnormal inputs, which splits the loop body; one PTX block per element (approximate lg2, relative
+    error ~2^-22, address math included) does neither. Threads holding copies store the same value."""
     if _PTX_STORE:
-        tl.inline_asm_elementwise("st.global.f32 [$1], $2; mov.u32 $0, 0;", "=r,l,f",
-                                  [p_dst.to(tl.int64, bitcast=True), b_x], dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(
+            "{ .reg .f32 t; .reg .b64 a; lg2.approx.f32 t, $4; add.f32 t, t, $3; mad.wide.s32 a, $2, 4, $1; "
+            "st.global.f32 [a], t; mov.u32 $0, 0; }", "=r,l,r,f,f",
+            [p_base.to(tl.int64, bitcast=True), o_rows, b_m, b_psum], dtype=tl.int32, is_pure=False, pack=1)
     else:
-        tl.store(p_dst, b_x)
+        tl.store(p_base + o_rows, b_m + tl.math.log2(b_psum))
 
 
 @triton.jit
@@ -227,14 +231,14 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
         # Slot t holds tile t's row log-sum-exps (base 2): b_m + log2(b_psum), b_psum being the tile's row sums
         # relative to the running max right after it.
         o_in_block = (pid_m * ROWS) % BLOCK_M + tl.arange(0, ROWS)
-        p_tile_lse = TileLse + (pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block) * TILE_SLOTS * BLOCK_M + o_in_block
+        p_slots = TileLse + (pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block) * TILE_SLOTS * BLOCK_M
     for it in range(0, num_full * SUBS):
         start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB
         b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn, stride_vn,
                                             o_d, M, scale_log2, i_b, i_h, HEAD_DIM, BLOCK_D, SUB, False,
                                             DOT_PRECISION, USE_TMA)
         if WITH_MASS:
-            _store_in_place(p_tile_lse + it * BLOCK_M, b_m + tl.math.log2(b_psum))
+            _store_tile_lse(p_slots + it * BLOCK_M, o_in_block, b_m, b_psum)
     if ragged_tail:
         b_psum = tl.zeros([ROWS], dtype=tl.float32)  # the tail tile's row sums (WITH_MASS: one sub-tile)
         for sub in range(0, SUBS):
@@ -244,7 +248,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
                                                     stride_vn, o_d, M, scale_log2, i_b, i_h, HEAD_DIM, BLOCK_D,
                                                     SUB, True, DOT_PRECISION, USE_TMA)
         if WITH_MASS:
-            tl.store(p_tile_lse + num_full * BLOCK_M, b_m + tl.math.log2(b_psum))
+            tl.store(p_slots + num_full * BLOCK_M + o_in_block, b_m + tl.math.log2(b_psum))
 
     has_keys = b_l > 0.0
     b_out = b_acc / tl.where(has_keys, b_l, 1.0)[:, None]
@@ -265,7 +269,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
         for s0 in range(0, count, SLOTS):
             o_slot = s0 + tl.arange(0, SLOTS)
             m_slot = o_slot < count
-            b_t = tl.load(p_tile_lse[None, :] + o_slot[:, None] * BLOCK_M, mask=m_slot[:, None], other=0.0)
+            b_t = tl.load(p_slots + o_slot[:, None] * BLOCK_M + o_in_block[None, :], mask=m_slot[:, None], other=0.0)
             b_w = tl.where((o_m < N)[None, :], tl.math.exp2(b_t - b_lse2[None, :]), 0.0)
             cols = tl.load(p_index + o_slot, mask=m_slot, other=0)
             tl.store(p_mass + cols, tl.sum(b_w, 1) / rows_in_block, mask=m_slot)
