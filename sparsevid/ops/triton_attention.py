@@ -180,12 +180,11 @@ def _fwd_sub_rows(args: dict) -> int:
     return args["BLOCK_N"] if args["WITH_MASS"] else args["SUB_N"]
 
 
-# TileMass is zeroed after tuning: a config owning fewer rows writes more splits than the one finally chosen.
 @triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 4, 4),
                                                    (128, 64, 8, 2, 128), (128, 128, 8, 2), (128, 128, 8, 3),
                                                    (64, 64, 4, 3), (64, 128, 4, 2)),
                                   _box_rows_hook(("K", "V"), _fwd_sub_rows)),
-                 key=_TUNE_KEY + ["WITH_MASS"], reset_to_zero=["TileMass"],
+                 key=_TUNE_KEY + ["WITH_MASS"],
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N", whole_tiles_flag="WITH_MASS"))
 @triton.jit
 def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
@@ -201,9 +200,10 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
     """Forward over the kept tiles of ROWS query rows. With WITH_MASS, also the exact softmax mass of each
     kept tile: every tile's row log-sum-exp (base 2) goes to the TileLse scratch [B*H, QB, TILE_SLOTS,
     BLOCK_M] (slot = position in the kv index table), and after the loop, once the rows' final lse is known,
-    the program reads its slots back and adds sum_rows exp2(tile_lse - lse) / rows_in_block to TileMass
-    [B*H, QB, BLOCK_M // 64, KB] at the tile's key block, in the split of the block it owns. That variant
-    walks whole tiles (no SUB_N sub-tiles), so the loop holds no branch and stays software-pipelined."""
+    the program reads its slots back and writes its row of TileMass [BLOCK_M // ROWS, B*H, QB, KB] (the
+    split of the query block it owns): sum_rows exp2(tile_lse - lse) / rows_in_block at kept key blocks, 0
+    elsewhere. That variant walks whole tiles (no SUB_N sub-tiles), so the loop holds no branch and stays
+    software-pipelined."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
@@ -258,12 +258,16 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
                      float("-inf"))
     tl.store(Lse + pid_bh.to(tl.int64) * N + o_m, b_lse, mask=o_m < N)
     if WITH_MASS:
-        # Read back this program's own tile sums (a barrier makes the stores of other threads visible).
+        split = ((pid_m * ROWS) % BLOCK_M) // ROWS
+        p_mass = TileMass + ((split * tl.num_programs(1) + pid_bh).to(tl.int64) * NUM_Q_BLOCKS + q_block) * NUM_KV_BLOCKS
+        ZEROS: tl.constexpr = 512
+        for c0 in range(0, NUM_KV_BLOCKS, ZEROS):
+            o_c = c0 + tl.arange(0, ZEROS)
+            tl.store(p_mass + o_c, tl.zeros([ZEROS], dtype=tl.float32), mask=o_c < NUM_KV_BLOCKS)
+        # The barrier makes the other threads' tile sums visible, and orders the zeros before the masses.
         tl.debug_barrier()
         b_lse2 = b_m + tl.math.log2(tl.where(has_keys, b_l, 1.0))
         rows_in_block = tl.minimum(BLOCK_M, N - q_block * BLOCK_M).to(tl.float32)
-        p_mass = TileMass + ((pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block) * (BLOCK_M // 64)
-                             + ((pid_m * ROWS) % BLOCK_M) // ROWS) * NUM_KV_BLOCKS
         # SLOTS kept tiles at a time: one [SLOTS, ROWS] load and one row reduction per chunk.
         SLOTS: tl.constexpr = 16
         for s0 in range(0, count, SLOTS):
@@ -273,7 +277,6 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
             b_w = tl.where((o_m < N)[None, :], tl.math.exp2(b_t - b_lse2[None, :]), 0.0)
             cols = tl.load(p_index + o_slot, mask=m_slot, other=0)
             tl.store(p_mass + cols, tl.sum(b_w, 1) / rows_in_block, mask=m_slot)
-
 
 @triton.jit
 def _bsa_bwd_delta_kernel(Out, dOut, dLse, Delta, stride_ob, stride_oh, stride_on, stride_od,
@@ -519,8 +522,7 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
     lse = _alloc(q, (b, h, n), torch.float32)
     slots = tile_slots if with_tile_mass else 0
     tile_lse = _alloc(q, (b * h * qb * slots * block_q,), torch.float32) if with_tile_mass else lse
-    splits = block_q // 64
-    tile_mass = torch.zeros((b, h, qb, splits, kb), device=q.device, dtype=torch.float32) if with_tile_mass else lse
+    tile_mass = _alloc(q, (block_q // 64, b, h, qb, kb), torch.float32) if with_tile_mass else lse
     use_tma = _use_tma("fwd", k, v)
     _bsa_fwd_kernel[lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h)](
         q, *_sources(use_tma, k, v), out, lse, kv_count, kv_index, tile_lse, tile_mass,
@@ -532,7 +534,9 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
     )
     if not with_tile_mass:
         return out, lse
-    return out, lse, tile_mass[:, :, :, 0] if splits == 1 else tile_mass.sum(dim=3)
+    # Programs owning ROWS rows wrote the first block_q // ROWS splits, each over every tile.
+    splits = block_q // _bsa_fwd_kernel.best_config.kwargs["ROWS"]
+    return out, lse, tile_mass[0] if splits == 1 else tile_mass[:splits].sum(dim=0)
 
 
 def triton_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,

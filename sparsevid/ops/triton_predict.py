@@ -61,15 +61,13 @@ _COMPACT = 64
 # step's count and mass) stay within the warp, without barriers, and many small programs keep every SM busy.
 _POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=2, num_stages=1),
-                 triton.Config(dict(POOL_TOKENS=256, POOL_CHUNK=8), num_warps=1, num_stages=1),
-                 triton.Config(dict(POOL_TOKENS=256, POOL_CHUNK=32), num_warps=4, num_stages=1)]
-# Logits configs fit the shared memory of an H200 (fp32 operands split for 3xTF32 take 30-160 KB). Small
-# tiles give the few rows of a short sequence enough programs.
+                 triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=64), num_warps=4, num_stages=1)]
+# Logits configs fit the shared memory of an H200 (fp32 operands split for 3xTF32 take 30-160 KB). Tiles of
+# 16 rows give the few rows of a short sequence enough programs.
 _LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=1),
                    triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64), num_warps=8, num_stages=1),
                    triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
                    triton.Config(dict(ROWS=16, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
-                   triton.Config(dict(ROWS=16, SPAN=128, CHUNK=32), num_warps=4, num_stages=1),
                    triton.Config(dict(ROWS=16, SPAN=4096, CHUNK=32), num_warps=4, num_stages=2)]
 _SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=1024), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512), num_warps=1, num_stages=1),
@@ -98,24 +96,6 @@ _SELECT_HEURISTICS = {"SEL_ROWS": _select_rows_per_group, "OUT_CHUNK": _out_chun
 _POOL_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"]
 _LOGITS_KEY = ["HEAD_DIM", "BLOCK_KB"]
 _SELECT_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "BLOCK_KB", "USE_TOPK", "USE_TOPP", "WITH_SIM", "WITHIN"]
-
-
-# Programmatic dependent launch (Hopper and newer): the logits and select launches may start while the
-# stage before them drains; their programs wait (``_wait_for_previous_stage``) before reading its outputs.
-# Each stage lets the next one launch once all its programs have started. The interpreter runs no PTX.
-_PDL = tl.constexpr(not _INTERPRET)
-
-
-@triton.jit
-def _allow_next_stage():
-    if _PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def _wait_for_previous_stage():
-    if _PDL:
-        tl.extra.cuda.gdc_wait()
 
 
 # --------------------------------------------------------------------------- pooling
@@ -164,7 +144,6 @@ def _pool_kernel(Q, K, PooledQ, PooledK, SimQ, SimK,
                  WITH_SIM: tl.constexpr, POOL_TOKENS: tl.constexpr, POOL_CHUNK: tl.constexpr):
     """Pool tile ``program_id(0)`` of batch-head ``program_id(1)``: tiles [0, QT) are query tiles, the rest
     key tiles. Grid (query tiles + key tiles, B*H)."""
-    _allow_next_stage()
     unit = tl.program_id(0)
     bh = tl.program_id(1)
     i_b = (bh // H).to(tl.int64)
@@ -271,7 +250,6 @@ def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale
     """Base-2 pooled logits of tile ``program_id(0)`` (ROWS query-block rows x SPAN key blocks, row tiles
     outer) of batch-head ``program_id(1)``, CHUNK key blocks per tl.dot, into their scratch rows.
     Grid (cdiv(QB, ROWS) * cdiv(KB, SPAN), B*H)."""
-    _allow_next_stage()
     spans = tl.cdiv(NUM_KV_BLOCKS, SPAN)
     unit = tl.program_id(0) // spans
     first = (tl.program_id(0) % spans) * SPAN
@@ -282,7 +260,6 @@ def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale
     m_r = o_r < NUM_Q_BLOCKS
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
-    _wait_for_previous_stage()
     b_qbar = tl.load(PooledQ + (q_rows + o_r[:, None]) * HEAD_DIM + o_d[None, :], mask=m_r[:, None] & m_d[None, :],
                      other=0.0, cache_modifier=".cg")
     p_scratch = Scratch + (q_rows + o_r[:, None]) * NUM_KV_BLOCKS
@@ -334,7 +311,6 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
     rows = bh.to(tl.int64) * NUM_Q_BLOCKS + o_s      # int64 [SEL_ROWS]: rows of [B*H*QB, KB] outputs
     p_rows = Scratch + rows * NUM_KV_BLOCKS
     m_tile = m_s[:, None] & m_k[None, :]
-    _wait_for_previous_stage()
     b_s = tl.load(p_rows[:, None] + o_k[None, :], mask=m_tile, other=float("-inf"), cache_modifier=".cg")
     b_max = tl.max(b_s, 1)
     b_e = tl.math.exp2(b_s - tl.where(m_s, b_max, 0.0)[:, None])
@@ -482,21 +458,16 @@ class PredictLaunch:
         """Stage 2 (after ``pool``): the pooled logits into the scratch rows."""
         _launch(_logits_kernel, config,
                 lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), self._bh),
-                *self._means, self._scratch, self._qb, self._kb, self._scale_log2, dependent=True,
-                **self._logits_meta)
+                *self._means, self._scratch, self._qb, self._kb, self._scale_log2, **self._logits_meta)
 
     def select(self, config: triton.Config | None = None) -> None:
         """Stage 3 (after ``logits``): the selection and the outputs."""
         _launch(_select_kernel, config, lambda meta: (self._select_units(meta), self._bh),
-                *self._similarities, *self._select_tensors, *self._rule_args, *self._dims, dependent=True,
-                **self._select_meta)
+                *self._similarities, *self._select_tensors, *self._rule_args, *self._dims, **self._select_meta)
 
 
-def _launch(kernel, config: triton.Config | None, grid, *args, dependent: bool = False, **meta) -> None:
-    """Launch an autotuned kernel, or with ``config`` (one of its candidates) without tuning; a
-    ``dependent`` launch may start before the previous kernel on the stream ends (it waits inside)."""
-    if dependent and not _INTERPRET:
-        meta["launch_pdl"] = True
+def _launch(kernel, config: triton.Config | None, grid, *args, **meta) -> None:
+    """Launch an autotuned kernel, or with ``config`` (one of its candidates) without tuning."""
     if config is None:
         kernel[grid](*args, **meta)
     else:
