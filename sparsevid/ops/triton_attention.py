@@ -259,7 +259,8 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
     tl.store(Lse + pid_bh.to(tl.int64) * N + o_m, b_lse, mask=o_m < N)
     if WITH_MASS:
         split = ((pid_m * ROWS) % BLOCK_M) // ROWS
-        p_mass = TileMass + ((split * tl.num_programs(1) + pid_bh).to(tl.int64) * NUM_Q_BLOCKS + q_block) * NUM_KV_BLOCKS
+        mass_row = (split * tl.num_programs(1) + pid_bh).to(tl.int64) * NUM_Q_BLOCKS + q_block
+        p_mass = TileMass + mass_row * NUM_KV_BLOCKS
         ZEROS: tl.constexpr = 512
         for c0 in range(0, NUM_KV_BLOCKS, ZEROS):
             o_c = c0 + tl.arange(0, ZEROS)
