@@ -2,7 +2,8 @@
 
 1. Kernel: block-sparse forward on the Wan2.1-1.3B 480p attention shape (B=1, H=12, N=32760, D=128, bf16) at
    the given sparsities, plain vs ``return_tile_mass=True`` (median ms, overhead; target <= 10% at 95%),
-   with a check of the masses against float64 on a few query blocks.
+   each the median of KERNEL_ROUNDS alternated timings (one on the CPU), with a check of the masses against
+   float64 on a few query blocks.
 2. Loop: a ``--steps``-step generation (``--cfg-passes`` transformer calls per step, flow-matching timesteps
    with ``--shift``) of the Wan2.1-1.3B transformer built from its config with random weights (as
    bench_e2e.py), dense vs the training-free schedule (dense warm-up steps, growing sparsity, mask reuse and
@@ -46,6 +47,8 @@ from timing import cuda_kernel_ms, median_ms  # noqa: E402
 from bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs,  # noqa: E402
                        parse_grid, sync)
 
+KERNEL_ROUNDS = 5
+
 
 def check_masses(q, k, mask, mass, blocks: int = 2) -> float:
     """Max |mass - float64 mass| over the first ``blocks`` query blocks of every head."""
@@ -66,14 +69,18 @@ def bench_kernel(args, device, dtype) -> list[dict]:
     heads, n, d = args.heads or 12, args.tokens, 128
     backend = "triton" if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1" else "reference"
     timing = {"device": device, "reps": args.iters, "rep_ms": max(50, 20 * args.iters)}
+    rounds = KERNEL_ROUNDS if device.type == "cuda" else 1
     rows = []
     for sparsity in args.sparsities:
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, heads, n, d, generator=gen).to(device, dtype) for _ in range(3))
         mask = sv.random_block_mask(1, heads, n, n, sparsity, 128, 64, generator=gen, device=device)
-        plain = median_ms(lambda: sv.block_sparse_attention(q, k, v, mask, backend=backend), **timing)
-        with_mass = median_ms(lambda: sv.block_sparse_attention(q, k, v, mask, backend=backend,
-                                                                return_tile_mass=True), **timing)
+        plain_runs, mass_runs = [], []
+        for _ in range(rounds):  # alternated, so that drifts of the GPU clock hit both alike
+            plain_runs.append(median_ms(lambda: sv.block_sparse_attention(q, k, v, mask, backend=backend), **timing))
+            mass_runs.append(median_ms(lambda: sv.block_sparse_attention(q, k, v, mask, backend=backend,
+                                                                         return_tile_mass=True), **timing))
+        plain, with_mass = statistics.median(plain_runs), statistics.median(mass_runs)
         _, mass = sv.block_sparse_attention(q, k, v, mask, backend=backend, return_tile_mass=True)
         breakdown = {}
         if device.type == "cuda":  # the kernels each timing is made of
@@ -85,6 +92,7 @@ def bench_kernel(args, device, dtype) -> list[dict]:
         rows.append({"heads": heads, "tokens": n, "head_dim": d, "dtype": str(dtype), "backend": backend,
                      "target_sparsity": sparsity, "sparsity": mask.sparsity, "forward_ms": plain,
                      "forward_with_tile_mass_ms": with_mass, "overhead": with_mass / plain - 1.0,
+                     "rounds_ms": {"plain": plain_runs, "with_tile_mass": mass_runs},
                      "mass_row_sum_max_error": float((row_sums - 1).abs().max()),
                      "mass_max_error_vs_float64": check_masses(q, k, mask, mass),
                      "cuda_kernel_ms": breakdown})

@@ -232,6 +232,14 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
         # relative to the running max right after it.
         o_in_block = (pid_m * ROWS) % BLOCK_M + tl.arange(0, ROWS)
         p_slots = TileLse + (pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block) * TILE_SLOTS * BLOCK_M
+        # This program's row of TileMass starts at zero (skipped tiles); its kept tiles are written last.
+        split = ((pid_m * ROWS) % BLOCK_M) // ROWS
+        mass_row = (split * tl.num_programs(1) + pid_bh).to(tl.int64) * NUM_Q_BLOCKS + q_block
+        p_mass = TileMass + mass_row * NUM_KV_BLOCKS
+        ZEROS: tl.constexpr = 512
+        for c0 in range(0, NUM_KV_BLOCKS, ZEROS):
+            o_c = c0 + tl.arange(0, ZEROS)
+            tl.store(p_mass + o_c, tl.zeros([ZEROS], dtype=tl.float32), mask=o_c < NUM_KV_BLOCKS)
     for it in range(0, num_full * SUBS):
         start_n = tl.load(p_index + it // SUBS) * BLOCK_N + (it % SUBS) * SUB
         b_acc, b_m, b_l, b_psum = _fwd_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, stride_kn, stride_vn,
@@ -258,13 +266,6 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
                      float("-inf"))
     tl.store(Lse + pid_bh.to(tl.int64) * N + o_m, b_lse, mask=o_m < N)
     if WITH_MASS:
-        split = ((pid_m * ROWS) % BLOCK_M) // ROWS
-        mass_row = (split * tl.num_programs(1) + pid_bh).to(tl.int64) * NUM_Q_BLOCKS + q_block
-        p_mass = TileMass + mass_row * NUM_KV_BLOCKS
-        ZEROS: tl.constexpr = 512
-        for c0 in range(0, NUM_KV_BLOCKS, ZEROS):
-            o_c = c0 + tl.arange(0, ZEROS)
-            tl.store(p_mass + o_c, tl.zeros([ZEROS], dtype=tl.float32), mask=o_c < NUM_KV_BLOCKS)
         # The barrier makes the other threads' tile sums visible, and orders the zeros before the masses.
         tl.debug_barrier()
         b_lse2 = b_m + tl.math.log2(tl.where(has_keys, b_l, 1.0))

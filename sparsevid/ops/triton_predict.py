@@ -60,14 +60,16 @@ _COMPACT = 64
 # of a select program, at least one row. With one warp a select program's row reductions (each bisection
 # step's count and mass) stay within the warp, without barriers, and many small programs keep every SM busy.
 _POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=1),
+                 triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=2),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=2, num_stages=1),
-                 triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=64), num_warps=4, num_stages=1)]
+                 triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=2, num_stages=3)]
 # Logits configs fit the shared memory of an H200 (fp32 operands split for 3xTF32 take 30-160 KB). Tiles of
 # 16 rows give the few rows of a short sequence enough programs.
 _LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=1),
                    triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64), num_warps=8, num_stages=1),
                    triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
                    triton.Config(dict(ROWS=16, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
+                   triton.Config(dict(ROWS=16, SPAN=128, CHUNK=32), num_warps=4, num_stages=2),
                    triton.Config(dict(ROWS=16, SPAN=4096, CHUNK=32), num_warps=4, num_stages=2)]
 _SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=1024), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512), num_warps=1, num_stages=1),
