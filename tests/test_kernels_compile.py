@@ -28,9 +28,7 @@ def _variants(ta):
     for use_tma in (False, True):
         for with_mass in (False, True):
             rows = COMMON["BLOCK_N"] if with_mass else 32
-            # Both stores of tile statistics: by the first lane of each quad (with TMA) and by every lane.
-            yield (ta._bsa_fwd_kernel, {**COMMON, "ROWS": 64, "SUB_N": 32, "WITH_MASS": with_mass, "USE_TMA": use_tma,
-                                        "QUAD_COPIES": with_mass and use_tma},
+            yield (ta._bsa_fwd_kernel, {**COMMON, "ROWS": 64, "SUB_N": 32, "WITH_MASS": with_mass, "USE_TMA": use_tma},
                    {"K": rows, "V": rows} if use_tma else {})
         yield (ta._bsa_bwd_dq_kernel, {**COMMON, "ROWS": 64, "SUB_N": 32, "USE_TMA": use_tma},
                {"K": 32, "V": 32} if use_tma else {})

@@ -138,28 +138,17 @@ _PTX_STORE = tl.constexpr(not _INTERPRET)
 
 
 @triton.jit
-def _store_tile_lse(p_base, o_rows, b_m, b_psum, QUAD_COPIES: tl.constexpr):
+def _store_tile_lse(p_base, o_rows, b_m, b_psum):
     """Store b_m + log2(b_psum) (fp32 [ROWS]) at p_base + o_rows from the registers' own layout, for the
     forward's pipelined loop. Through tl.store, the vector would first move to a coalesced layout through
     shared memory (a block-wide barrier per iteration), and libdevice's log2 adds a branch per element for
     subnormal inputs, which splits the loop body; one PTX block per element (approximate lg2, relative
-    error ~2^-22, address math included) does neither.
-
-    Threads holding copies of a value store the same value. QUAD_COPIES: the vector is a row reduction of a
-    Hopper tensor-core (wgmma) accumulator, whose rows are spread over the four lanes of a quad (PTX ISA,
-    wgmma fragment layout), so every lane of a quad holds the same copies and the first lane stores them."""
+    error ~2^-22, address math included) does neither. Threads holding copies store the same value."""
     if _PTX_STORE:
-        if QUAD_COPIES:
-            tl.inline_asm_elementwise(
-                "{ .reg .f32 t; .reg .b64 a; .reg .b32 l; .reg .pred p; mov.u32 l, %laneid; and.b32 l, l, 3; "
-                "setp.eq.u32 p, l, 0; lg2.approx.f32 t, $4; add.f32 t, t, $3; mad.wide.s32 a, $2, 4, $1; "
-                "@p st.global.f32 [a], t; mov.u32 $0, 0; }", "=r,l,r,f,f",
-                [p_base.to(tl.int64, bitcast=True), o_rows, b_m, b_psum], dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            tl.inline_asm_elementwise(
-                "{ .reg .f32 t; .reg .b64 a; lg2.approx.f32 t, $4; add.f32 t, t, $3; mad.wide.s32 a, $2, 4, $1; "
-                "st.global.f32 [a], t; mov.u32 $0, 0; }", "=r,l,r,f,f",
-                [p_base.to(tl.int64, bitcast=True), o_rows, b_m, b_psum], dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(
+            "{ .reg .f32 t; .reg .b64 a; lg2.approx.f32 t, $4; add.f32 t, t, $3; mad.wide.s32 a, $2, 4, $1; "
+            "st.global.f32 [a], t; mov.u32 $0, 0; }", "=r,l,r,f,f",
+            [p_base.to(tl.int64, bitcast=True), o_rows, b_m, b_psum], dtype=tl.int32, is_pure=False, pack=1)
     else:
         tl.store(p_base + o_rows, b_m + tl.math.log2(b_psum))
 
@@ -207,7 +196,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
                     H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, TILE_SLOTS, scale_log2,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    WITH_MASS: tl.constexpr, USE_TMA: tl.constexpr, QUAD_COPIES: tl.constexpr):
+                    WITH_MASS: tl.constexpr, USE_TMA: tl.constexpr):
     """Forward over the kept tiles of ROWS query rows. With WITH_MASS, also the exact softmax mass of each
     kept tile: every tile's row log-sum-exp (base 2) goes to the TileLse scratch [B*H, QB, TILE_SLOTS,
     BLOCK_M] (slot = position in the kv index table), and after the loop, once the rows' final lse is known,
@@ -257,7 +246,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
                                             o_d, M, scale_log2, i_b, i_h, HEAD_DIM, BLOCK_D, SUB, False,
                                             DOT_PRECISION, USE_TMA)
         if WITH_MASS:
-            _store_tile_lse(p_slots + it * BLOCK_M, o_in_block, b_m, b_psum, QUAD_COPIES)
+            _store_tile_lse(p_slots + it * BLOCK_M, o_in_block, b_m, b_psum)
     if ragged_tail:
         b_psum = tl.zeros([ROWS], dtype=tl.float32)  # the tail tile's row sums (WITH_MASS: one sub-tile)
         for sub in range(0, SUBS):
@@ -494,20 +483,9 @@ def _use_tma(kernel: str, *tensors: torch.Tensor) -> bool:
                and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1]) for t in tensors)
 
 
-def _wgmma_rows(q: torch.Tensor) -> bool:
-    """Whether the forward's row statistics are row reductions of a Hopper wgmma accumulator (a half-precision
-    dot on an sm_90 GPU), each held by the four lanes of a quad (see :func:`_store_tile_lse`)."""
-    return (not _INTERPRET and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-            and _compute_major(q.device.index) == 9)
-
-
-def _hopper_or_newer(device_index: int | None) -> bool:
-    return _compute_major(device_index) >= 9
-
-
 @functools.lru_cache(maxsize=None)
-def _compute_major(device_index: int | None) -> int:
-    return torch.cuda.get_device_capability(device_index)[0]
+def _hopper_or_newer(device_index: int | None) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 def _sources(use_tma: bool, *tensors: torch.Tensor) -> tuple:
@@ -555,7 +533,6 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
         h, n, m, qb, kb, slots, scale * LOG2E,
         HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_M=block_q, BLOCK_N=block_k,
         DOT_PRECISION=_dot_precision(q.dtype), WITH_MASS=with_tile_mass, USE_TMA=use_tma,
-        QUAD_COPIES=with_tile_mass and _wgmma_rows(q),
     )
     if not with_tile_mass:
         return out, lse
