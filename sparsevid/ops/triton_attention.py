@@ -199,7 +199,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
                     WITH_MASS: tl.constexpr, USE_TMA: tl.constexpr):
     """Forward over the kept tiles of ROWS query rows. With WITH_MASS, also the exact softmax mass of each
     kept tile: every tile's row log-sum-exp (base 2) goes to the TileLse scratch [B*H, QB, TILE_SLOTS,
-    BLOCK_M] (slot = position in the kv index table), and after the loop, once the rows' final lse is known,
+    BLOCK_M] (slot = 1 + position in the kv index table), and after the loop, once the rows' final lse is known,
     the program reads its slots back and writes its row of TileMass [BLOCK_M // ROWS, B*H, QB, KB] (the
     split of the query block it owns): sum_rows exp2(tile_lse - lse) / rows_in_block at kept key blocks, 0
     elsewhere. That variant walks whole tiles (no SUB_N sub-tiles), so the loop holds no branch and stays
@@ -228,9 +228,12 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
     b_l = tl.zeros([ROWS], dtype=tl.float32)
     b_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     if WITH_MASS:
-        # Slot t holds tile t's row log-sum-exps (base 2): b_m + log2(b_psum), b_psum being the tile's row sums
-        # relative to the running max right after it.
+        # Slot t + 1 holds tile t's row log-sum-exps (base 2): b_m + log2(b_psum), b_psum being the tile's row
+        # sums relative to the running max right after it. The loop stores each tile's one iteration late
+        # (keeping the store off the critical path of the tile that produced it); slot 0 takes a dummy.
         o_in_block = (pid_m * ROWS) % BLOCK_M + tl.arange(0, ROWS)
+        b_late_m = tl.zeros([ROWS], dtype=tl.float32)
+        b_late_psum = tl.full([ROWS], 1.0, dtype=tl.float32)
         p_slots = TileLse + (pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block) * TILE_SLOTS * BLOCK_M
         # This program's row of TileMass starts at zero (skipped tiles); its kept tiles are written last.
         split = ((pid_m * ROWS) % BLOCK_M) // ROWS
@@ -246,7 +249,10 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
                                             o_d, M, scale_log2, i_b, i_h, HEAD_DIM, BLOCK_D, SUB, False,
                                             DOT_PRECISION, USE_TMA)
         if WITH_MASS:
-            _store_tile_lse(p_slots + it * BLOCK_M, o_in_block, b_m, b_psum)
+            _store_tile_lse(p_slots + it * BLOCK_M, o_in_block, b_late_m, b_late_psum)
+            b_late_m, b_late_psum = b_m, b_psum
+    if WITH_MASS:
+        tl.store(p_slots + num_full * BLOCK_M + o_in_block, b_late_m + tl.math.log2(b_late_psum))
     if ragged_tail:
         b_psum = tl.zeros([ROWS], dtype=tl.float32)  # the tail tile's row sums (WITH_MASS: one sub-tile)
         for sub in range(0, SUBS):
@@ -256,7 +262,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
                                                     stride_vn, o_d, M, scale_log2, i_b, i_h, HEAD_DIM, BLOCK_D,
                                                     SUB, True, DOT_PRECISION, USE_TMA)
         if WITH_MASS:
-            tl.store(p_slots + num_full * BLOCK_M + o_in_block, b_m + tl.math.log2(b_psum))
+            tl.store(p_slots + (num_full + 1) * BLOCK_M + o_in_block, b_m + tl.math.log2(b_psum))
 
     has_keys = b_l > 0.0
     b_out = b_acc / tl.where(has_keys, b_l, 1.0)[:, None]
@@ -275,7 +281,8 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
         for s0 in range(0, count, SLOTS):
             o_slot = s0 + tl.arange(0, SLOTS)
             m_slot = o_slot < count
-            b_t = tl.load(p_slots + o_slot[:, None] * BLOCK_M + o_in_block[None, :], mask=m_slot[:, None], other=0.0)
+            b_t = tl.load(p_slots + (o_slot[:, None] + 1) * BLOCK_M + o_in_block[None, :], mask=m_slot[:, None],
+                          other=0.0)
             b_w = tl.where((o_m < N)[None, :], tl.math.exp2(b_t - b_lse2[None, :]), 0.0)
             cols = tl.load(p_index + o_slot, mask=m_slot, other=0)
             tl.store(p_mass + cols, tl.sum(b_w, 1) / rows_in_block, mask=m_slot)
@@ -514,7 +521,7 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
     also the exact softmax mass of each tile, float32 [B, H, QB, KB] (mean over the query block's rows of
     the probability the row gives the tile's keys; 0 for skipped tiles). That variant needs ``tile_slots`` >=
     ``kv_count.max()`` (``SparseMask.max_kept_blocks``, a host int: no device read here) to size a scratch of
-    B*H*QB*tile_slots*block_q floats.
+    B*H*QB*(tile_slots + 1)*block_q floats.
     """
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     b, h, n, d = q.shape
@@ -522,7 +529,7 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
     qb, kb = kv_index.shape[-2], kv_index.shape[-1]
     out = _alloc(q)
     lse = _alloc(q, (b, h, n), torch.float32)
-    slots = tile_slots if with_tile_mass else 0
+    slots = tile_slots + 1 if with_tile_mass else 0  # slot 0 of each row is the kernel's dummy
     tile_lse = _alloc(q, (b * h * qb * slots * block_q,), torch.float32) if with_tile_mass else lse
     tile_mass = _alloc(q, (block_q // 64, b, h, qb, kb), torch.float32) if with_tile_mass else lse
     use_tma = _use_tma("fwd", k, v)
