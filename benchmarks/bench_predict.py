@@ -139,7 +139,8 @@ def differing_rows(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def config_name(config: triton.Config) -> str:
     meta = " ".join(f"{k}={v}" for k, v in config.kwargs.items())
-    return f"warps={config.num_warps} {meta}" + (f" maxnreg={config.maxnreg}" if config.maxnreg else "")
+    return (f"warps={config.num_warps} stages={config.num_stages} {meta}"
+            + (f" maxnreg={config.maxnreg}" if config.maxnreg else ""))
 
 
 def time_candidates(run, candidates, measure, differing) -> tuple[dict, object]:

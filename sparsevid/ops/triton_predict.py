@@ -69,7 +69,6 @@ _LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4,
                    triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64), num_warps=8, num_stages=1),
                    triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
                    triton.Config(dict(ROWS=16, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
-                   triton.Config(dict(ROWS=16, SPAN=128, CHUNK=32), num_warps=4, num_stages=2),
                    triton.Config(dict(ROWS=16, SPAN=4096, CHUNK=32), num_warps=4, num_stages=2)]
 _SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=1024), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512), num_warps=1, num_stages=1),
