@@ -229,7 +229,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
     b_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     if WITH_MASS:
         # Slot t + 1 holds tile t's row log-sum-exps (base 2): b_m + log2(b_psum), b_psum being the tile's row
-        # sums relative to the running max right after it. The loop stores each tile's one iteration late
+        # sums relative to the running max right after it. The loop stores each tile's values one iteration late
         # (keeping the store off the critical path of the tile that produced it); slot 0 takes a dummy.
         o_in_block = (pid_m * ROWS) % BLOCK_M + tl.arange(0, ROWS)
         b_late_m = tl.zeros([ROWS], dtype=tl.float32)
@@ -286,6 +286,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
             b_w = tl.where((o_m < N)[None, :], tl.math.exp2(b_t - b_lse2[None, :]), 0.0)
             cols = tl.load(p_index + o_slot, mask=m_slot, other=0)
             tl.store(p_mass + cols, tl.sum(b_w, 1) / rows_in_block, mask=m_slot)
+
 
 @triton.jit
 def _bsa_bwd_delta_kernel(Out, dOut, dLse, Delta, stride_ob, stride_oh, stride_on, stride_od,
