@@ -14,7 +14,7 @@ version and the 95%-sparse attention forward; and attention recall of predicted 
 
    the Triton masks are first checked against the PyTorch path of ``predict_mask`` and the naive version;
    then, with ``triton.testing.do_bench`` medians (L2 flushed before each call): the pool and logits stages
-   alone, logits and select together ("select"), all three launches with the fastest configs ("staged"),
+   alone, logits and select together ("select": select overwrites its input logits), all three launches with the fastest configs ("staged"),
    ``predict_mask`` end to end (eager, and replayed from a CUDA graph: device time only), its host time per
    call, the naive version, the time to read q and k once (``torch.sum`` over their storage: the floor), and
    the block-sparse attention forward at 95% sparsity (random mask) of the same shape. The stages are timed
@@ -216,7 +216,7 @@ def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, att
                                             lambda: (launch.logits(), launch.select(), differing())[2])
     logits_times, best_logits = time_candidates(launch.logits, triton_predict._LOGITS_CONFIGS, measure,
                                                 lambda: (launch.select(), differing())[1])
-    # Timed with the logits stage before it, as the figures of earlier versions (whose select overwrote them).
+    # The select stage overwrites the logits with probabilities: each timed call recomputes them first.
     select_times, best_select = time_candidates(lambda config: (launch.logits(best_logits), launch.select(config)),
                                                 triton_predict._SELECT_CONFIGS, measure, differing)
     row["configs_ms"] = {"pool": pool_times, "logits": logits_times, "logits+select": select_times}

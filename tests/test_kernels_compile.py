@@ -70,6 +70,7 @@ def _predict_variants(tp):
             constexprs = {**base, **config.kwargs}
             if "SEL_TILE" in constexprs:
                 constexprs["SEL_ROWS"] = tp._select_rows_per_group(constexprs)
+                constexprs["OUT_CHUNK"] = tp._out_chunk(constexprs)
             yield kernel, constexprs, config.num_warps, {}
 
 

@@ -10,17 +10,18 @@ Three kinds of program do the work:
   computes its base-2 pooled logits ``q_bar @ k_bar^T`` with ``tl.dot`` (3xTF32 on the GPU), ``CHUNK`` key
   blocks at a time, into scratch rows.
 * A select program takes ``SEL_ROWS`` rows (usually one) with whole rows in registers: it takes the softmax,
-  finds the rule's threshold, and writes the outputs from the same registers: option tiles, keep row, kept
-  mass and the compacted index table row (count and ascending indices at their prefix-sum slots, padded with
-  the last kept index, as ``kept_index_table`` lays it out). Its input logits stay as they are.
+  writes the probabilities back over the logits, finds the rule's threshold, and writes the outputs
+  ``OUT_CHUNK`` columns at a time: option tiles, keep row, kept mass and the compacted index table row (count
+  and ascending indices by a running prefix sum, padded with the last kept index, as ``kept_index_table``
+  lays it out).
 
 Threshold: the largest ``tau`` with ``count(p >= tau) >= k_eff`` and ``mass(p >= tau) >= p_target`` (see
 ``selection.py``), found by bisection on the float's bit pattern (probabilities are non-negative, so their
 bit patterns order like their values); each step counts and sums the entries above the midpoint. While a
 row's bracket ``[lo, hi)`` holds more than ``COMPACT`` entries the steps scan the whole row; then the
-bracket's entries are packed (prefix-sum slots) into the row of the index table, not written yet, and the
-remaining steps scan only those, with the count and mass above ``hi`` carried as constants. The search stops
-once a single entry separates the bounds. The search is a long chain of dependent row reductions: one-warp programs keep those
+bracket's entries are packed into the row of the index table (not written yet) and the remaining steps scan
+only those, with the count and mass above ``hi`` carried as constants. The search stops once a single entry
+separates the bounds. The search is a long chain of dependent row reductions: one-warp programs keep those
 reductions inside a warp, and one row per program gives the GPU enough independent chains.
 
 The three stages run as three launches (:class:`PredictLaunch`), each autotuned on its own. Pooling is
@@ -85,7 +86,12 @@ def _select_rows_per_group(args) -> int:
     return max(1, args["SEL_TILE"] // args["BLOCK_KB"])
 
 
-_SELECT_HEURISTICS = {"SEL_ROWS": _select_rows_per_group}
+def _out_chunk(args) -> int:
+    """OUT_CHUNK: columns of a [SEL_ROWS, OUT_CHUNK] output tile, about a quarter of SEL_TILE entries."""
+    return max(32, min(args["BLOCK_KB"], args["SEL_TILE"] // 4 // args["SEL_ROWS"]))
+
+
+_SELECT_HEURISTICS = {"SEL_ROWS": _select_rows_per_group, "OUT_CHUNK": _out_chunk}
 
 
 _POOL_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"]
@@ -194,13 +200,14 @@ def _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_base, mass_base, k_eff, ta
 
 
 @triton.jit
-def _threshold_bits(b_p, k_eff, target, p_buffer, BLOCK_KB: tl.constexpr, COMPACT: tl.constexpr):
+def _threshold_bits(b_p, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, BLOCK_KB: tl.constexpr,
+                    COMPACT: tl.constexpr, OUT_CHUNK: tl.constexpr):
     """int32 [R]: bit pattern of the largest tau with count(p >= tau) >= k_eff and mass(p >= tau) >= target.
 
-    b_p: float32 [R, BLOCK_KB], probabilities of the candidates, -1 elsewhere (padding, non-candidates).
-    p_buffer: pointers [R] to int32 rows of at least COMPACT entries that this program owns and overwrites
-    later. The lower bound starts at the row's smallest candidate (where every candidate qualifies), the upper
-    bound just above the row maximum.
+    b_p: float32 [R, BLOCK_KB], probabilities of the candidates, -1 elsewhere (padding, non-candidates), also
+    stored at p_rows (pointers [R] to rows of NUM_KV_BLOCKS floats). p_buffer: pointers [R] to int32 rows of
+    NUM_KV_BLOCKS that this program owns and overwrites later. The lower bound starts at the row's smallest
+    candidate (where every candidate qualifies), the upper bound just above the row maximum.
     """
     m_valid = b_p >= 0.0
     lo = tl.min(tl.where(m_valid, b_p, 2.0), 1).to(tl.int32, bitcast=True)
@@ -211,13 +218,19 @@ def _threshold_bits(b_p, k_eff, target, p_buffer, BLOCK_KB: tl.constexpr, COMPAC
     if BLOCK_KB > COMPACT:
         lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff, target,
                                                   COMPACT)
-        # Pack each open row's bracket entries (at most COMPACT) into its buffer at their prefix-sum slots.
+        # Pack each open row's bracket entries (at most COMPACT) into its buffer, OUT_CHUNK columns at a time.
         is_open = ((hi - lo) > 1) & ((cnt_lo - cnt_hi) > 1)
-        b_in = ((b_p >= lo.to(tl.float32, bitcast=True)[:, None]) & (b_p < hi.to(tl.float32, bitcast=True)[:, None])
-                & is_open[:, None])
-        slot = tl.cumsum(b_in.to(tl.int32), 1) - 1
-        tl.store(p_buffer[:, None] + slot, b_p.to(tl.int32, bitcast=True), mask=b_in)
-        packed = tl.sum(b_in.to(tl.int32), 1)
+        lo_f = lo.to(tl.float32, bitcast=True)
+        hi_f = hi.to(tl.float32, bitcast=True)
+        packed = tl.zeros_like(lo)
+        for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
+            o_c = c0 + tl.arange(0, OUT_CHUNK)
+            b_c = tl.load(p_rows[:, None] + o_c[None, :], mask=is_open[:, None] & (o_c < NUM_KV_BLOCKS)[None, :],
+                          other=-1.0)
+            b_in = (b_c >= lo_f[:, None]) & (b_c < hi_f[:, None])
+            slot = packed[:, None] + tl.cumsum(b_in.to(tl.int32), 1) - 1
+            tl.store(p_buffer[:, None] + slot, b_c.to(tl.int32, bitcast=True), mask=b_in)
+            packed += tl.sum(b_in.to(tl.int32), 1)
         tl.debug_barrier()
         o_w = tl.arange(0, COMPACT)
         m_w = o_w[None, :] < packed[:, None]
@@ -260,7 +273,8 @@ def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale
         tl.store(p_scratch + (c + o_j)[None, :], b_s * scale_log2, mask=m_r[:, None] & m_j[None, :])
 
 
-@triton.autotune(configs=_configs(_SELECT_CONFIGS), key=_SELECT_KEY)
+# The select stage overwrites its input logits with probabilities: tuning restores them between its runs.
+@triton.autotune(configs=_configs(_SELECT_CONFIGS), key=_SELECT_KEY, restore_value=["Scratch"])
 @triton.heuristics(_SELECT_HEURISTICS)
 @triton.jit
 def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
@@ -271,10 +285,14 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
                    BLOCK_KB: tl.constexpr, COMPACT: tl.constexpr, USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
                    TOPK_PER_HEAD: tl.constexpr, TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr,
                    KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr,
-                   SEL_TILE: tl.constexpr, SEL_ROWS: tl.constexpr):
+                   SEL_TILE: tl.constexpr, SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr):
     """Query-block rows program_id(0)*SEL_ROWS... of batch-head ``program_id(1)`` (their logits in the
-    scratch rows): softmax, threshold, options and outputs, whole rows in registers. Grid (cdiv(QB, SEL_ROWS),
-    B*H)."""
+    scratch rows): softmax, threshold, options and outputs. Grid (cdiv(QB, SEL_ROWS), B*H).
+
+    The probabilities replace the logits in the scratch rows (candidates only; others hold -1), so that the
+    packing and the outputs read them back in chunks of OUT_CHUNK columns; only the search keeps whole rows in
+    registers.
+    """
     unit = tl.program_id(0)
     bh = tl.program_id(1)
     i_h = bh % H
@@ -292,9 +310,9 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
     o_s = unit * SEL_ROWS + tl.arange(0, SEL_ROWS)
     m_s = o_s < NUM_Q_BLOCKS
     rows = bh.to(tl.int64) * NUM_Q_BLOCKS + o_s      # int64 [SEL_ROWS]: rows of [B*H*QB, KB] outputs
+    p_rows = Scratch + rows * NUM_KV_BLOCKS
     m_tile = m_s[:, None] & m_k[None, :]
-    b_s = tl.load(Scratch + rows[:, None] * NUM_KV_BLOCKS + o_k[None, :], mask=m_tile, other=float("-inf"),
-                  cache_modifier=".cg")
+    b_s = tl.load(p_rows[:, None] + o_k[None, :], mask=m_tile, other=float("-inf"), cache_modifier=".cg")
     b_max = tl.max(b_s, 1)
     b_e = tl.math.exp2(b_s - tl.where(m_s, b_max, 0.0)[:, None])
     b_p = b_e / tl.where(m_s, tl.sum(b_e, 1), 1.0)[:, None]
@@ -302,41 +320,54 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
         # Only the tiles of the earlier mask are candidates; the softmax still spans the whole row.
         p_within = Within + (bh // H).to(tl.int64) * stride_wb + i_h * stride_wh + o_s[:, None] * stride_wr
         b_p = tl.where(tl.load(p_within + o_k[None, :], mask=m_tile, other=0) != 0, b_p, -1.0)
-    b_p = tl.where(m_tile, b_p, -1.0)  # rows past the last query block have no candidates: nothing is written
+    b_p = tl.where(m_k[None, :], b_p, -1.0)
+    tl.store(p_rows[:, None] + o_k[None, :], b_p, mask=m_tile)
+    tl.debug_barrier()
 
     p_index = Index + rows * NUM_KV_BLOCKS
-    tau = _threshold_bits(b_p, k_eff, target, p_index, BLOCK_KB, COMPACT).to(tl.float32, bitcast=True)
+    tau = _threshold_bits(b_p, k_eff, target, p_rows, p_index, NUM_KV_BLOCKS, BLOCK_KB, COMPACT,
+                          OUT_CHUNK).to(tl.float32, bitcast=True)
     if USE_TOPP:
         tau = tl.where(target >= 1.0, 0.0, tau)
-    tl.debug_barrier()  # the search's reads of its buffer (the index row) come before the outputs overwrite it
-
-    # Outputs: keep row, then the kept columns in ascending order at their prefix-sum slots, then padding.
-    b_keep = b_p >= tau[:, None]
-    if KEEP_SINK:
-        b_keep = b_keep | (o_k == 0)[None, :]
-    if KEEP_DIAGONAL:
-        q_start = o_s * BLOCK_Q
-        q_stop = tl.minimum(q_start + BLOCK_Q, N)
-        k_start = o_k * BLOCK_K
-        k_stop = tl.minimum(k_start + BLOCK_K, M)
-        b_keep = b_keep | ((k_start[None, :] < q_stop[:, None]) & (q_start[:, None] < k_stop[None, :]))
     if WITH_SIM:
         q_loose = tl.load(SimQ + rows, mask=m_s, other=1.0, cache_modifier=".cg") < limit
-        k_loose = tl.load(SimK + bh.to(tl.int64) * NUM_KV_BLOCKS + o_k, mask=m_k, other=1.0,
-                          cache_modifier=".cg") < limit
-        b_keep = b_keep | q_loose[:, None] | k_loose[None, :]
-    b_keep = b_keep & (b_p >= 0.0)
-    tl.store(Keep + rows[:, None] * NUM_KV_BLOCKS + o_k[None, :], b_keep.to(tl.int8), mask=m_tile)
-    b_keep_i = b_keep.to(tl.int32)
-    slot = tl.cumsum(b_keep_i, 1) - 1
-    o_cols = o_k[None, :] + tl.zeros_like(slot)
-    tl.store(p_index[:, None] + slot, o_cols, mask=b_keep)
-    count = tl.sum(b_keep_i, 1)
-    last = tl.max(tl.where(b_keep, o_cols, 0), 1)
-    tl.store(p_index[:, None] + o_cols, last[:, None] + tl.zeros_like(slot),
-             mask=m_tile & (o_k[None, :] >= count[:, None]))
+    tl.debug_barrier()
+
+    # Outputs: keep row, then the kept columns in ascending order at their prefix-sum slots.
+    count = tl.zeros_like(o_s)
+    kept_mass = tl.zeros_like(tau)
+    last = tl.zeros_like(o_s)
+    for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
+        o_c = c0 + tl.arange(0, OUT_CHUNK)
+        m_c = m_s[:, None] & (o_c < NUM_KV_BLOCKS)[None, :]
+        b_c = tl.load(p_rows[:, None] + o_c[None, :], mask=m_c, other=-1.0)
+        b_keep = b_c >= tau[:, None]
+        if KEEP_SINK:
+            b_keep = b_keep | (o_c == 0)[None, :]
+        if KEEP_DIAGONAL:
+            q_start = o_s * BLOCK_Q
+            q_stop = tl.minimum(q_start + BLOCK_Q, N)
+            k_start = o_c * BLOCK_K
+            k_stop = tl.minimum(k_start + BLOCK_K, M)
+            b_keep = b_keep | ((k_start[None, :] < q_stop[:, None]) & (q_start[:, None] < k_stop[None, :]))
+        if WITH_SIM:
+            k_loose = tl.load(SimK + bh.to(tl.int64) * NUM_KV_BLOCKS + o_c, mask=o_c < NUM_KV_BLOCKS,
+                              other=1.0, cache_modifier=".cg") < limit
+            b_keep = b_keep | q_loose[:, None] | k_loose[None, :]
+        b_keep = b_keep & (b_c >= 0.0)
+        tl.store(Keep + rows[:, None] * NUM_KV_BLOCKS + o_c[None, :], b_keep.to(tl.int8), mask=m_c)
+        b_keep_i = b_keep.to(tl.int32)
+        slot = count[:, None] + tl.cumsum(b_keep_i, 1) - 1
+        tl.store(p_index[:, None] + slot, o_c[None, :] + tl.zeros_like(slot), mask=b_keep)
+        count += tl.sum(b_keep_i, 1)
+        kept_mass += tl.sum(tl.where(b_keep, b_c, 0.0), 1)
+        last = tl.maximum(last, tl.max(tl.where(b_keep, o_c[None, :], 0), 1))
+    for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
+        o_c = c0 + tl.arange(0, OUT_CHUNK)
+        m_pad = m_s[:, None] & (o_c < NUM_KV_BLOCKS)[None, :] & (o_c[None, :] >= count[:, None])
+        tl.store(p_index[:, None] + o_c[None, :], last[:, None] + tl.zeros_like(o_c)[None, :], mask=m_pad)
     tl.store(Count + rows, count, mask=m_s)
-    tl.store(KeptMass + rows, tl.sum(tl.where(b_keep, b_p, 0.0), 1), mask=m_s)
+    tl.store(KeptMass + rows, kept_mass, mask=m_s)
 
 
 # --------------------------------------------------------------------------- launcher
