@@ -214,14 +214,16 @@ def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, att
     differing = lambda: differing_rows(launch.outputs[0], mask.keep)  # noqa: E731
     pool_times, best_pool = time_candidates(launch.pool, triton_predict._POOL_CONFIGS, measure,
                                             lambda: (launch.logits(), launch.select(), differing())[2])
-    logits_times = {"cuBLAS (torch.baddbmm)": measure(launch.logits)}
+    logits_times, best_logits = time_candidates(launch.logits, triton_predict._LOGITS_CONFIGS, measure,
+                                                lambda: (launch.select(), differing())[1])
     # The select stage overwrites the logits with probabilities: each timed call recomputes them first.
-    select_times, best_select = time_candidates(lambda config: (launch.logits(), launch.select(config)),
+    select_times, best_select = time_candidates(lambda config: (launch.logits(best_logits), launch.select(config)),
                                                 triton_predict._SELECT_CONFIGS, measure, differing)
     row["configs_ms"] = {"pool": pool_times, "logits": logits_times, "logits+select": select_times}
     row["pool_ms"], row["logits_ms"], row["select_ms"] = (min(times.values())
                                                           for times in (pool_times, logits_times, select_times))
-    row["staged_ms"] = measure(lambda: (launch.pool(best_pool), launch.logits(), launch.select(best_select)))
+    row["staged_ms"] = measure(lambda: (launch.pool(best_pool), launch.logits(best_logits),
+                                        launch.select(best_select)))
     row["predict_mask_ms"] = measure(predict)
     row["naive_ms"] = measure(lambda: naive_predict(q, k, RULE["topk"], RULE["topp"], block_q, block_k))
     if cuda:

@@ -56,13 +56,15 @@ def _signature(fn, constexprs: dict, boxes: dict | None = None) -> dict:
 
 
 def _predict_variants(tp):
-    """(kernel, constexprs, num_warps, no descriptor boxes) for each candidate config of the pool and select
-    kernels, with every option on (similarity check, per-head thresholds, restriction to an earlier mask)."""
+    """(kernel, constexprs, num_warps, no descriptor boxes) for each candidate config of the pool, logits and
+    select kernels, with
+    every option on (similarity check, per-head thresholds, restriction to an earlier mask)."""
     pool = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True}
+    logits = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_KB": 2048, "DOT_PRECISION": "tf32x3"}
     select = {"HEAD_DIM": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True, "BLOCK_KB": 2048,
               "COMPACT": tp._COMPACT, "USE_TOPK": True, "USE_TOPP": True, "TOPK_PER_HEAD": True,
               "TOPP_PER_HEAD": True, "SIM_PER_HEAD": True, "KEEP_SINK": True, "KEEP_DIAGONAL": True, "WITHIN": True}
-    for kernel, configs, base in ((tp._pool_kernel, tp._POOL_CONFIGS, pool),
+    for kernel, configs, base in ((tp._pool_kernel, tp._POOL_CONFIGS, pool), (tp._logits_kernel, tp._LOGITS_CONFIGS, logits),
                                   (tp._select_kernel, tp._SELECT_CONFIGS, select)):
         for config in configs:
             constexprs = {**base, **config.kwargs}
@@ -97,7 +99,7 @@ def test_every_kernel_variant_compiles_for_sm90():
     assert done.returncode == 0, done.stdout + done.stderr
     from sparsevid.ops import triton_predict as tp
 
-    expected = 9 + len(tp._POOL_CONFIGS) + len(tp._SELECT_CONFIGS)
+    expected = 9 + len(tp._POOL_CONFIGS) + len(tp._LOGITS_CONFIGS) + len(tp._SELECT_CONFIGS)
     assert done.stdout.count("compiled") == expected, done.stdout
 
 

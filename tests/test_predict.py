@@ -76,12 +76,13 @@ def test_triton_matches_torch(shape, rule, options):
 
 
 def launches():
-    """(name, run) for every candidate config: each pool and each select config, with the configs of the
-    other kernel taken in turn."""
-    pools, selects = triton_predict._POOL_CONFIGS, triton_predict._SELECT_CONFIGS
-    runs = max(len(pools), len(selects))
-    return [(f"staged-{i}", lambda launch, p=pools[i % len(pools)], s=selects[i % len(selects)]:
-             (launch.pool(p), launch.logits(), launch.select(s)))
+    """(name, run) for every candidate config: each logits and each select config, with the configs of the
+    other stages taken in turn."""
+    pools, logits, selects = (triton_predict._POOL_CONFIGS, triton_predict._LOGITS_CONFIGS,
+                              triton_predict._SELECT_CONFIGS)
+    runs = max(len(logits), len(selects))
+    return [(f"staged-{i}", lambda launch, p=pools[i % len(pools)], g=logits[i % len(logits)],
+             s=selects[i % len(selects)]: (launch.pool(p), launch.logits(g), launch.select(s)))
             for i in range(runs)]
 
 

@@ -1,13 +1,14 @@
 """Triton kernels for mask prediction: block pooling, pooled scores, selection and the index table.
 
-Three stages do the work, two of them Triton kernels:
+Three kinds of program do the work:
 
 * A pool program reads one tile of ``POOL_TOKENS`` tokens of one head (one or two query blocks, or two to
   four key blocks), ``POOL_CHUNK`` tokens at a time, streamed past the L2 cache (``evict_first``), and writes
   the fp32 block means (and, when asked, the block self-similarities, see ``pooling.py``). Pooling reads all
   of Q and K: it sets the floor of the prediction time.
-* The logits stage is one batched fp32 matrix product (``torch.baddbmm``, cuBLAS on the GPU) that writes the
-  base-2 pooled logits ``scale * log2(e) * q_bar @ k_bar^T`` of every head into scratch rows.
+* A logits program takes a [ROWS, SPAN] tile of one head's pooled map (query blocks x key blocks) and
+  computes its base-2 pooled logits ``q_bar @ k_bar^T`` with ``tl.dot`` (3xTF32 on the GPU), ``CHUNK`` key
+  blocks at a time, into scratch rows.
 * A select program takes ``SEL_ROWS`` rows (usually one) with whole rows in registers: it takes the softmax,
   writes the probabilities back over the logits, finds the rule's threshold, and writes the outputs
   ``OUT_CHUNK`` columns at a time: option tiles, keep row, kept mass and the compacted index table row (count
@@ -23,9 +24,7 @@ only those, with the count and mass above ``hi`` carried as constants. The searc
 separates the bounds. The search is a long chain of dependent row reductions: one-warp programs keep those
 reductions inside a warp, and one row per program gives the GPU enough independent chains.
 
-The three stages run as three launches (:class:`PredictLaunch`); the two kernels are autotuned on their own.
-The logits stage was a Triton kernel (3xTF32 ``tl.dot`` over [ROWS, SPAN] tiles) until cuBLAS measured
-faster (``benchmarks/NOTES.md``). Pooling is
+The three stages run as three launches (:class:`PredictLaunch`), each autotuned on its own. Pooling is
 memory bound and, with one-warp programs, reads at the rate of a plain reduction over Q and K. A single
 launch that overlapped the pooling of later heads with the selection of earlier ones (ticket order, per-head
 counters) measured slower than the three launches once selection ran one row per program (H200, Wan 14B
@@ -56,15 +55,21 @@ _COMPACT = 64
 
 # Candidate configs; the autotuner times them per shape key (the first alone runs when interpreted or with
 # autotuning off). POOL_TOKENS: tokens per pool program (a multiple of both block sizes, 64 and 128), read
-# POOL_CHUNK at a time (a divisor of 64); SEL_TILE: entries of a search tile [SEL_ROWS, BLOCK_KB]
+# POOL_CHUNK at a time (a divisor of 64); ROWS: query-block rows per logits program (>= 16 for tl.dot), SPAN
+# key blocks per program, CHUNK key blocks per dot; SEL_TILE: entries of a search tile [SEL_ROWS, BLOCK_KB]
 # of a select program, at least one row. With one warp a select program's row reductions (each bisection
 # step's count and mass) stay within the warp, without barriers, and many small programs keep every SM busy.
 _POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=2),
-                 triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=8), num_warps=1, num_stages=1),
-                 triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=8), num_warps=1, num_stages=3),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=2, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=2, num_stages=3)]
+# Logits configs fit the shared memory of an H200 (fp32 operands split for 3xTF32 take 30-160 KB). Tiles of
+# 16 rows give the few rows of a short sequence enough programs.
+_LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64), num_warps=8, num_stages=1),
+                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
+                   triton.Config(dict(ROWS=16, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
+                   triton.Config(dict(ROWS=16, SPAN=4096, CHUNK=32), num_warps=4, num_stages=2)]
 _SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=1024), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=2048), num_warps=1, num_stages=1),
@@ -90,6 +95,7 @@ _SELECT_HEURISTICS = {"SEL_ROWS": _select_rows_per_group, "OUT_CHUNK": _out_chun
 
 
 _POOL_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"]
+_LOGITS_KEY = ["HEAD_DIM", "BLOCK_KB"]
 _SELECT_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "BLOCK_KB", "USE_TOPK", "USE_TOPP", "WITH_SIM", "WITHIN"]
 
 
@@ -235,6 +241,36 @@ def _threshold_bits(b_p, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, BLOCK_K
     else:
         lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff, target, 1)
     return lo
+
+
+@triton.autotune(configs=_configs(_LOGITS_CONFIGS), key=_LOGITS_KEY)
+@triton.jit
+def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr):
+    """Base-2 pooled logits of tile ``program_id(0)`` (ROWS query-block rows x SPAN key blocks, row tiles
+    outer) of batch-head ``program_id(1)``, CHUNK key blocks per tl.dot, into their scratch rows.
+    Grid (cdiv(QB, ROWS) * cdiv(KB, SPAN), B*H)."""
+    spans = tl.cdiv(NUM_KV_BLOCKS, SPAN)
+    unit = tl.program_id(0) // spans
+    first = (tl.program_id(0) % spans) * SPAN
+    bh = tl.program_id(1)
+    q_rows = bh.to(tl.int64) * NUM_Q_BLOCKS          # first row of this batch-head in [B*H*QB, ...]
+    p_kbar = PooledK + bh.to(tl.int64) * NUM_KV_BLOCKS * HEAD_DIM
+    o_r = unit * ROWS + tl.arange(0, ROWS)
+    m_r = o_r < NUM_Q_BLOCKS
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    b_qbar = tl.load(PooledQ + (q_rows + o_r[:, None]) * HEAD_DIM + o_d[None, :], mask=m_r[:, None] & m_d[None, :],
+                     other=0.0, cache_modifier=".cg")
+    p_scratch = Scratch + (q_rows + o_r[:, None]) * NUM_KV_BLOCKS
+    o_j = tl.arange(0, CHUNK)
+    for c in tl.range(first, tl.minimum(first + SPAN, NUM_KV_BLOCKS), CHUNK):
+        m_j = (c + o_j) < NUM_KV_BLOCKS
+        b_kbar = tl.load(p_kbar + (c + o_j)[:, None] * HEAD_DIM + o_d[None, :], mask=m_j[:, None] & m_d[None, :],
+                         other=0.0, cache_modifier=".cg")
+        b_s = tl.dot(b_qbar, tl.trans(b_kbar), input_precision=DOT_PRECISION)
+        tl.store(p_scratch + (c + o_j)[None, :], b_s * scale_log2, mask=m_r[:, None] & m_j[None, :])
 
 
 # The select stage overwrites its input logits with probabilities: tuning restores them between its runs.
@@ -384,8 +420,6 @@ class PredictLaunch:
         keep_i8 = keep.view(torch.int8)
         self._q, self._k = q, k
         self._means, self._similarities, self._scratch = (pooled_q, pooled_k), (sim_q, sim_k), scratch
-        self._pooled_rows = (pooled_q.view(b * h, qb, d), pooled_k.view(b * h, kb, d))
-        self._logits_rows = scratch.view(b * h, qb, kb)
         # Absent per-head tables and mask get any int32 / float32 / int8 buffer: the kernels never read them.
         self._select_tensors = (scratch, keep_i8, count, index, kept_mass,
                                 count if topk_table is None else topk_table,
@@ -399,6 +433,8 @@ class PredictLaunch:
         self._scale_log2 = scale * LOG2E
         self._pool_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_Q=block_q, BLOCK_K=block_k,
                                WITH_SIM=with_sim)
+        self._logits_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_KB=padded_pow2(kb),
+                                 DOT_PRECISION="ieee" if _INTERPRET else "tf32x3")
         self._select_meta = dict(
             HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim, BLOCK_KB=padded_pow2(kb),
             COMPACT=_COMPACT, USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,
@@ -419,10 +455,11 @@ class PredictLaunch:
                 self._q, self._k, *self._means, *self._similarities, *self._strides, *self._dims, SIMILARITY_EPS,
                 **self._pool_meta)
 
-    def logits(self) -> None:
-        """Stage 2 (after ``pool``): the base-2 pooled logits into the scratch rows, [B*H, QB, KB]."""
-        torch.baddbmm(self._logits_rows, self._pooled_rows[0], self._pooled_rows[1].transpose(1, 2), beta=0.0,
-                      alpha=self._scale_log2, out=self._logits_rows)
+    def logits(self, config: triton.Config | None = None) -> None:
+        """Stage 2 (after ``pool``): the pooled logits into the scratch rows."""
+        _launch(_logits_kernel, config,
+                lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), self._bh),
+                *self._means, self._scratch, self._qb, self._kb, self._scale_log2, **self._logits_meta)
 
     def select(self, config: triton.Config | None = None) -> None:
         """Stage 3 (after ``logits``): the selection and the outputs."""
