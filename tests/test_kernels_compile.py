@@ -61,7 +61,8 @@ def _predict_variants(tp):
     every option on (similarity check, per-head thresholds, restriction to an earlier mask)."""
     pool = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True}
     logits = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_KB": 2048, "DOT_PRECISION": "tf32x3"}
-    select = {"HEAD_DIM": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True, "BLOCK_KB": 2048,
+    select = {"HEAD_DIM": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True, "BLOCK_KB": 2048, "HEAD_KB": 1024,
+              "TAIL_KB": 256,
               "COMPACT": tp._COMPACT, "USE_TOPK": True, "USE_TOPP": True, "TOPK_PER_HEAD": True,
               "TOPP_PER_HEAD": True, "SIM_PER_HEAD": True, "KEEP_SINK": True, "KEEP_DIAGONAL": True, "WITHIN": True}
     for kernel, configs, base in ((tp._pool_kernel, tp._POOL_CONFIGS, pool), (tp._logits_kernel, tp._LOGITS_CONFIGS, logits),

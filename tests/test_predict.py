@@ -21,6 +21,8 @@ SHAPES = [
     pytest.param((1, 2, 1000, 1100, 80, 64, 64), id="N1000-M1100-d80"),
     # More than 512 key blocks (rows selected a few at a time) and more than one program of query rows.
     pytest.param((1, 1, 1100, 33000, 16, 64, 64), id="KB516-QB18-d16"),
+    # A power-of-two row longer than the packed search (one row tile) next to the ragged rows above (two tiles).
+    pytest.param((1, 1, 300, 8192, 16, 64, 64), id="KB128-one-row-tile"),
 ]
 
 # (rule, options): rules alone and with every option (per-head thresholds where marked).

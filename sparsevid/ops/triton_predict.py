@@ -96,7 +96,7 @@ _SELECT_HEURISTICS = {"SEL_ROWS": _select_rows_per_group, "OUT_CHUNK": _out_chun
 
 _POOL_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"]
 _LOGITS_KEY = ["HEAD_DIM", "BLOCK_KB"]
-_SELECT_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "BLOCK_KB", "USE_TOPK", "USE_TOPP", "WITH_SIM", "WITHIN"]
+_SELECT_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "BLOCK_KB", "TAIL_KB", "USE_TOPK", "USE_TOPP", "WITH_SIM", "WITHIN"]
 
 
 # --------------------------------------------------------------------------- pooling
@@ -172,21 +172,27 @@ def _per_head_value(scalar, p_values, i_h, PER_HEAD: tl.constexpr):
 
 
 @triton.jit
-def _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_base, mass_base, k_eff, target, limit):
+def _bisect(b_p, b_t, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_base, mass_base, k_eff, target, limit,
+            TAILED: tl.constexpr):
     """Bisection steps on the bit patterns [lo, hi) (int32 [R]) while a row's bracket holds more than
     ``limit`` entries (and is more than one pattern wide).
 
-    b_p: float32 [R, C], the entries that may lie in the bracket (others hold -1); cnt_base, mass_base: count
-    and mass of the row's entries above them. cnt_lo / cnt_hi: count(p >= lo) / count(p >= hi), mass_hi:
-    mass(p >= hi); lo always satisfies the rule, hi never does. Returns the updated lo, hi, cnt_lo, cnt_hi,
-    mass_hi.
+    b_p: float32 [R, C], the entries that may lie in the bracket (others hold -1), and with TAILED more of
+    them in b_t [R, C2]; cnt_base, mass_base: count and mass of the row's entries above them. cnt_lo / cnt_hi:
+    count(p >= lo) / count(p >= hi), mass_hi: mass(p >= hi); lo always satisfies the rule, hi never does.
+    Returns the updated lo, hi, cnt_lo, cnt_hi, mass_hi.
     """
     active = ((hi - lo) > 1) & ((cnt_lo - cnt_hi) > limit)
     while tl.max(active.to(tl.int32), 0) > 0:
         mid = lo + (hi - lo) // 2
-        b_ge = b_p >= mid.to(tl.float32, bitcast=True)[:, None]
+        mid_f = mid.to(tl.float32, bitcast=True)[:, None]
+        b_ge = b_p >= mid_f
         cnt = tl.sum(b_ge.to(tl.int32), 1) + cnt_base
         mass = tl.sum(tl.where(b_ge, b_p, 0.0), 1) + mass_base
+        if TAILED:
+            b_ge_t = b_t >= mid_f
+            cnt += tl.sum(b_ge_t.to(tl.int32), 1)
+            mass += tl.sum(tl.where(b_ge_t, b_t, 0.0), 1)
         ok = (cnt >= k_eff) & (mass >= target)
         up = active & ok
         down = active & ~ok
@@ -200,24 +206,34 @@ def _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_base, mass_base, k_eff, ta
 
 
 @triton.jit
-def _threshold_bits(b_p, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, BLOCK_KB: tl.constexpr,
-                    COMPACT: tl.constexpr, OUT_CHUNK: tl.constexpr):
+def _threshold_bits(b_p, b_t, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, TAILED: tl.constexpr,
+                    SEARCH_WHOLE: tl.constexpr, COMPACT: tl.constexpr, OUT_CHUNK: tl.constexpr):
     """int32 [R]: bit pattern of the largest tau with count(p >= tau) >= k_eff and mass(p >= tau) >= target.
 
-    b_p: float32 [R, BLOCK_KB], probabilities of the candidates, -1 elsewhere (padding, non-candidates), also
-    stored at p_rows (pointers [R] to rows of NUM_KV_BLOCKS floats). p_buffer: pointers [R] to int32 rows of
-    NUM_KV_BLOCKS that this program owns and overwrites later. The lower bound starts at the row's smallest
-    candidate (where every candidate qualifies), the upper bound just above the row maximum.
+    b_p: float32 [R, HEAD_KB], the row's columns [0, HEAD_KB), and with TAILED b_t [R, TAIL_KB], those after
+    them: probabilities of the candidates, -1 elsewhere (padding, non-candidates), also stored at p_rows (pointers
+    [R] to rows of NUM_KV_BLOCKS floats). p_buffer: pointers [R] to int32 rows of NUM_KV_BLOCKS that this
+    program owns and overwrites later. SEARCH_WHOLE: rows short enough (HEAD_KB + TAIL_KB <= COMPACT) to
+    search without packing. The lower bound starts at the row's smallest candidate (where every candidate
+    qualifies), the upper bound just above the row maximum.
     """
-    m_valid = b_p >= 0.0
-    lo = tl.min(tl.where(m_valid, b_p, 2.0), 1).to(tl.int32, bitcast=True)
-    hi = tl.max(b_p, 1).to(tl.int32, bitcast=True) + 1
-    cnt_lo = tl.sum(m_valid.to(tl.int32), 1)
+    lo = tl.min(tl.where(b_p >= 0.0, b_p, 2.0), 1)
+    hi = tl.max(b_p, 1)
+    cnt_lo = tl.sum((b_p >= 0.0).to(tl.int32), 1)
+    if TAILED:
+        lo = tl.minimum(lo, tl.min(tl.where(b_t >= 0.0, b_t, 2.0), 1))
+        hi = tl.maximum(hi, tl.max(b_t, 1))
+        cnt_lo += tl.sum((b_t >= 0.0).to(tl.int32), 1)
+    lo = lo.to(tl.int32, bitcast=True)
+    hi = hi.to(tl.int32, bitcast=True) + 1
     cnt_hi = tl.zeros_like(lo)
     mass_hi = tl.zeros_like(lo).to(tl.float32)
-    if BLOCK_KB > COMPACT:
-        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff, target,
-                                                  COMPACT)
+    if SEARCH_WHOLE:
+        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, b_t, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff,
+                                                  target, 1, TAILED)
+    else:
+        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, b_t, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff,
+                                                  target, COMPACT, TAILED)
         # Pack each open row's bracket entries (at most COMPACT) into its buffer, OUT_CHUNK columns at a time.
         is_open = ((hi - lo) > 1) & ((cnt_lo - cnt_hi) > 1)
         lo_f = lo.to(tl.float32, bitcast=True)
@@ -236,10 +252,8 @@ def _threshold_bits(b_p, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, BLOCK_K
         m_w = o_w[None, :] < packed[:, None]
         b_w = tl.load(p_buffer[:, None] + o_w[None, :], mask=m_w, other=0).to(tl.float32, bitcast=True)
         b_w = tl.where(m_w, b_w, -1.0)
-        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_w, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_hi, mass_hi, k_eff,
-                                                  target, 1)
-    else:
-        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff, target, 1)
+        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_w, b_w, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_hi, mass_hi,
+                                                  k_eff, target, 1, False)
     return lo
 
 
@@ -282,7 +296,8 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
                    topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
                    H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
                    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WITH_SIM: tl.constexpr,
-                   BLOCK_KB: tl.constexpr, COMPACT: tl.constexpr, USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
+                   BLOCK_KB: tl.constexpr, HEAD_KB: tl.constexpr, TAIL_KB: tl.constexpr, COMPACT: tl.constexpr,
+                   USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
                    TOPK_PER_HEAD: tl.constexpr, TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr,
                    KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr,
                    SEL_TILE: tl.constexpr, SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr):
@@ -291,7 +306,8 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
 
     The probabilities replace the logits in the scratch rows (candidates only; others hold -1), so that the
     packing and the outputs read them back in chunks of OUT_CHUNK columns; only the search keeps whole rows in
-    registers.
+    registers, as two tiles (columns [0, HEAD_KB) and the TAIL_KB after them, powers of two) so that a row of,
+    say, 1,182 key blocks takes 1,280 registers' worth of entries, not 2,048.
     """
     unit = tl.program_id(0)
     bh = tl.program_id(1)
@@ -305,7 +321,7 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
         target = _per_head_value(topp, ToppPerHead, i_h, TOPP_PER_HEAD)
     if WITH_SIM:
         limit = _per_head_value(sim_threshold, SimPerHead, i_h, SIM_PER_HEAD)
-    o_k = tl.arange(0, BLOCK_KB)
+    o_k = tl.arange(0, HEAD_KB)
     m_k = o_k < NUM_KV_BLOCKS
     o_s = unit * SEL_ROWS + tl.arange(0, SEL_ROWS)
     m_s = o_s < NUM_Q_BLOCKS
@@ -313,20 +329,39 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
     p_rows = Scratch + rows * NUM_KV_BLOCKS
     m_tile = m_s[:, None] & m_k[None, :]
     b_s = tl.load(p_rows[:, None] + o_k[None, :], mask=m_tile, other=float("-inf"), cache_modifier=".cg")
-    b_max = tl.max(b_s, 1)
-    b_e = tl.math.exp2(b_s - tl.where(m_s, b_max, 0.0)[:, None])
-    b_p = b_e / tl.where(m_s, tl.sum(b_e, 1), 1.0)[:, None]
+    row_max = tl.max(b_s, 1)
+    if TAIL_KB > 0:
+        o_t = HEAD_KB + tl.arange(0, TAIL_KB)
+        m_t = o_t < NUM_KV_BLOCKS
+        m_tail = m_s[:, None] & m_t[None, :]
+        b_st = tl.load(p_rows[:, None] + o_t[None, :], mask=m_tail, other=float("-inf"), cache_modifier=".cg")
+        row_max = tl.maximum(row_max, tl.max(b_st, 1))
+    b_max = tl.where(m_s, row_max, 0.0)[:, None]
+    b_e = tl.math.exp2(b_s - b_max)
+    row_sum = tl.sum(b_e, 1)
+    if TAIL_KB > 0:
+        b_et = tl.math.exp2(b_st - b_max)
+        row_sum += tl.sum(b_et, 1)
+    b_sum = tl.where(m_s, row_sum, 1.0)[:, None]
+    b_p = b_e / b_sum
     if WITHIN:
         # Only the tiles of the earlier mask are candidates; the softmax still spans the whole row.
         p_within = Within + (bh // H).to(tl.int64) * stride_wb + i_h * stride_wh + o_s[:, None] * stride_wr
         b_p = tl.where(tl.load(p_within + o_k[None, :], mask=m_tile, other=0) != 0, b_p, -1.0)
     b_p = tl.where(m_k[None, :], b_p, -1.0)
     tl.store(p_rows[:, None] + o_k[None, :], b_p, mask=m_tile)
+    b_t = b_p  # the second tile (none when TAIL_KB is 0: then b_p stands in, unread)
+    if TAIL_KB > 0:
+        b_t = b_et / b_sum
+        if WITHIN:
+            b_t = tl.where(tl.load(p_within + o_t[None, :], mask=m_tail, other=0) != 0, b_t, -1.0)
+        b_t = tl.where(m_t[None, :], b_t, -1.0)
+        tl.store(p_rows[:, None] + o_t[None, :], b_t, mask=m_tail)
     tl.debug_barrier()
 
     p_index = Index + rows * NUM_KV_BLOCKS
-    tau = _threshold_bits(b_p, k_eff, target, p_rows, p_index, NUM_KV_BLOCKS, BLOCK_KB, COMPACT,
-                          OUT_CHUNK).to(tl.float32, bitcast=True)
+    tau = _threshold_bits(b_p, b_t, k_eff, target, p_rows, p_index, NUM_KV_BLOCKS, TAIL_KB > 0,
+                          HEAD_KB + TAIL_KB <= COMPACT, COMPACT, OUT_CHUNK).to(tl.float32, bitcast=True)
     if USE_TOPP:
         tau = tl.where(target >= 1.0, 0.0, tau)
     if WITH_SIM:
@@ -437,6 +472,7 @@ class PredictLaunch:
                                  DOT_PRECISION="ieee" if _INTERPRET else "tf32x3")
         self._select_meta = dict(
             HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim, BLOCK_KB=padded_pow2(kb),
+            HEAD_KB=_row_tiles(kb)[0], TAIL_KB=_row_tiles(kb)[1],
             COMPACT=_COMPACT, USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,
             TOPK_PER_HEAD=topk_table is not None, TOPP_PER_HEAD=topp_table is not None,
             SIM_PER_HEAD=sim_table is not None, KEEP_SINK=keep_sink, KEEP_DIAGONAL=keep_diagonal,
@@ -465,6 +501,13 @@ class PredictLaunch:
         """Stage 3 (after ``logits``): the selection and the outputs."""
         _launch(_select_kernel, config, lambda meta: (self._select_units(meta), self._bh),
                 *self._similarities, *self._select_tensors, *self._rule_args, *self._dims, **self._select_meta)
+
+
+def _row_tiles(kb: int) -> tuple[int, int]:
+    """Columns of a select program's two row tiles for rows of kb entries: the largest power of two <= kb (at
+    least 16), then the rest padded to a power of two (0: no second tile)."""
+    head = max(16, 1 << (kb.bit_length() - 1))
+    return head, (padded_pow2(kb - head) if kb > head else 0)
 
 
 def _launch(kernel, config: triton.Config | None, grid, *args, **meta) -> None:
