@@ -14,10 +14,11 @@ version and the 95%-sparse attention forward; and attention recall of predicted 
 
    the Triton masks are first checked against the PyTorch path of ``predict_mask`` and the naive version;
    then, with ``triton.testing.do_bench`` medians (L2 flushed before each call): the pool and logits stages
-   alone, logits and select together ("select": select overwrites its input logits), all three launches with the fastest configs ("staged"),
-   ``predict_mask`` end to end (eager, and replayed from a CUDA graph: device time only), its host time per
-   call, the naive version, the time to read q and k once (``torch.sum`` over their storage: the floor), and
-   the block-sparse attention forward at 95% sparsity (random mask) of the same shape. The stages are timed
+   alone, logits and select together ("select": select overwrites its input logits), all three launches
+   with the fastest configs ("staged"), ``predict_mask`` end to end (eager, and replayed from a CUDA graph:
+   device time only), its host time per call, the naive version, the time to read q and k once
+   (``torch.sum`` over their storage: the floor), and the block-sparse attention forward at 95% sparsity
+   (random mask) of the same shape. The stages are timed
    with every candidate config of their kernels (each checked against ``predict_mask``); the stage figures
    are the fastest of them.
 2. Recall: on the video-like field (amplitude 12) on a Wan-like grid (21x30x52), masks at ~95% sparsity

@@ -75,18 +75,21 @@ def bench_kernel(args, device, dtype) -> list[dict]:
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, heads, n, d, generator=gen).to(device, dtype) for _ in range(3))
         mask = sv.random_block_mask(1, heads, n, n, sparsity, 128, 64, generator=gen, device=device)
+        def plain_call():
+            return sv.block_sparse_attention(q, k, v, mask, backend=backend)
+
+        def mass_call():
+            return sv.block_sparse_attention(q, k, v, mask, backend=backend, return_tile_mass=True)
+
         plain_runs, mass_runs = [], []
         for _ in range(rounds):  # alternated, so that drifts of the GPU clock hit both alike
-            plain_runs.append(median_ms(lambda: sv.block_sparse_attention(q, k, v, mask, backend=backend), **timing))
-            mass_runs.append(median_ms(lambda: sv.block_sparse_attention(q, k, v, mask, backend=backend,
-                                                                         return_tile_mass=True), **timing))
+            plain_runs.append(median_ms(plain_call, **timing))
+            mass_runs.append(median_ms(mass_call, **timing))
         plain, with_mass = statistics.median(plain_runs), statistics.median(mass_runs)
-        _, mass = sv.block_sparse_attention(q, k, v, mask, backend=backend, return_tile_mass=True)
+        _, mass = mass_call()
         breakdown = {}
         if device.type == "cuda":  # the kernels each timing is made of
-            breakdown = {"plain": cuda_kernel_ms(lambda: sv.block_sparse_attention(q, k, v, mask, backend=backend)),
-                         "with_tile_mass": cuda_kernel_ms(lambda: sv.block_sparse_attention(
-                             q, k, v, mask, backend=backend, return_tile_mass=True))}
+            breakdown = {"plain": cuda_kernel_ms(plain_call), "with_tile_mass": cuda_kernel_ms(mass_call)}
             print(f"kernel ms per call at {sparsity:.2f}: {json.dumps(breakdown)}", flush=True)
         row_sums = mass.double().sum(-1)
         rows.append({"heads": heads, "tokens": n, "head_dim": d, "dtype": str(dtype), "backend": backend,

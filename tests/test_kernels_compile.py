@@ -16,9 +16,9 @@ POINTERS = {"KvCount": "*i32", "KvIndex": "*i32", "QCount": "*i32", "QIndex": "*
             # mask prediction
             "PooledQ": "*fp32", "PooledK": "*fp32", "SimQ": "*fp32", "SimK": "*fp32", "Scratch": "*fp32",
             "Keep": "*i8", "Count": "*i32", "Index": "*i32", "KeptMass": "*fp32", "TopkPerHead": "*i32",
-            "ToppPerHead": "*fp32", "SimPerHead": "*fp32", "Within": "*i8", "Sync": "*i32"}
+            "ToppPerHead": "*fp32", "SimPerHead": "*fp32", "Within": "*i8"}
 FLOATS = {"scale", "scale_log2", "eps", "topp", "sim_threshold"}
-SIZES = {"H", "N", "M", "NUM_Q_BLOCKS", "NUM_KV_BLOCKS", "TILE_SLOTS", "BH"}
+SIZES = {"H", "N", "M", "NUM_Q_BLOCKS", "NUM_KV_BLOCKS", "TILE_SLOTS"}
 COMMON = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 64, "DOT_PRECISION": "tf32"}
 
 
@@ -65,7 +65,8 @@ def _predict_variants(tp):
               "TAIL_KB": 256,
               "COMPACT": tp._COMPACT, "USE_TOPK": True, "USE_TOPP": True, "TOPK_PER_HEAD": True,
               "TOPP_PER_HEAD": True, "SIM_PER_HEAD": True, "KEEP_SINK": True, "KEEP_DIAGONAL": True, "WITHIN": True}
-    for kernel, configs, base in ((tp._pool_kernel, tp._POOL_CONFIGS, pool), (tp._logits_kernel, tp._LOGITS_CONFIGS, logits),
+    for kernel, configs, base in ((tp._pool_kernel, tp._POOL_CONFIGS, pool),
+                                  (tp._logits_kernel, tp._LOGITS_CONFIGS, logits),
                                   (tp._select_kernel, tp._SELECT_CONFIGS, select)):
         for config in configs:
             constexprs = {**base, **config.kwargs}

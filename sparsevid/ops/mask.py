@@ -67,7 +67,7 @@ class SparseMask:
     kv_len: int
     block_q: int = 128
     block_k: int = 64
-    _tables: dict = field(default_factory=dict, repr=False, compare=False)  # built once: index tables, ...
+    _tables: dict = field(default_factory=dict, repr=False, compare=False)  # index tables, max_kept_blocks
 
     def __post_init__(self) -> None:
         _check_length("q_len", self.q_len)

@@ -139,11 +139,12 @@ _PTX_STORE = tl.constexpr(not _INTERPRET)
 
 @triton.jit
 def _store_tile_lse(p_base, o_rows, b_m, b_psum):
-    """Store b_m + log2(b_psum) (fp32 [ROWS]) at p_base + o_rows from the registers' own layout, for the
-    forward's pipelined loop. Through tl.store, the vector would first move to a coalesced layout through
-    shared memory (a block-wide barrier per iteration), and libdevice's log2 adds a branch per element for
-    subnormal inputs, which splits the loop body; one PTX block per element (approximate lg2, relative
-    error ~2^-22, address math included) does neither. Threads holding copies store the same value."""
+    """Store a tile's row log-sum-exps b_m + log2(b_psum) (fp32 [ROWS]) at p_base + o_rows from the
+    registers' own layout; made for the forward's pipelined loop. Through tl.store, the vector would first
+    move to a coalesced layout through shared memory (a block-wide barrier per iteration), and libdevice's
+    log2 adds a branch per element for subnormal inputs, which splits the loop body; one PTX block per
+    element (approximate lg2, relative error ~2^-22, address math included) does neither. Threads holding
+    copies store the same value."""
     if _PTX_STORE:
         tl.inline_asm_elementwise(
             "{ .reg .f32 t; .reg .b64 a; lg2.approx.f32 t, $4; add.f32 t, t, $3; mad.wide.s32 a, $2, 4, $1; "
@@ -252,7 +253,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
             _store_tile_lse(p_slots + it * BLOCK_M, o_in_block, b_late_m, b_late_psum)
             b_late_m, b_late_psum = b_m, b_psum
     if WITH_MASS:
-        tl.store(p_slots + num_full * BLOCK_M + o_in_block, b_late_m + tl.math.log2(b_late_psum))
+        _store_tile_lse(p_slots + num_full * BLOCK_M, o_in_block, b_late_m, b_late_psum)
     if ragged_tail:
         b_psum = tl.zeros([ROWS], dtype=tl.float32)  # the tail tile's row sums (WITH_MASS: one sub-tile)
         for sub in range(0, SUBS):
@@ -262,7 +263,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
                                                     stride_vn, o_d, M, scale_log2, i_b, i_h, HEAD_DIM, BLOCK_D,
                                                     SUB, True, DOT_PRECISION, USE_TMA)
         if WITH_MASS:
-            tl.store(p_slots + (num_full + 1) * BLOCK_M + o_in_block, b_m + tl.math.log2(b_psum))
+            _store_tile_lse(p_slots + (num_full + 1) * BLOCK_M, o_in_block, b_m, b_psum)
 
     has_keys = b_l > 0.0
     b_out = b_acc / tl.where(has_keys, b_l, 1.0)[:, None]

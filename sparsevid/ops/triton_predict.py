@@ -228,12 +228,12 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, TA
     hi = hi.to(tl.int32, bitcast=True) + 1
     cnt_hi = tl.zeros_like(lo)
     mass_hi = tl.zeros_like(lo).to(tl.float32)
+    limit = COMPACT
     if SEARCH_WHOLE:
-        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, b_t, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff,
-                                                  target, 1, TAILED)
-    else:
-        lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, b_t, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff,
-                                                  target, COMPACT, TAILED)
+        limit = 1
+    lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_p, b_t, lo, hi, cnt_lo, cnt_hi, mass_hi, 0, 0.0, k_eff, target,
+                                              limit, TAILED)
+    if not SEARCH_WHOLE:
         # Pack each open row's bracket entries (at most COMPACT) into its buffer, OUT_CHUNK columns at a time.
         is_open = ((hi - lo) > 1) & ((cnt_lo - cnt_hi) > 1)
         lo_f = lo.to(tl.float32, bitcast=True)
@@ -287,6 +287,28 @@ def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale
         tl.store(p_scratch + (c + o_j)[None, :], b_s * scale_log2, mask=m_r[:, None] & m_j[None, :])
 
 
+@triton.jit
+def _row_logits(p_rows, o_cols, m_rows, NUM_KV_BLOCKS):
+    """A row tile's logits [R, C] at columns o_cols [C] of the scratch rows p_rows (pointers [R]); -inf past
+    the row and for rows outside m_rows."""
+    m_tile = m_rows[:, None] & (o_cols < NUM_KV_BLOCKS)[None, :]
+    return tl.load(p_rows[:, None] + o_cols[None, :], mask=m_tile, other=float("-inf"), cache_modifier=".cg")
+
+
+@triton.jit
+def _candidate_probs(b_p, p_rows, p_within, o_cols, m_rows, NUM_KV_BLOCKS, WITHIN: tl.constexpr):
+    """A row tile's probabilities b_p [R, C] at columns o_cols [C], with -1 for columns past the row and, with
+    WITHIN, for tiles outside the earlier mask (p_within: pointers [R, 1] to its rows); also stored over the
+    logits at p_rows (pointers [R])."""
+    m_cols = o_cols < NUM_KV_BLOCKS
+    m_tile = m_rows[:, None] & m_cols[None, :]
+    if WITHIN:
+        b_p = tl.where(tl.load(p_within + o_cols[None, :], mask=m_tile, other=0) != 0, b_p, -1.0)
+    b_p = tl.where(m_cols[None, :], b_p, -1.0)
+    tl.store(p_rows[:, None] + o_cols[None, :], b_p, mask=m_tile)
+    return b_p
+
+
 # The select stage overwrites its input logits with probabilities: tuning restores them between its runs.
 @triton.autotune(configs=_configs(_SELECT_CONFIGS), key=_SELECT_KEY, restore_value=["Scratch"])
 @triton.heuristics(_SELECT_HEURISTICS)
@@ -322,19 +344,15 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
     if WITH_SIM:
         limit = _per_head_value(sim_threshold, SimPerHead, i_h, SIM_PER_HEAD)
     o_k = tl.arange(0, HEAD_KB)
-    m_k = o_k < NUM_KV_BLOCKS
     o_s = unit * SEL_ROWS + tl.arange(0, SEL_ROWS)
     m_s = o_s < NUM_Q_BLOCKS
     rows = bh.to(tl.int64) * NUM_Q_BLOCKS + o_s      # int64 [SEL_ROWS]: rows of [B*H*QB, KB] outputs
     p_rows = Scratch + rows * NUM_KV_BLOCKS
-    m_tile = m_s[:, None] & m_k[None, :]
-    b_s = tl.load(p_rows[:, None] + o_k[None, :], mask=m_tile, other=float("-inf"), cache_modifier=".cg")
+    b_s = _row_logits(p_rows, o_k, m_s, NUM_KV_BLOCKS)
     row_max = tl.max(b_s, 1)
     if TAIL_KB > 0:
         o_t = HEAD_KB + tl.arange(0, TAIL_KB)
-        m_t = o_t < NUM_KV_BLOCKS
-        m_tail = m_s[:, None] & m_t[None, :]
-        b_st = tl.load(p_rows[:, None] + o_t[None, :], mask=m_tail, other=float("-inf"), cache_modifier=".cg")
+        b_st = _row_logits(p_rows, o_t, m_s, NUM_KV_BLOCKS)
         row_max = tl.maximum(row_max, tl.max(b_st, 1))
     b_max = tl.where(m_s, row_max, 0.0)[:, None]
     b_e = tl.math.exp2(b_s - b_max)
@@ -343,20 +361,12 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
         b_et = tl.math.exp2(b_st - b_max)
         row_sum += tl.sum(b_et, 1)
     b_sum = tl.where(m_s, row_sum, 1.0)[:, None]
-    b_p = b_e / b_sum
-    if WITHIN:
-        # Only the tiles of the earlier mask are candidates; the softmax still spans the whole row.
-        p_within = Within + (bh // H).to(tl.int64) * stride_wb + i_h * stride_wh + o_s[:, None] * stride_wr
-        b_p = tl.where(tl.load(p_within + o_k[None, :], mask=m_tile, other=0) != 0, b_p, -1.0)
-    b_p = tl.where(m_k[None, :], b_p, -1.0)
-    tl.store(p_rows[:, None] + o_k[None, :], b_p, mask=m_tile)
+    # Only the tiles of the earlier mask (WITHIN) are candidates; the softmax still spans the whole row.
+    p_within = Within + (bh // H).to(tl.int64) * stride_wb + i_h * stride_wh + o_s[:, None] * stride_wr
+    b_p = _candidate_probs(b_e / b_sum, p_rows, p_within, o_k, m_s, NUM_KV_BLOCKS, WITHIN)
     b_t = b_p  # the second tile (none when TAIL_KB is 0: then b_p stands in, unread)
     if TAIL_KB > 0:
-        b_t = b_et / b_sum
-        if WITHIN:
-            b_t = tl.where(tl.load(p_within + o_t[None, :], mask=m_tail, other=0) != 0, b_t, -1.0)
-        b_t = tl.where(m_t[None, :], b_t, -1.0)
-        tl.store(p_rows[:, None] + o_t[None, :], b_t, mask=m_tail)
+        b_t = _candidate_probs(b_et / b_sum, p_rows, p_within, o_t, m_s, NUM_KV_BLOCKS, WITHIN)
     tl.debug_barrier()
 
     p_index = Index + rows * NUM_KV_BLOCKS
