@@ -253,7 +253,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
             _store_tile_lse(p_slots + it * BLOCK_M, o_in_block, b_late_m, b_late_psum)
             b_late_m, b_late_psum = b_m, b_psum
     if WITH_MASS:
-        _store_tile_lse(p_slots + num_full * BLOCK_M, o_in_block, b_late_m, b_late_psum)
+        tl.store(p_slots + num_full * BLOCK_M + o_in_block, b_late_m + tl.math.log2(b_late_psum))
     if ragged_tail:
         b_psum = tl.zeros([ROWS], dtype=tl.float32)  # the tail tile's row sums (WITH_MASS: one sub-tile)
         for sub in range(0, SUBS):
@@ -263,7 +263,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
                                                     stride_vn, o_d, M, scale_log2, i_b, i_h, HEAD_DIM, BLOCK_D,
                                                     SUB, True, DOT_PRECISION, USE_TMA)
         if WITH_MASS:
-            _store_tile_lse(p_slots + (num_full + 1) * BLOCK_M, o_in_block, b_m, b_psum)
+            tl.store(p_slots + (num_full + 1) * BLOCK_M + o_in_block, b_m + tl.math.log2(b_psum))
 
     has_keys = b_l > 0.0
     b_out = b_acc / tl.where(has_keys, b_l, 1.0)[:, None]
