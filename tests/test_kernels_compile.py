@@ -14,7 +14,7 @@ import sys
 POINTERS = {"KvCount": "*i32", "KvIndex": "*i32", "QCount": "*i32", "QIndex": "*i32", "Lse": "*fp32",
             "Delta": "*fp32", "dLse": "*fp32", "TileLse": "*fp32", "TileMass": "*fp32",
             # mask prediction
-            "PooledQ": "*fp32", "PooledK": "*fp32", "SimQ": "*fp32", "SimK": "*fp32", "Scratch": "*fp32",
+            "PooledQ": "*fp32", "PooledK": "*fp32", "SimQ": "*fp32", "SimK": "*fp32", "Logits": "*fp32",
             "Keep": "*i8", "Count": "*i32", "Index": "*i32", "KeptMass": "*fp32", "TopkPerHead": "*i32",
             "ToppPerHead": "*fp32", "SimPerHead": "*fp32", "Within": "*i8"}
 FLOATS = {"scale", "scale_log2", "eps", "topp", "sim_threshold"}
@@ -62,17 +62,16 @@ def _predict_variants(tp):
     pool = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True}
     logits = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_KB": 2048, "DOT_PRECISION": "tf32x3"}
     select = {"HEAD_DIM": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True, "BLOCK_KB": 2048, "HEAD_KB": 1024,
-              "TAIL_KB": 256,
-              "COMPACT": tp._COMPACT, "USE_TOPK": True, "USE_TOPP": True, "TOPK_PER_HEAD": True,
+              "TAIL_KB": 256, "USE_TOPK": True, "USE_TOPP": True, "TOPK_PER_HEAD": True,
               "TOPP_PER_HEAD": True, "SIM_PER_HEAD": True, "KEEP_SINK": True, "KEEP_DIAGONAL": True, "WITHIN": True}
     for kernel, configs, base in ((tp._pool_kernel, tp._POOL_CONFIGS, pool),
                                   (tp._logits_kernel, tp._LOGITS_CONFIGS, logits),
                                   (tp._select_kernel, tp._SELECT_CONFIGS, select)):
         for config in configs:
             constexprs = {**base, **config.kwargs}
-            if "SEL_TILE" in constexprs:
-                constexprs["SEL_ROWS"] = tp._select_rows_per_group(constexprs)
-                constexprs["OUT_CHUNK"] = tp._out_chunk(constexprs)
+            if kernel is tp._select_kernel:
+                for name, rule in tp._SELECT_HEURISTICS.items():
+                    constexprs[name] = rule(constexprs)
             yield kernel, constexprs, config.num_warps, {}
 
 

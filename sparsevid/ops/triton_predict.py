@@ -8,21 +8,25 @@ Three kinds of program do the work:
   of Q and K: it sets the floor of the prediction time.
 * A logits program takes a [ROWS, SPAN] tile of one head's pooled map (query blocks x key blocks) and
   computes its base-2 pooled logits ``q_bar @ k_bar^T`` with ``tl.dot`` (3xTF32 on the GPU), ``CHUNK`` key
-  blocks at a time, into scratch rows.
-* A select program takes ``SEL_ROWS`` rows (usually one) with whole rows in registers: it takes the softmax,
-  writes the probabilities back over the logits, finds the rule's threshold, and writes the outputs
-  ``OUT_CHUNK`` columns at a time: option tiles, keep row, kept mass and the compacted index table row (count
-  and ascending indices by a running prefix sum, padded with the last kept index, as ``kept_index_table``
-  lays it out).
+  blocks at a time, into a logits buffer [B*H*QB, KB].
+* A select program takes ``SEL_ROWS`` rows (usually one) with whole rows in registers: it takes the softmax
+  (row maximum and sum), finds the rule's threshold, and writes the outputs ``OUT_CHUNK`` columns at a time:
+  option tiles, keep row, kept mass and the compacted index table row (count and ascending indices by a
+  running prefix sum, padded with the last kept index, as ``kept_index_table`` lays it out). Passes over a
+  row after the first read its logits again and recompute the probabilities with the same instructions
+  (bit-identical), rather than storing them: the logits stay read-only, and at the Wan 14B shape the
+  select stage writes 112 MB less.
 
 Threshold: the largest ``tau`` with ``count(p >= tau) >= k_eff`` and ``mass(p >= tau) >= p_target`` (see
 ``selection.py``), found by bisection on the float's bit pattern (probabilities are non-negative, so their
 bit patterns order like their values); each step counts and sums the entries above the midpoint. While a
 row's bracket ``[lo, hi)`` holds more than ``COMPACT`` entries the steps scan the whole row; then the
 bracket's entries are packed into the row of the index table (not written yet) and the remaining steps scan
-only those, with the count and mass above ``hi`` carried as constants. The search stops once a single entry
-separates the bounds. The search is a long chain of dependent row reductions: one-warp programs keep those
-reductions inside a warp, and one row per program gives the GPU enough independent chains.
+only those, with the count and mass above ``hi`` carried as constants (``COMPACT`` = 0: the whole row is
+searched to the end, which saves the packing pass's memory round trips on short rows). The search stops
+once a single entry separates the bounds. The search is a long chain of dependent row reductions: one-warp
+programs keep those reductions inside a warp, and one row per program gives the GPU enough independent
+chains.
 
 The three stages run as three launches (:class:`PredictLaunch`), each autotuned on its own. Pooling is
 memory bound and, with one-warp programs, reads at the rate of a plain reduction over Q and K. A single
@@ -50,30 +54,37 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # SPARSEVID_AUTOTUNE=off: the first candidate config of each kernel instead of tuning (fast start-up).
 _AUTOTUNE = os.environ.get("SPARSEVID_AUTOTUNE", "on") != "off"
 
-# Entries of a row's bracket below which the threshold search continues on the packed bracket only.
-_COMPACT = 64
-
 # Candidate configs; the autotuner times them per shape key (the first alone runs when interpreted or with
 # autotuning off). POOL_TOKENS: tokens per pool program (a multiple of both block sizes, 64 and 128), read
 # POOL_CHUNK at a time (a divisor of 64); ROWS: query-block rows per logits program (>= 16 for tl.dot), SPAN
 # key blocks per program, CHUNK key blocks per dot; SEL_TILE: entries of a search tile [SEL_ROWS, BLOCK_KB]
-# of a select program, at least one row. With one warp a select program's row reductions (each bisection
-# step's count and mass) stay within the warp, without barriers, and many small programs keep every SM busy.
+# of a select program, at least one row; OUT_TILE: entries of its output tiles [SEL_ROWS, OUT_CHUNK];
+# COMPACT: bracket entries below which the search packs the bracket (0: never). With one warp a select
+# program's row reductions (each bisection step's count and mass) stay within the warp, without barriers,
+# and many small programs keep every SM busy.
 _POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=2),
+                 triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=1, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=2, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=2, num_stages=3)]
 # Logits configs fit the shared memory of an H200 (fp32 operands split for 3xTF32 take 30-160 KB). Tiles of
-# 16 rows give the few rows of a short sequence enough programs.
+# 16 rows give the few rows of a short sequence enough programs; tiles of one dot (SPAN = CHUNK) have no
+# chain of loads and dots inside a program.
 _LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=1),
                    triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64), num_warps=8, num_stages=1),
                    triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
                    triton.Config(dict(ROWS=16, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
-                   triton.Config(dict(ROWS=16, SPAN=4096, CHUNK=32), num_warps=4, num_stages=2)]
-_SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=1024), num_warps=1, num_stages=1),
-                   triton.Config(dict(SEL_TILE=512), num_warps=1, num_stages=1),
-                   triton.Config(dict(SEL_TILE=2048), num_warps=1, num_stages=1),
-                   triton.Config(dict(SEL_TILE=4096), num_warps=4, num_stages=1)]
+                   triton.Config(dict(ROWS=16, SPAN=4096, CHUNK=32), num_warps=4, num_stages=2),
+                   triton.Config(dict(ROWS=64, SPAN=64, CHUNK=64), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=32, SPAN=64, CHUNK=64), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=64, SPAN=128, CHUNK=128), num_warps=8, num_stages=1)]
+_SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=1024, OUT_TILE=256, COMPACT=64), num_warps=1, num_stages=1),
+                   triton.Config(dict(SEL_TILE=512, OUT_TILE=128, COMPACT=64), num_warps=1, num_stages=1),
+                   triton.Config(dict(SEL_TILE=2048, OUT_TILE=512, COMPACT=64), num_warps=1, num_stages=1),
+                   triton.Config(dict(SEL_TILE=4096, OUT_TILE=1024, COMPACT=64), num_warps=4, num_stages=1),
+                   triton.Config(dict(SEL_TILE=512, OUT_TILE=512, COMPACT=64), num_warps=1, num_stages=1),
+                   triton.Config(dict(SEL_TILE=512, OUT_TILE=512, COMPACT=0), num_warps=1, num_stages=1),
+                   triton.Config(dict(SEL_TILE=1024, OUT_TILE=1024, COMPACT=64), num_warps=1, num_stages=1)]
 
 
 def _configs(candidates: list[triton.Config]) -> list[triton.Config]:
@@ -87,11 +98,17 @@ def _select_rows_per_group(args) -> int:
 
 
 def _out_chunk(args) -> int:
-    """OUT_CHUNK: columns of a [SEL_ROWS, OUT_CHUNK] output tile, about a quarter of SEL_TILE entries."""
-    return max(32, min(args["BLOCK_KB"], args["SEL_TILE"] // 4 // args["SEL_ROWS"]))
+    """OUT_CHUNK: columns of a [SEL_ROWS, OUT_CHUNK] output tile of about OUT_TILE entries."""
+    return max(32, min(args["BLOCK_KB"], args["OUT_TILE"] // args["SEL_ROWS"]))
 
 
-_SELECT_HEURISTICS = {"SEL_ROWS": _select_rows_per_group, "OUT_CHUNK": _out_chunk}
+def _search_whole(args) -> bool:
+    """SEARCH_WHOLE: the search never packs (COMPACT = 0, or rows no longer than COMPACT)."""
+    return args["COMPACT"] == 0 or args["HEAD_KB"] + args["TAIL_KB"] <= args["COMPACT"]
+
+
+# In order: OUT_CHUNK needs SEL_ROWS.
+_SELECT_HEURISTICS = {"SEL_ROWS": _select_rows_per_group, "OUT_CHUNK": _out_chunk, "SEARCH_WHOLE": _search_whole}
 
 
 _POOL_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"]
@@ -206,13 +223,41 @@ def _bisect(b_p, b_t, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_base, mass_base, k_ef
 
 
 @triton.jit
-def _threshold_bits(b_p, b_t, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, TAILED: tl.constexpr,
-                    SEARCH_WHOLE: tl.constexpr, COMPACT: tl.constexpr, OUT_CHUNK: tl.constexpr):
+def _row_logits(p_rows, o_cols, m_rows, NUM_KV_BLOCKS):
+    """A row tile's logits [R, C] at columns o_cols [C] of the logits rows p_rows (pointers [R]); -inf past
+    the row and for rows outside m_rows."""
+    m_tile = m_rows[:, None] & (o_cols < NUM_KV_BLOCKS)[None, :]
+    return tl.load(p_rows[:, None] + o_cols[None, :], mask=m_tile, other=float("-inf"), cache_modifier=".cg")
+
+
+@triton.jit
+def _candidates(b_p, p_within, o_cols, m_rows, NUM_KV_BLOCKS, WITHIN: tl.constexpr):
+    """Probabilities b_p [R, C] at columns o_cols [C] with -1 for columns past the row, rows outside m_rows [R]
+    and, with WITHIN, tiles outside the earlier mask (p_within: pointers [R, 1] to its rows)."""
+    m_tile = m_rows[:, None] & (o_cols < NUM_KV_BLOCKS)[None, :]
+    if WITHIN:
+        m_tile &= tl.load(p_within + o_cols[None, :], mask=m_tile, other=0) != 0
+    return tl.where(m_tile, b_p, -1.0)
+
+
+@triton.jit
+def _chunk_probs(p_rows, o_cols, m_rows, row_max, inv_sum, p_within, NUM_KV_BLOCKS, WITHIN: tl.constexpr):
+    """Candidate probabilities [R, C] (-1 elsewhere) at columns o_cols [C], recomputed from the logits with
+    the instructions that made the row tiles' (row_max, inv_sum: float32 [R])."""
+    b_e = tl.math.exp2(_row_logits(p_rows, o_cols, m_rows, NUM_KV_BLOCKS) - row_max[:, None])
+    return _candidates(b_e * inv_sum[:, None], p_within, o_cols, m_rows, NUM_KV_BLOCKS, WITHIN)
+
+
+@triton.jit
+def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p_within, p_buffer,
+                    NUM_KV_BLOCKS, TAILED: tl.constexpr, SEARCH_WHOLE: tl.constexpr, COMPACT: tl.constexpr,
+                    OUT_CHUNK: tl.constexpr, WITHIN: tl.constexpr):
     """int32 [R]: bit pattern of the largest tau with count(p >= tau) >= k_eff and mass(p >= tau) >= target.
 
     b_p: float32 [R, HEAD_KB], the row's columns [0, HEAD_KB), and with TAILED b_t [R, TAIL_KB], those after
-    them: probabilities of the candidates, -1 elsewhere (padding, non-candidates), also stored at p_rows (pointers
-    [R] to rows of NUM_KV_BLOCKS floats). p_buffer: pointers [R] to int32 rows of NUM_KV_BLOCKS that this
+    them: probabilities of the candidates, -1 elsewhere (padding, non-candidates), as ``_chunk_probs``
+    recomputes them from the logits rows p_rows (pointers [R] to rows of NUM_KV_BLOCKS floats; rows m_rows)
+    with row_max, inv_sum and p_within. p_buffer: pointers [R] to int32 rows of NUM_KV_BLOCKS that this
     program owns and overwrites later. SEARCH_WHOLE: rows short enough (HEAD_KB + TAIL_KB <= COMPACT) to
     search without packing. The lower bound starts at the row's smallest candidate (where every candidate
     qualifies), the upper bound just above the row maximum.
@@ -241,9 +286,8 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, TA
         packed = tl.zeros_like(lo)
         for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
             o_c = c0 + tl.arange(0, OUT_CHUNK)
-            b_c = tl.load(p_rows[:, None] + o_c[None, :], mask=is_open[:, None] & (o_c < NUM_KV_BLOCKS)[None, :],
-                          other=-1.0)
-            b_in = (b_c >= lo_f[:, None]) & (b_c < hi_f[:, None])
+            b_c = _chunk_probs(p_rows, o_c, m_rows & is_open, row_max, inv_sum, p_within, NUM_KV_BLOCKS, WITHIN)
+            b_in = is_open[:, None] & (b_c >= lo_f[:, None]) & (b_c < hi_f[:, None])
             slot = packed[:, None] + tl.cumsum(b_in.to(tl.int32), 1) - 1
             tl.store(p_buffer[:, None] + slot, b_c.to(tl.int32, bitcast=True), mask=b_in)
             packed += tl.sum(b_in.to(tl.int32), 1)
@@ -259,11 +303,11 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, p_buffer, NUM_KV_BLOCKS, TA
 
 @triton.autotune(configs=_configs(_LOGITS_CONFIGS), key=_LOGITS_KEY)
 @triton.jit
-def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr):
     """Base-2 pooled logits of tile ``program_id(0)`` (ROWS query-block rows x SPAN key blocks, row tiles
-    outer) of batch-head ``program_id(1)``, CHUNK key blocks per tl.dot, into their scratch rows.
+    outer) of batch-head ``program_id(1)``, CHUNK key blocks per tl.dot, into their logits rows.
     Grid (cdiv(QB, ROWS) * cdiv(KB, SPAN), B*H)."""
     spans = tl.cdiv(NUM_KV_BLOCKS, SPAN)
     unit = tl.program_id(0) // spans
@@ -277,58 +321,34 @@ def _logits_kernel(PooledQ, PooledK, Scratch, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale
     m_d = o_d < HEAD_DIM
     b_qbar = tl.load(PooledQ + (q_rows + o_r[:, None]) * HEAD_DIM + o_d[None, :], mask=m_r[:, None] & m_d[None, :],
                      other=0.0, cache_modifier=".cg")
-    p_scratch = Scratch + (q_rows + o_r[:, None]) * NUM_KV_BLOCKS
+    p_logits = Logits + (q_rows + o_r[:, None]) * NUM_KV_BLOCKS
     o_j = tl.arange(0, CHUNK)
     for c in tl.range(first, tl.minimum(first + SPAN, NUM_KV_BLOCKS), CHUNK):
         m_j = (c + o_j) < NUM_KV_BLOCKS
         b_kbar = tl.load(p_kbar + (c + o_j)[:, None] * HEAD_DIM + o_d[None, :], mask=m_j[:, None] & m_d[None, :],
                          other=0.0, cache_modifier=".cg")
         b_s = tl.dot(b_qbar, tl.trans(b_kbar), input_precision=DOT_PRECISION)
-        tl.store(p_scratch + (c + o_j)[None, :], b_s * scale_log2, mask=m_r[:, None] & m_j[None, :])
+        tl.store(p_logits + (c + o_j)[None, :], b_s * scale_log2, mask=m_r[:, None] & m_j[None, :])
 
 
-@triton.jit
-def _row_logits(p_rows, o_cols, m_rows, NUM_KV_BLOCKS):
-    """A row tile's logits [R, C] at columns o_cols [C] of the scratch rows p_rows (pointers [R]); -inf past
-    the row and for rows outside m_rows."""
-    m_tile = m_rows[:, None] & (o_cols < NUM_KV_BLOCKS)[None, :]
-    return tl.load(p_rows[:, None] + o_cols[None, :], mask=m_tile, other=float("-inf"), cache_modifier=".cg")
-
-
-@triton.jit
-def _candidate_probs(b_p, p_rows, p_within, o_cols, m_rows, NUM_KV_BLOCKS, WITHIN: tl.constexpr):
-    """A row tile's probabilities b_p [R, C] at columns o_cols [C], with -1 for columns past the row and, with
-    WITHIN, for tiles outside the earlier mask (p_within: pointers [R, 1] to its rows); also stored over the
-    logits at p_rows (pointers [R])."""
-    m_cols = o_cols < NUM_KV_BLOCKS
-    m_tile = m_rows[:, None] & m_cols[None, :]
-    if WITHIN:
-        b_p = tl.where(tl.load(p_within + o_cols[None, :], mask=m_tile, other=0) != 0, b_p, -1.0)
-    b_p = tl.where(m_cols[None, :], b_p, -1.0)
-    tl.store(p_rows[:, None] + o_cols[None, :], b_p, mask=m_tile)
-    return b_p
-
-
-# The select stage overwrites its input logits with probabilities: tuning restores them between its runs.
-@triton.autotune(configs=_configs(_SELECT_CONFIGS), key=_SELECT_KEY, restore_value=["Scratch"])
+@triton.autotune(configs=_configs(_SELECT_CONFIGS), key=_SELECT_KEY)
 @triton.heuristics(_SELECT_HEURISTICS)
 @triton.jit
-def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
+def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
                    TopkPerHead, ToppPerHead, SimPerHead, Within,
                    topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
                    H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
                    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WITH_SIM: tl.constexpr,
-                   BLOCK_KB: tl.constexpr, HEAD_KB: tl.constexpr, TAIL_KB: tl.constexpr, COMPACT: tl.constexpr,
-                   USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
+                   BLOCK_KB: tl.constexpr, HEAD_KB: tl.constexpr, TAIL_KB: tl.constexpr, USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
                    TOPK_PER_HEAD: tl.constexpr, TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr,
                    KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr,
-                   SEL_TILE: tl.constexpr, SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr):
+                   SEL_TILE: tl.constexpr, OUT_TILE: tl.constexpr, COMPACT: tl.constexpr,
+                   SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr, SEARCH_WHOLE: tl.constexpr):
     """Query-block rows program_id(0)*SEL_ROWS... of batch-head ``program_id(1)`` (their logits in the
-    scratch rows): softmax, threshold, options and outputs. Grid (cdiv(QB, SEL_ROWS), B*H).
+    logits rows): softmax, threshold, options and outputs. Grid (cdiv(QB, SEL_ROWS), B*H).
 
-    The probabilities replace the logits in the scratch rows (candidates only; others hold -1), so that the
-    packing and the outputs read them back in chunks of OUT_CHUNK columns; only the search keeps whole rows in
-    registers, as two tiles (columns [0, HEAD_KB) and the TAIL_KB after them, powers of two) so that a row of,
+    The packing and the outputs read the logits again in chunks of OUT_CHUNK columns and recompute the
+    probabilities (``_chunk_probs``); only the search keeps whole rows in registers, as two tiles (columns [0, HEAD_KB) and the TAIL_KB after them, powers of two) so that a row of,
     say, 1,182 key blocks takes 1,280 registers' worth of entries, not 2,048.
     """
     unit = tl.program_id(0)
@@ -347,31 +367,31 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
     o_s = unit * SEL_ROWS + tl.arange(0, SEL_ROWS)
     m_s = o_s < NUM_Q_BLOCKS
     rows = bh.to(tl.int64) * NUM_Q_BLOCKS + o_s      # int64 [SEL_ROWS]: rows of [B*H*QB, KB] outputs
-    p_rows = Scratch + rows * NUM_KV_BLOCKS
+    p_rows = Logits + rows * NUM_KV_BLOCKS
     b_s = _row_logits(p_rows, o_k, m_s, NUM_KV_BLOCKS)
     row_max = tl.max(b_s, 1)
     if TAIL_KB > 0:
         o_t = HEAD_KB + tl.arange(0, TAIL_KB)
         b_st = _row_logits(p_rows, o_t, m_s, NUM_KV_BLOCKS)
         row_max = tl.maximum(row_max, tl.max(b_st, 1))
-    b_max = tl.where(m_s, row_max, 0.0)[:, None]
-    b_e = tl.math.exp2(b_s - b_max)
+    row_max = tl.where(m_s, row_max, 0.0)
+    b_e = tl.math.exp2(b_s - row_max[:, None])
     row_sum = tl.sum(b_e, 1)
     if TAIL_KB > 0:
-        b_et = tl.math.exp2(b_st - b_max)
+        b_et = tl.math.exp2(b_st - row_max[:, None])
         row_sum += tl.sum(b_et, 1)
-    b_sum = tl.where(m_s, row_sum, 1.0)[:, None]
+    inv_sum = 1.0 / tl.where(m_s, row_sum, 1.0)
     # Only the tiles of the earlier mask (WITHIN) are candidates; the softmax still spans the whole row.
     p_within = Within + (bh // H).to(tl.int64) * stride_wb + i_h * stride_wh + o_s[:, None] * stride_wr
-    b_p = _candidate_probs(b_e / b_sum, p_rows, p_within, o_k, m_s, NUM_KV_BLOCKS, WITHIN)
+    b_p = _candidates(b_e * inv_sum[:, None], p_within, o_k, m_s, NUM_KV_BLOCKS, WITHIN)
     b_t = b_p  # the second tile (none when TAIL_KB is 0: then b_p stands in, unread)
     if TAIL_KB > 0:
-        b_t = _candidate_probs(b_et / b_sum, p_rows, p_within, o_t, m_s, NUM_KV_BLOCKS, WITHIN)
-    tl.debug_barrier()
+        b_t = _candidates(b_et * inv_sum[:, None], p_within, o_t, m_s, NUM_KV_BLOCKS, WITHIN)
 
     p_index = Index + rows * NUM_KV_BLOCKS
-    tau = _threshold_bits(b_p, b_t, k_eff, target, p_rows, p_index, NUM_KV_BLOCKS, TAIL_KB > 0,
-                          HEAD_KB + TAIL_KB <= COMPACT, COMPACT, OUT_CHUNK).to(tl.float32, bitcast=True)
+    tau = _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_s, row_max, inv_sum, p_within, p_index,
+                          NUM_KV_BLOCKS, TAIL_KB > 0, SEARCH_WHOLE, COMPACT, OUT_CHUNK,
+                          WITHIN).to(tl.float32, bitcast=True)
     if USE_TOPP:
         tau = tl.where(target >= 1.0, 0.0, tau)
     if WITH_SIM:
@@ -385,7 +405,7 @@ def _select_kernel(SimQ, SimK, Scratch, Keep, Count, Index, KeptMass,
     for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
         o_c = c0 + tl.arange(0, OUT_CHUNK)
         m_c = m_s[:, None] & (o_c < NUM_KV_BLOCKS)[None, :]
-        b_c = tl.load(p_rows[:, None] + o_c[None, :], mask=m_c, other=-1.0)
+        b_c = _chunk_probs(p_rows, o_c, m_s, row_max, inv_sum, p_within, NUM_KV_BLOCKS, WITHIN)
         b_keep = b_c >= tau[:, None]
         if KEEP_SINK:
             b_keep = b_keep | (o_c == 0)[None, :]
@@ -445,9 +465,9 @@ class PredictLaunch:
         device = q.device
         with_sim = similarity_threshold is not None
 
-        # One fp32 workspace: pooled Q, pooled K, block similarities, scratch logits.
+        # One fp32 workspace: pooled Q, pooled K, block similarities, pooled logits.
         sizes = (b * h * qb * d, b * h * kb * d, b * h * qb, b * h * kb, b * h * qb * kb)
-        pooled_q, pooled_k, sim_q, sim_k, scratch = torch.empty(sum(sizes), device=device,
+        pooled_q, pooled_k, sim_q, sim_k, logits = torch.empty(sum(sizes), device=device,
                                                                 dtype=torch.float32).split(sizes)
         kept_mass = torch.empty((b, h, qb), device=device, dtype=torch.float32)
         count, index = torch.empty(b * h * qb * (kb + 1), device=device, dtype=torch.int32).split(
@@ -464,9 +484,9 @@ class PredictLaunch:
             within.stride(2))
         keep_i8 = keep.view(torch.int8)
         self._q, self._k = q, k
-        self._means, self._similarities, self._scratch = (pooled_q, pooled_k), (sim_q, sim_k), scratch
+        self._means, self._similarities, self._pooled_logits = (pooled_q, pooled_k), (sim_q, sim_k), logits
         # Absent per-head tables and mask get any int32 / float32 / int8 buffer: the kernels never read them.
-        self._select_tensors = (scratch, keep_i8, count, index, kept_mass,
+        self._select_tensors = (logits, keep_i8, count, index, kept_mass,
                                 count if topk_table is None else topk_table,
                                 kept_mass if topp_table is None else topp_table,
                                 kept_mass if sim_table is None else sim_table,
@@ -482,8 +502,7 @@ class PredictLaunch:
                                  DOT_PRECISION="ieee" if _INTERPRET else "tf32x3")
         self._select_meta = dict(
             HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim, BLOCK_KB=padded_pow2(kb),
-            HEAD_KB=_row_tiles(kb)[0], TAIL_KB=_row_tiles(kb)[1],
-            COMPACT=_COMPACT, USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,
+            HEAD_KB=_row_tiles(kb)[0], TAIL_KB=_row_tiles(kb)[1], USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,
             TOPK_PER_HEAD=topk_table is not None, TOPP_PER_HEAD=topp_table is not None,
             SIM_PER_HEAD=sim_table is not None, KEEP_SINK=keep_sink, KEEP_DIAGONAL=keep_diagonal,
             WITHIN=within is not None)
@@ -502,10 +521,10 @@ class PredictLaunch:
                 **self._pool_meta)
 
     def logits(self, config: triton.Config | None = None) -> None:
-        """Stage 2 (after ``pool``): the pooled logits into the scratch rows."""
+        """Stage 2 (after ``pool``): the pooled logits into the logits buffer."""
         _launch(_logits_kernel, config,
                 lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), self._bh),
-                *self._means, self._scratch, self._qb, self._kb, self._scale_log2, **self._logits_meta)
+                *self._means, self._pooled_logits, self._qb, self._kb, self._scale_log2, **self._logits_meta)
 
     def select(self, config: triton.Config | None = None) -> None:
         """Stage 3 (after ``logits``): the selection and the outputs."""
