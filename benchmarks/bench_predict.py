@@ -14,9 +14,8 @@ version and the 95%-sparse attention forward; and attention recall of predicted 
 
    the Triton masks are first checked against the PyTorch path of ``predict_mask`` and the naive version;
    then, with ``triton.testing.do_bench`` medians (L2 flushed before each call): each stage alone, all three
-   launches with the fastest configs, in one group of batch-heads ("staged") and in 2-8 groups whose selection
-   overlaps the pooling of the next group ("grouped": the best count), ``predict_mask`` end to end (eager,
-   and replayed from a CUDA graph: device time only), its host time per call, the naive version, the time to read q and k once
+   launches with the fastest configs ("staged"), ``predict_mask`` end to end (eager, and replayed from a CUDA
+   graph: device time only), its host time per call, the naive version, the time to read q and k once
    (``torch.sum`` over their storage: the floor), and the block-sparse attention forward at 95% sparsity
    (random mask) of the same shape. The stages are timed
    with every candidate config of their kernels (each checked against ``predict_mask``); the stage figures
@@ -76,7 +75,6 @@ VIDEO_AMPLITUDE = 20.0
 TILES = {"2x8x8": (2, 8, 8), "4x4x8": (4, 4, 8), "1x8x16": (1, 8, 16), "2x4x16": (2, 4, 16)}
 RULE = dict(rule="hybrid", topk=0.05, topp=0.9)
 MAX_DIFFERING_ROWS = 1e-3
-GROUPS = (2, 3, 4, 6, 8)
 
 
 def video_field(grid, heads: int, d: int, batch: int = 1, amp: float = 12.0, noise: float = 0.5,
@@ -230,12 +228,7 @@ def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, att
     row["pool_ms"], row["logits_ms"], row["select_ms"] = (
         min(ms for ms in times.values() if ms is not None) for times in (pool_times, logits_times, select_times))
     best_configs = (best_pool, best_logits, best_select)
-    row["staged_ms"] = measure(lambda: launch.run(1, best_configs))
-    # Batch-heads in groups whose selection overlaps the pooling of the next group (PredictLaunch.run).
-    row["groups_ms"] = {groups: measure(lambda: launch.run(groups, best_configs))
-                        for groups in GROUPS if groups <= b * h}
-    if differing() > MAX_DIFFERING_ROWS:
-        raise SystemExit(f"{name}/{kind}: grouped launches differ from predict_mask in {differing():.2e} of the rows")
+    row["staged_ms"] = measure(lambda: launch.run(best_configs))
     row["predict_mask_ms"] = measure(predict)
     row["naive_ms"] = measure(lambda: naive_predict(q, k, RULE["topk"], RULE["topp"], block_q, block_k))
     if cuda:
@@ -250,7 +243,7 @@ def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, att
         attention_ms[key] = measure(lambda: sv.block_sparse_attention(q, k, v, sparse))
         del v, sparse
     row["attention_95_ms"] = attention_ms[key]
-    best = min(row["staged_ms"], row["predict_mask_ms"], *row["groups_ms"].values())
+    best = min(row["staged_ms"], row["predict_mask_ms"])
     read_bytes = 2 * b * h * n * d * torch.finfo(dtype).bits // 8
     row.update({"best_ms": best, "best_over_attention": best / row["attention_95_ms"],
                 "speedup_vs_naive": row["naive_ms"] / best, "read_TBps": read_bytes / (best * 1e-3) / 1e12,
@@ -312,15 +305,13 @@ def main() -> None:
 
     print(f"\n{result['device']}  torch {result['torch']}  triton {result['triton']}  commit {result['commit']}")
     print(f"{'shape':<8}{'blocks':>8}{'input':>7}{'spars':>6}{'pool':>8}{'logits':>8}{'select':>8}{'staged':>8}"
-          f"{'grouped':>8}"
           f"{'e2e':>8}{'graph':>8}{'host us':>8}{'naive':>8}{'attn95':>8}{'best/attn':>10}{'TB/s':>6}{'floor':>7}")
     for row in timing:
         graph, host, floor = (row.get(key) or float("nan")
                               for key in ("predict_mask_graph_ms", "predict_mask_host_us", "read_floor_ms"))
         print(f"{row['shape']:<8}{row['block_q']:>4}x{row['block_k']:<3}{row['input']:>7}"
               f"{row['checks']['sparsity']:>6.3f}{row['pool_ms']:>8.4f}{row['logits_ms']:>8.4f}{row['select_ms']:>8.4f}"
-              f"{row['staged_ms']:>8.4f}{min(row['groups_ms'].values(), default=float('nan')):>8.4f}"
-              f"{row['predict_mask_ms']:>8.4f}{graph:>8.4f}"
+              f"{row['staged_ms']:>8.4f}{row['predict_mask_ms']:>8.4f}{graph:>8.4f}"
               f"{host:>8.1f}{row['naive_ms']:>8.3f}{row['attention_95_ms']:>8.3f}{row['best_over_attention']:>10.3f}"
               f"{row['read_TBps']:>6.2f}{floor:>7.4f}")
     for row in timing:
@@ -328,8 +319,6 @@ def main() -> None:
             listed = "  ".join(f"[{config}] " + ("too big" if ms is None else f"{ms:.4f}")
                                for config, ms in times.items())
             print(f"{row['shape']} {row['block_q']}x{row['block_k']} {row['input']} {kernel}: {listed}")
-        print(f"{row['shape']} {row['block_q']}x{row['block_k']} {row['input']} groups: "
-              + "  ".join(f"[{groups}] {ms:.4f}" for groups, ms in row["groups_ms"].items()))
     if "recall" in result:
         print(f"\nrecall at top-k 5% on grid {result['recall']['grid']}:")
         for row in result["recall"]["orders"]:

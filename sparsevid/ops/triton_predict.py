@@ -83,16 +83,6 @@ _SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=512, OUT_TILE=512, COMPACT=0), nu
                    triton.Config(dict(SEL_TILE=512, OUT_TILE=128, COMPACT=64), num_warps=1, num_stages=1)]
 
 
-# Batch-head groups of one prediction: the selection of a group overlaps the pooling of the next
-# (``PredictLaunch.run``).
-_OVERLAP_GROUPS = 4
-
-
-def overlap_groups(batch_heads: int) -> int:
-    """The number of batch-head groups ``triton_predict`` runs a prediction of ``batch_heads`` in."""
-    return min(batch_heads, _OVERLAP_GROUPS)
-
-
 def _configs(candidates: list[triton.Config]) -> list[triton.Config]:
     """The autotuning space: the first candidate alone when interpreted or with SPARSEVID_AUTOTUNE=off."""
     return candidates[:1] if _INTERPRET or not _AUTOTUNE else candidates
@@ -163,13 +153,13 @@ def _pool_tile(p_x, stride_n, stride_d, length, num_blocks, tile, p_mean, p_sim,
 @triton.jit
 def _pool_kernel(Q, K, PooledQ, PooledK, SimQ, SimK,
                  stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps, first_bh,
+                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                  WITH_SIM: tl.constexpr, POOL_TOKENS: tl.constexpr, POOL_CHUNK: tl.constexpr):
-    """Pool tile ``program_id(0)`` of batch-head ``first_bh + program_id(1)``: tiles [0, QT) are query tiles,
-    the rest key tiles. Grid (query tiles + key tiles, batch-heads)."""
+    """Pool tile ``program_id(0)`` of batch-head ``program_id(1)``: tiles [0, QT) are query tiles, the rest
+    key tiles. Grid (query tiles + key tiles, B*H)."""
     unit = tl.program_id(0)
-    bh = first_bh + tl.program_id(1)
+    bh = tl.program_id(1)
     i_b = (bh // H).to(tl.int64)
     i_h = (bh % H).to(tl.int64)
     q_tiles = tl.cdiv(NUM_Q_BLOCKS, POOL_TOKENS // BLOCK_Q)
@@ -309,16 +299,16 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p
 
 @triton.autotune(configs=_configs(_LOGITS_CONFIGS), key=_LOGITS_KEY)
 @triton.jit
-def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2, first_bh,
+def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr):
     """Base-2 pooled logits of tile ``program_id(0)`` (ROWS query-block rows x SPAN key blocks, row tiles
-    outer) of batch-head ``first_bh + program_id(1)``, CHUNK key blocks per tl.dot, into their logits rows.
-    Grid (cdiv(QB, ROWS) * cdiv(KB, SPAN), batch-heads)."""
+    outer) of batch-head ``program_id(1)``, CHUNK key blocks per tl.dot, into their logits rows.
+    Grid (cdiv(QB, ROWS) * cdiv(KB, SPAN), B*H)."""
     spans = tl.cdiv(NUM_KV_BLOCKS, SPAN)
     unit = tl.program_id(0) // spans
     first = (tl.program_id(0) % spans) * SPAN
-    bh = first_bh + tl.program_id(1)
+    bh = tl.program_id(1)
     q_rows = bh.to(tl.int64) * NUM_Q_BLOCKS          # first row of this batch-head in [B*H*QB, ...]
     p_kbar = PooledK + bh.to(tl.int64) * NUM_KV_BLOCKS * HEAD_DIM
     o_r = unit * ROWS + tl.arange(0, ROWS)
@@ -343,22 +333,22 @@ def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_
 def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
                    TopkPerHead, ToppPerHead, SimPerHead, Within,
                    topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, first_bh,
+                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
                    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WITH_SIM: tl.constexpr,
                    BLOCK_KB: tl.constexpr, HEAD_KB: tl.constexpr, TAIL_KB: tl.constexpr, USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
                    TOPK_PER_HEAD: tl.constexpr, TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr,
                    KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr,
                    SEL_TILE: tl.constexpr, OUT_TILE: tl.constexpr, COMPACT: tl.constexpr,
                    SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr, SEARCH_WHOLE: tl.constexpr):
-    """Query-block rows program_id(0)*SEL_ROWS... of batch-head ``first_bh + program_id(1)`` (their logits in
-    the logits rows): softmax, threshold, options and outputs. Grid (cdiv(QB, SEL_ROWS), batch-heads).
+    """Query-block rows program_id(0)*SEL_ROWS... of batch-head ``program_id(1)`` (their logits in the
+    logits rows): softmax, threshold, options and outputs. Grid (cdiv(QB, SEL_ROWS), B*H).
 
     The packing and the outputs read the logits again in chunks of OUT_CHUNK columns and recompute the
     probabilities (``_chunk_probs``); only the search keeps whole rows in registers, as two tiles (columns [0, HEAD_KB) and the TAIL_KB after them, powers of two) so that a row of,
     say, 1,182 key blocks takes 1,280 registers' worth of entries, not 2,048.
     """
     unit = tl.program_id(0)
-    bh = first_bh + tl.program_id(1)
+    bh = tl.program_id(1)
     i_h = bh % H
     k_eff = min_blocks
     if USE_TOPK:
@@ -520,55 +510,29 @@ class PredictLaunch:
     def _select_units(self, meta) -> int:
         return num_blocks(self._qb, _select_rows_per_group(meta))
 
-    def pool(self, config: triton.Config | None = None, heads: range | None = None) -> None:
-        """Stage 1: the pooled rows (and similarities) of batch-heads ``heads`` (default all) into the
-        workspace."""
-        heads = heads or range(self._bh)
-        _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), len(heads)),
+    def pool(self, config: triton.Config | None = None) -> None:
+        """Stage 1: the pooled rows (and similarities) into the workspace."""
+        _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), self._bh),
                 self._q, self._k, *self._means, *self._similarities, *self._strides, *self._dims, SIMILARITY_EPS,
-                heads.start, **self._pool_meta)
+                **self._pool_meta)
 
-    def logits(self, config: triton.Config | None = None, heads: range | None = None) -> None:
-        """Stage 2 (after ``pool`` of the same heads): their pooled logits into the logits buffer."""
-        heads = heads or range(self._bh)
+    def logits(self, config: triton.Config | None = None) -> None:
+        """Stage 2 (after ``pool``): the pooled logits into the logits buffer."""
         _launch(_logits_kernel, config,
-                lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), len(heads)),
-                *self._means, self._pooled_logits, self._qb, self._kb, self._scale_log2, heads.start,
-                **self._logits_meta)
+                lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), self._bh),
+                *self._means, self._pooled_logits, self._qb, self._kb, self._scale_log2, **self._logits_meta)
 
-    def select(self, config: triton.Config | None = None, heads: range | None = None) -> None:
-        """Stage 3 (after ``logits`` of the same heads): their selection and outputs."""
-        heads = heads or range(self._bh)
-        _launch(_select_kernel, config, lambda meta: (self._select_units(meta), len(heads)),
-                *self._similarities, *self._select_tensors, *self._rule_args, *self._dims, heads.start,
-                **self._select_meta)
+    def select(self, config: triton.Config | None = None) -> None:
+        """Stage 3 (after ``logits``): the selection and the outputs."""
+        _launch(_select_kernel, config, lambda meta: (self._select_units(meta), self._bh),
+                *self._similarities, *self._select_tensors, *self._rule_args, *self._dims, **self._select_meta)
 
-    def run(self, groups: int = 1, configs: tuple = (None, None, None)) -> None:
-        """All three stages, over the batch-heads split into ``groups`` consecutive groups.
-
-        On a GPU the logits and select stages of each group run on a second stream while the current stream
-        pools the next group, so that the memory-bound pooling overlaps the selection; the current stream
-        waits for the second before returning. configs: (pool, logits, select) configs, None to autotune.
-        """
+    def run(self, configs: tuple = (None, None, None)) -> None:
+        """The three stages; configs: (pool, logits, select) candidate configs, None to autotune."""
         pool_config, logits_config, select_config = configs
-        parts = [range(self._bh * i // groups, self._bh * (i + 1) // groups) for i in range(groups)]
-        if groups == 1 or self._q.device.type != "cuda":
-            for heads in parts:
-                self.pool(pool_config, heads)
-                self.logits(logits_config, heads)
-                self.select(select_config, heads)
-            return
-        main = torch.cuda.current_stream(self._q.device)
-        side = torch.cuda.Stream(self._q.device)
-        side.wait_stream(main)
-        for heads in parts:
-            self.pool(pool_config, heads)
-            pooled = main.record_event()
-            with torch.cuda.stream(side):
-                side.wait_event(pooled)
-                self.logits(logits_config, heads)
-                self.select(select_config, heads)
-        main.wait_stream(side)
+        self.pool(pool_config)
+        self.logits(logits_config)
+        self.select(select_config)
 
 
 def _row_tiles(kb: int) -> tuple[int, int]:
@@ -590,5 +554,5 @@ def triton_predict(q: torch.Tensor, k: torch.Tensor, **options) -> tuple[torch.T
     """Pool, logits and select launches (``PredictLaunch.run``); options and the returned outputs as in
     :class:`PredictLaunch`."""
     launch = PredictLaunch(q, k, **options)
-    launch.run(overlap_groups(q.shape[0] * q.shape[1]))
+    launch.run()
     return launch.outputs
