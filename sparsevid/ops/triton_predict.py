@@ -5,14 +5,10 @@ Three kinds of program do the work:
 * A pool program reads one tile of ``POOL_TOKENS`` tokens of one head (one or two query blocks, or two to
   four key blocks), ``POOL_CHUNK`` tokens at a time, streamed past the L2 cache (``evict_first``), and writes
   the fp32 block means (and, when asked, the block self-similarities, see ``pooling.py``). Pooling reads all
-  of Q and K: it sets the floor of the prediction time. Each mean is stored split in two fp32 parts, its TF32
-  rounding and the exact rest, for the logits stage.
+  of Q and K: it sets the floor of the prediction time.
 * A logits program takes a [ROWS, SPAN] tile of one head's pooled map (query blocks x key blocks) and
-  computes its base-2 pooled logits ``q_bar @ k_bar^T``, ``CHUNK`` key blocks at a time, into a logits buffer
-  [B*H*QB, KB]. On the GPU these are three TF32 tensor-core products of the split means (``hi hi + hi lo +
-  lo hi``, the 3xTF32 scheme: about fp32 accuracy); the split made once by the pool stage leaves the loop
-  plain loads and dots, which Triton pipelines, where ``tl.dot(input_precision="tf32x3")`` would split the
-  key tile again in every step.
+  computes its base-2 pooled logits ``q_bar @ k_bar^T`` with ``tl.dot`` (3xTF32 on the GPU), ``CHUNK`` key
+  blocks at a time, into a logits buffer [B*H*QB, KB].
 * A select program takes ``SEL_ROWS`` rows (usually one) with whole rows in registers: it takes the softmax
   (row maximum and sum), finds the rule's threshold, and writes the outputs ``OUT_CHUNK`` columns at a time:
   option tiles, keep row, kept mass and the compacted index table row (count and ascending indices by a
@@ -69,19 +65,16 @@ _AUTOTUNE = os.environ.get("SPARSEVID_AUTOTUNE", "on") != "off"
 _POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=2),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=1, num_stages=1)]
-# Logits configs fit the shared memory of an H200 (the TF32 parts and rests of a [ROWS, D] query tile and of
-# num_stages [CHUNK, D] key tiles: 32-192 KB). Tiles of 16-32 rows give the few rows of a short sequence enough
-# programs; tiles of one dot step (SPAN = CHUNK) have no chain of loads and dots inside a program.
-_LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32, TRANSPOSED=False), num_warps=4, num_stages=2),
-                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32, TRANSPOSED=False), num_warps=4, num_stages=3),
-                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32, TRANSPOSED=False), num_warps=4, num_stages=1),
-                   triton.Config(dict(ROWS=16, SPAN=256, CHUNK=32, TRANSPOSED=False), num_warps=4, num_stages=2),
-                   triton.Config(dict(ROWS=32, SPAN=64, CHUNK=64, TRANSPOSED=False), num_warps=4, num_stages=1),
-                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64, TRANSPOSED=True), num_warps=4, num_stages=2),
-                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64, TRANSPOSED=True), num_warps=4, num_stages=3),
-                   triton.Config(dict(ROWS=128, SPAN=256, CHUNK=64, TRANSPOSED=True), num_warps=4, num_stages=2),
-                   triton.Config(dict(ROWS=32, SPAN=256, CHUNK=64, TRANSPOSED=True), num_warps=4, num_stages=3),
-                   triton.Config(dict(ROWS=64, SPAN=128, CHUNK=128, TRANSPOSED=True), num_warps=8, num_stages=2)]
+# Logits configs fit the shared memory of an H200 (fp32 operands split for 3xTF32 take 30-160 KB). Tiles of
+# 16 rows give the few rows of a short sequence enough programs; tiles of one dot (SPAN = CHUNK) have no
+# chain of loads and dots inside a program.
+_LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64), num_warps=8, num_stages=1),
+                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
+                   triton.Config(dict(ROWS=16, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
+                   triton.Config(dict(ROWS=64, SPAN=64, CHUNK=64), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=32, SPAN=64, CHUNK=64), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=16, SPAN=64, CHUNK=64), num_warps=4, num_stages=1)]
 _SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=512, OUT_TILE=512, COMPACT=0), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512, OUT_TILE=256, COMPACT=0), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512, OUT_TILE=128, COMPACT=0), num_warps=1, num_stages=1),
@@ -122,21 +115,13 @@ _SELECT_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "BLOCK_KB", "TAIL_KB", "USE_TOP
 # --------------------------------------------------------------------------- pooling
 
 @triton.jit
-def _tf32_split(x):
-    """(hi, lo): x rounded to TF32 (10 mantissa bits, ties away from zero) and the exact rest x - hi."""
-    hi = ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
-    return hi, x - hi
-
-
-@triton.jit
-def _pool_tile(p_x, stride_n, stride_d, length, num_blocks, tile, p_mean, p_mean_lo, p_sim, eps,
+def _pool_tile(p_x, stride_n, stride_d, length, num_blocks, tile, p_mean, p_sim, eps,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, TILE_BLOCKS: tl.constexpr,
                POOL_CHUNK: tl.constexpr, WITH_SIM: tl.constexpr):
     """Means [TILE_BLOCKS, HEAD_DIM] (and self-similarities) of blocks tile*TILE_BLOCKS... of one head.
 
-    p_x: the head's first token; p_mean, p_mean_lo, p_sim: the head's first pooled row (TF32 part, rest) /
-    similarity. The blocks' tokens are read POOL_CHUNK at a time (a [TILE_BLOCKS, POOL_CHUNK, BLOCK_D] load)
-    into fp32 sums.
+    p_x: the head's first token; p_mean, p_sim: the head's first pooled row / similarity. The blocks' tokens
+    are read POOL_CHUNK at a time (a [TILE_BLOCKS, POOL_CHUNK, BLOCK_D] load) into fp32 sums.
     """
     o_b = tile * TILE_BLOCKS + tl.arange(0, TILE_BLOCKS)
     o_d = tl.arange(0, BLOCK_D)
@@ -157,10 +142,7 @@ def _pool_tile(p_x, stride_n, stride_d, length, num_blocks, tile, p_mean, p_mean
     n_tokens = tl.maximum(tl.minimum(length - o_b * BLOCK, BLOCK), 1).to(tl.float32)
     b_mean = b_sum / n_tokens[:, None]
     m_b = o_b < num_blocks
-    o_mean = o_b[:, None] * HEAD_DIM + o_d[None, :]
-    b_hi, b_lo = _tf32_split(b_mean)
-    tl.store(p_mean + o_mean, b_hi, mask=m_b[:, None] & m_d[None, :])
-    tl.store(p_mean_lo + o_mean, b_lo, mask=m_b[:, None] & m_d[None, :])
+    tl.store(p_mean + o_b[:, None] * HEAD_DIM + o_d[None, :], b_mean, mask=m_b[:, None] & m_d[None, :])
     if WITH_SIM:
         b_unit = b_unit_sum / n_tokens[:, None]
         mean_norm = tl.sqrt(tl.sum(b_mean * b_mean, 1))
@@ -169,7 +151,7 @@ def _pool_tile(p_x, stride_n, stride_d, length, num_blocks, tile, p_mean, p_mean
 
 @triton.autotune(configs=_configs(_POOL_CONFIGS), key=_POOL_KEY)
 @triton.jit
-def _pool_kernel(Q, K, PooledQ, PooledQLo, PooledK, PooledKLo, SimQ, SimK,
+def _pool_kernel(Q, K, PooledQ, PooledK, SimQ, SimK,
                  stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                  H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -184,12 +166,12 @@ def _pool_kernel(Q, K, PooledQ, PooledQLo, PooledK, PooledKLo, SimQ, SimK,
     if unit < q_tiles:
         row = bh.to(tl.int64) * NUM_Q_BLOCKS
         _pool_tile(Q + i_b * stride_qb + i_h * stride_qh, stride_qn, stride_qd, N, NUM_Q_BLOCKS, unit,
-                   PooledQ + row * HEAD_DIM, PooledQLo + row * HEAD_DIM, SimQ + row, eps, HEAD_DIM, BLOCK_D, BLOCK_Q, POOL_TOKENS // BLOCK_Q,
+                   PooledQ + row * HEAD_DIM, SimQ + row, eps, HEAD_DIM, BLOCK_D, BLOCK_Q, POOL_TOKENS // BLOCK_Q,
                    POOL_CHUNK, WITH_SIM)
     else:
         row = bh.to(tl.int64) * NUM_KV_BLOCKS
         _pool_tile(K + i_b * stride_kb + i_h * stride_kh, stride_kn, stride_kd, M, NUM_KV_BLOCKS, unit - q_tiles,
-                   PooledK + row * HEAD_DIM, PooledKLo + row * HEAD_DIM, SimK + row, eps, HEAD_DIM, BLOCK_D, BLOCK_K, POOL_TOKENS // BLOCK_K,
+                   PooledK + row * HEAD_DIM, SimK + row, eps, HEAD_DIM, BLOCK_D, BLOCK_K, POOL_TOKENS // BLOCK_K,
                    POOL_CHUNK, WITH_SIM)
 
 
@@ -315,62 +297,34 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p
     return lo
 
 
-@triton.jit
-def _split_dot(a, a_lo, b, b_lo, SPLIT_DOTS: tl.constexpr):
-    """a @ b in fp32 [M, N]: with SPLIT_DOTS from the TF32 parts a, b and rests a_lo, b_lo (3xTF32: the rest x
-    rest term, about 2^-22 of the product, is dropped; smallest terms first), else a and b are the exact
-    values (IEEE dot)."""
-    if SPLIT_DOTS:
-        acc = tl.dot(a_lo, b, input_precision="tf32")
-        acc = tl.dot(a, b_lo, acc, input_precision="tf32")
-        return tl.dot(a, b, acc, input_precision="tf32")
-    return tl.dot(a, b, input_precision="ieee")
-
-
 @triton.autotune(configs=_configs(_LOGITS_CONFIGS), key=_LOGITS_KEY)
 @triton.jit
-def _logits_kernel(PooledQ, PooledQLo, PooledK, PooledKLo, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr,
-                   SPLIT_DOTS: tl.constexpr, ROWS: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr,
-                   TRANSPOSED: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr):
     """Base-2 pooled logits of tile ``program_id(0)`` (ROWS query-block rows x SPAN key blocks, row tiles
-    outer) of batch-head ``program_id(1)``, CHUNK key blocks at a time, into their logits rows: with
-    SPLIT_DOTS three TF32 dots of the means' parts, else one IEEE fp32 dot of the whole means (interpreter).
-    TRANSPOSED: the dots compute [CHUNK, ROWS] tiles (key blocks x query blocks), so that the query tile that
-    every step reuses is the dot's shared-memory operand B. Grid (cdiv(QB, ROWS) * cdiv(KB, SPAN), B*H)."""
+    outer) of batch-head ``program_id(1)``, CHUNK key blocks per tl.dot, into their logits rows.
+    Grid (cdiv(QB, ROWS) * cdiv(KB, SPAN), B*H)."""
     spans = tl.cdiv(NUM_KV_BLOCKS, SPAN)
     unit = tl.program_id(0) // spans
     first = (tl.program_id(0) % spans) * SPAN
     bh = tl.program_id(1)
     q_rows = bh.to(tl.int64) * NUM_Q_BLOCKS          # first row of this batch-head in [B*H*QB, ...]
-    k_rows = bh.to(tl.int64) * NUM_KV_BLOCKS
+    p_kbar = PooledK + bh.to(tl.int64) * NUM_KV_BLOCKS * HEAD_DIM
     o_r = unit * ROWS + tl.arange(0, ROWS)
     m_r = o_r < NUM_Q_BLOCKS
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
-    o_q = (q_rows + o_r[:, None]) * HEAD_DIM + o_d[None, :]
-    b_q = tl.load(PooledQ + o_q, mask=m_r[:, None] & m_d[None, :], other=0.0, cache_modifier=".cg")
-    b_q_lo = tl.load(PooledQLo + o_q, mask=m_r[:, None] & m_d[None, :], other=0.0, cache_modifier=".cg")
-    if not SPLIT_DOTS:
-        b_q += b_q_lo  # the exact means
-    if TRANSPOSED:
-        b_q, b_q_lo = tl.trans(b_q), tl.trans(b_q_lo)
+    b_qbar = tl.load(PooledQ + (q_rows + o_r[:, None]) * HEAD_DIM + o_d[None, :], mask=m_r[:, None] & m_d[None, :],
+                     other=0.0, cache_modifier=".cg")
+    p_logits = Logits + (q_rows + o_r[:, None]) * NUM_KV_BLOCKS
     o_j = tl.arange(0, CHUNK)
     for c in tl.range(first, tl.minimum(first + SPAN, NUM_KV_BLOCKS), CHUNK):
         m_j = (c + o_j) < NUM_KV_BLOCKS
-        o_k = (k_rows + c + o_j[:, None]) * HEAD_DIM + o_d[None, :]
-        b_k = tl.load(PooledK + o_k, mask=m_j[:, None] & m_d[None, :], other=0.0, cache_modifier=".cg")
-        b_k_lo = tl.load(PooledKLo + o_k, mask=m_j[:, None] & m_d[None, :], other=0.0, cache_modifier=".cg")
-        if not SPLIT_DOTS:
-            b_k += b_k_lo
-        if TRANSPOSED:
-            b_s = _split_dot(b_k, b_k_lo, b_q, b_q_lo, SPLIT_DOTS)
-            tl.store(Logits + (q_rows + o_r[None, :]) * NUM_KV_BLOCKS + (c + o_j)[:, None], b_s * scale_log2,
-                     mask=m_j[:, None] & m_r[None, :])
-        else:
-            b_s = _split_dot(b_q, b_q_lo, tl.trans(b_k), tl.trans(b_k_lo), SPLIT_DOTS)
-            tl.store(Logits + (q_rows + o_r[:, None]) * NUM_KV_BLOCKS + (c + o_j)[None, :], b_s * scale_log2,
-                     mask=m_r[:, None] & m_j[None, :])
+        b_kbar = tl.load(p_kbar + (c + o_j)[:, None] * HEAD_DIM + o_d[None, :], mask=m_j[:, None] & m_d[None, :],
+                         other=0.0, cache_modifier=".cg")
+        b_s = tl.dot(b_qbar, tl.trans(b_kbar), input_precision=DOT_PRECISION)
+        tl.store(p_logits + (c + o_j)[None, :], b_s * scale_log2, mask=m_r[:, None] & m_j[None, :])
 
 
 @triton.autotune(configs=_configs(_SELECT_CONFIGS), key=_SELECT_KEY)
@@ -507,10 +461,10 @@ class PredictLaunch:
         device = q.device
         with_sim = similarity_threshold is not None
 
-        # One fp32 workspace: pooled Q and K (TF32 parts and rests), block similarities, pooled logits.
-        sizes = (b * h * qb * d, b * h * qb * d, b * h * kb * d, b * h * kb * d, b * h * qb, b * h * kb,
-                 b * h * qb * kb)
-        *means, sim_q, sim_k, logits = torch.empty(sum(sizes), device=device, dtype=torch.float32).split(sizes)
+        # One fp32 workspace: pooled Q, pooled K, block similarities, pooled logits.
+        sizes = (b * h * qb * d, b * h * kb * d, b * h * qb, b * h * kb, b * h * qb * kb)
+        pooled_q, pooled_k, sim_q, sim_k, logits = torch.empty(sum(sizes), device=device,
+                                                                dtype=torch.float32).split(sizes)
         kept_mass = torch.empty((b, h, qb), device=device, dtype=torch.float32)
         count, index = torch.empty(b * h * qb * (kb + 1), device=device, dtype=torch.int32).split(
             (b * h * qb, b * h * qb * kb))
@@ -526,7 +480,7 @@ class PredictLaunch:
             within.stride(2))
         keep_i8 = keep.view(torch.int8)
         self._q, self._k = q, k
-        self._means, self._similarities, self._pooled_logits = means, (sim_q, sim_k), logits
+        self._means, self._similarities, self._pooled_logits = (pooled_q, pooled_k), (sim_q, sim_k), logits
         # Absent per-head tables and mask get any int32 / float32 / int8 buffer: the kernels never read them.
         self._select_tensors = (logits, keep_i8, count, index, kept_mass,
                                 count if topk_table is None else topk_table,
@@ -541,7 +495,7 @@ class PredictLaunch:
         self._pool_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_Q=block_q, BLOCK_K=block_k,
                                WITH_SIM=with_sim)
         self._logits_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_KB=padded_pow2(kb),
-                                 SPLIT_DOTS=not _INTERPRET)
+                                 DOT_PRECISION="ieee" if _INTERPRET else "tf32x3")
         self._select_meta = dict(
             HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim, BLOCK_KB=padded_pow2(kb),
             HEAD_KB=_row_tiles(kb)[0], TAIL_KB=_row_tiles(kb)[1], USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,
