@@ -8,7 +8,9 @@ Three kinds of program do the work:
   of Q and K: it sets the floor of the prediction time.
 * A logits program takes a [ROWS, SPAN] tile of one head's pooled map (query blocks x key blocks) and
   computes its base-2 pooled logits ``q_bar @ k_bar^T`` with ``tl.dot`` (3xTF32 on the GPU), ``CHUNK`` key
-  blocks at a time, into a logits buffer [B*H*QB, KB].
+  blocks at a time, into a logits buffer of B*H*QB rows of KB entries. The rows are padded to whole 128-byte
+  lines (``logits_stride`` entries), so that the tile stores write whole memory sectors and the select
+  stage's row loads are vectorized whatever KB is (the Wan 14B shape has KB = 1,182).
 * A select program takes ``SEL_ROWS`` rows (usually one) with whole rows in registers: it takes the softmax
   (row maximum and sum), finds the rule's threshold, and writes the outputs ``OUT_CHUNK`` columns at a time:
   option tiles, keep row, kept mass and the compacted index table row (count and ascending indices by a
@@ -299,7 +301,7 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p
 
 @triton.autotune(configs=_configs(_LOGITS_CONFIGS), key=_LOGITS_KEY)
 @triton.jit
-def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits_stride, scale_log2,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr):
     """Base-2 pooled logits of tile ``program_id(0)`` (ROWS query-block rows x SPAN key blocks, row tiles
@@ -317,7 +319,7 @@ def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_
     m_d = o_d < HEAD_DIM
     b_qbar = tl.load(PooledQ + (q_rows + o_r[:, None]) * HEAD_DIM + o_d[None, :], mask=m_r[:, None] & m_d[None, :],
                      other=0.0, cache_modifier=".cg")
-    p_logits = Logits + (q_rows + o_r[:, None]) * NUM_KV_BLOCKS
+    p_logits = Logits + (q_rows + o_r[:, None]) * logits_stride
     o_j = tl.arange(0, CHUNK)
     for c in tl.range(first, tl.minimum(first + SPAN, NUM_KV_BLOCKS), CHUNK):
         m_j = (c + o_j) < NUM_KV_BLOCKS
@@ -333,9 +335,10 @@ def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_
 def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
                    TopkPerHead, ToppPerHead, SimPerHead, Within,
                    topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS,
+                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits_stride,
                    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WITH_SIM: tl.constexpr,
-                   BLOCK_KB: tl.constexpr, HEAD_KB: tl.constexpr, TAIL_KB: tl.constexpr, USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
+                   BLOCK_KB: tl.constexpr, HEAD_KB: tl.constexpr, TAIL_KB: tl.constexpr,
+                   USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
                    TOPK_PER_HEAD: tl.constexpr, TOPP_PER_HEAD: tl.constexpr, SIM_PER_HEAD: tl.constexpr,
                    KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr,
                    SEL_TILE: tl.constexpr, OUT_TILE: tl.constexpr, COMPACT: tl.constexpr,
@@ -344,8 +347,9 @@ def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
     logits rows): softmax, threshold, options and outputs. Grid (cdiv(QB, SEL_ROWS), B*H).
 
     The packing and the outputs read the logits again in chunks of OUT_CHUNK columns and recompute the
-    probabilities (``_chunk_probs``); only the search keeps whole rows in registers, as two tiles (columns [0, HEAD_KB) and the TAIL_KB after them, powers of two) so that a row of,
-    say, 1,182 key blocks takes 1,280 registers' worth of entries, not 2,048.
+    probabilities (``_chunk_probs``); only the search keeps whole rows in registers, as two tiles (columns
+    [0, HEAD_KB) and the TAIL_KB after them, powers of two) so that a row of, say, 1,182 key blocks takes
+    1,280 registers' worth of entries, not 2,048.
     """
     unit = tl.program_id(0)
     bh = tl.program_id(1)
@@ -363,7 +367,7 @@ def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
     o_s = unit * SEL_ROWS + tl.arange(0, SEL_ROWS)
     m_s = o_s < NUM_Q_BLOCKS
     rows = bh.to(tl.int64) * NUM_Q_BLOCKS + o_s      # int64 [SEL_ROWS]: rows of [B*H*QB, KB] outputs
-    p_rows = Logits + rows * NUM_KV_BLOCKS
+    p_rows = Logits + rows * logits_stride
     b_s = _row_logits(p_rows, o_k, m_s, NUM_KV_BLOCKS)
     row_max = tl.max(b_s, 1)
     if TAIL_KB > 0:
@@ -461,9 +465,11 @@ class PredictLaunch:
         device = q.device
         with_sim = similarity_threshold is not None
 
-        # One fp32 workspace: pooled Q, pooled K, block similarities, pooled logits.
-        sizes = (b * h * qb * d, b * h * kb * d, b * h * qb, b * h * kb, b * h * qb * kb)
-        pooled_q, pooled_k, sim_q, sim_k, logits = torch.empty(sum(sizes), device=device,
+        # One fp32 workspace: pooled logits (first, so that their padded rows start on 128-byte lines), pooled
+        # Q, pooled K, block similarities.
+        logits_stride = -(-kb // 32) * 32
+        sizes = (b * h * qb * logits_stride, b * h * qb * d, b * h * kb * d, b * h * qb, b * h * kb)
+        logits, pooled_q, pooled_k, sim_q, sim_k = torch.empty(sum(sizes), device=device,
                                                                 dtype=torch.float32).split(sizes)
         kept_mass = torch.empty((b, h, qb), device=device, dtype=torch.float32)
         count, index = torch.empty(b * h * qb * (kb + 1), device=device, dtype=torch.int32).split(
@@ -490,6 +496,7 @@ class PredictLaunch:
         self._strides = (*q.stride(), *k.stride())
         self._rule_args = (topk_arg, float(topp_arg), float(sim_arg), min_blocks, *within_strides)
         self._dims = (h, n, m, qb, kb)
+        self._logits_stride = logits_stride
         self._bh, self._qb, self._kb, self._block_q, self._block_k = b * h, qb, kb, block_q, block_k
         self._scale_log2 = scale * LOG2E
         self._pool_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_Q=block_q, BLOCK_K=block_k,
@@ -498,7 +505,8 @@ class PredictLaunch:
                                  DOT_PRECISION="ieee" if _INTERPRET else "tf32x3")
         self._select_meta = dict(
             HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim, BLOCK_KB=padded_pow2(kb),
-            HEAD_KB=_row_tiles(kb)[0], TAIL_KB=_row_tiles(kb)[1], USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,
+            HEAD_KB=_row_tiles(kb)[0], TAIL_KB=_row_tiles(kb)[1], USE_TOPK=rule_topk is not None,
+            USE_TOPP=rule_topp is not None,
             TOPK_PER_HEAD=topk_table is not None, TOPP_PER_HEAD=topp_table is not None,
             SIM_PER_HEAD=sim_table is not None, KEEP_SINK=keep_sink, KEEP_DIAGONAL=keep_diagonal,
             WITHIN=within is not None)
@@ -520,12 +528,14 @@ class PredictLaunch:
         """Stage 2 (after ``pool``): the pooled logits into the logits buffer."""
         _launch(_logits_kernel, config,
                 lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), self._bh),
-                *self._means, self._pooled_logits, self._qb, self._kb, self._scale_log2, **self._logits_meta)
+                *self._means, self._pooled_logits, self._qb, self._kb, self._logits_stride, self._scale_log2,
+                **self._logits_meta)
 
     def select(self, config: triton.Config | None = None) -> None:
         """Stage 3 (after ``logits``): the selection and the outputs."""
         _launch(_select_kernel, config, lambda meta: (self._select_units(meta), self._bh),
-                *self._similarities, *self._select_tensors, *self._rule_args, *self._dims, **self._select_meta)
+                *self._similarities, *self._select_tensors, *self._rule_args, *self._dims, self._logits_stride,
+                **self._select_meta)
 
     def run(self, configs: tuple = (None, None, None)) -> None:
         """The three stages; configs: (pool, logits, select) candidate configs, None to autotune."""
