@@ -69,14 +69,16 @@ _POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=1, num_stages=1)]
 # Logits configs fit the shared memory of an H200 (fp32 operands split for 3xTF32 take 30-160 KB). Tiles of
 # 16 rows give the few rows of a short sequence enough programs; tiles of one dot (SPAN = CHUNK) have no
-# chain of loads and dots inside a program.
-_LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=1),
-                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64), num_warps=8, num_stages=1),
-                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
-                   triton.Config(dict(ROWS=16, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
-                   triton.Config(dict(ROWS=64, SPAN=64, CHUNK=64), num_warps=4, num_stages=1),
-                   triton.Config(dict(ROWS=32, SPAN=64, CHUNK=64), num_warps=4, num_stages=1),
-                   triton.Config(dict(ROWS=16, SPAN=64, CHUNK=64), num_warps=4, num_stages=1)]
+# chain of loads and dots inside a program. PRODUCTS: "tf32x3" (three TF32 tensor-core products of split
+# operands, about fp32 accuracy) or "ieee" (fp32 fused multiply-adds on the CUDA cores, exact fp32 products).
+_LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32, PRODUCTS="tf32x3"), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32, PRODUCTS="tf32x3"), num_warps=4, num_stages=2),
+                   triton.Config(dict(ROWS=16, SPAN=256, CHUNK=32, PRODUCTS="tf32x3"), num_warps=4, num_stages=2),
+                   triton.Config(dict(ROWS=64, SPAN=64, CHUNK=64, PRODUCTS="tf32x3"), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=32, SPAN=64, CHUNK=64, PRODUCTS="tf32x3"), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=16, SPAN=64, CHUNK=64, PRODUCTS="ieee"), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=32, SPAN=64, CHUNK=64, PRODUCTS="ieee"), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=16, SPAN=128, CHUNK=32, PRODUCTS="ieee"), num_warps=4, num_stages=2)]
 _SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=512, OUT_TILE=512, COMPACT=0), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512, OUT_TILE=256, COMPACT=0), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512, OUT_TILE=128, COMPACT=0), num_warps=1, num_stages=1),
@@ -93,6 +95,11 @@ def _configs(candidates: list[triton.Config]) -> list[triton.Config]:
 def _select_rows_per_group(args) -> int:
     """SEL_ROWS: rows of a [SEL_ROWS, BLOCK_KB] search tile of about SEL_TILE entries (at least one row)."""
     return max(1, args["SEL_TILE"] // args["BLOCK_KB"])
+
+
+def _dot_precision(args) -> str:
+    """DOT_PRECISION: the config's PRODUCTS on the GPU; "ieee" in the interpreter (its dots are plain fp32)."""
+    return "ieee" if _INTERPRET else args["PRODUCTS"]
 
 
 def _out_chunk(args) -> int:
@@ -300,10 +307,12 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p
 
 
 @triton.autotune(configs=_configs(_LOGITS_CONFIGS), key=_LOGITS_KEY)
+@triton.heuristics({"DOT_PRECISION": _dot_precision})
 @triton.jit
 def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits_stride, scale_log2,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr):
+                   ROWS: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr, PRODUCTS: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
     """Base-2 pooled logits of tile ``program_id(0)`` (ROWS query-block rows x SPAN key blocks, row tiles
     outer) of batch-head ``program_id(1)``, CHUNK key blocks per tl.dot, into their logits rows.
     Grid (cdiv(QB, ROWS) * cdiv(KB, SPAN), B*H)."""
@@ -501,8 +510,7 @@ class PredictLaunch:
         self._scale_log2 = scale * LOG2E
         self._pool_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_Q=block_q, BLOCK_K=block_k,
                                WITH_SIM=with_sim)
-        self._logits_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_KB=padded_pow2(kb),
-                                 DOT_PRECISION="ieee" if _INTERPRET else "tf32x3")
+        self._logits_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_KB=padded_pow2(kb))
         self._select_meta = dict(
             HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim, BLOCK_KB=padded_pow2(kb),
             HEAD_KB=_row_tiles(kb)[0], TAIL_KB=_row_tiles(kb)[1], USE_TOPK=rule_topk is not None,
