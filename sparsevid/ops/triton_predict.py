@@ -40,6 +40,7 @@ Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on th
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -55,6 +56,16 @@ LOG2E = 1.4426950408889634
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # SPARSEVID_AUTOTUNE=off: the first candidate config of each kernel instead of tuning (fast start-up).
 _AUTOTUNE = os.environ.get("SPARSEVID_AUTOTUNE", "on") != "off"
+
+# Batch-head groups of one prediction (``PredictLaunch.run``): the selection of a group overlaps the
+# pooling of the next.
+_OVERLAP_GROUPS = 1
+
+
+def overlap_groups(batch_heads: int) -> int:
+    """The number of batch-head groups ``triton_predict`` runs a prediction of ``batch_heads`` in."""
+    return min(batch_heads, _OVERLAP_GROUPS)
+
 
 # Candidate configs; the autotuner times them per shape key (the first alone runs when interpreted or with
 # autotuning off). POOL_TOKENS: tokens per pool program (a multiple of both block sizes, 64 and 128), read
@@ -162,13 +173,13 @@ def _pool_tile(p_x, stride_n, stride_d, length, num_blocks, tile, p_mean, p_sim,
 @triton.jit
 def _pool_kernel(Q, K, PooledQ, PooledK, SimQ, SimK,
                  stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
+                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps, first_bh,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                  WITH_SIM: tl.constexpr, POOL_TOKENS: tl.constexpr, POOL_CHUNK: tl.constexpr):
-    """Pool tile ``program_id(0)`` of batch-head ``program_id(1)``: tiles [0, QT) are query tiles, the rest
-    key tiles. Grid (query tiles + key tiles, B*H)."""
+    """Pool tile ``program_id(0)`` of batch-head ``first_bh + program_id(1)``: tiles [0, QT) are query tiles,
+    the rest key tiles. Grid (query tiles + key tiles, batch-heads)."""
     unit = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = first_bh + tl.program_id(1)
     i_b = (bh // H).to(tl.int64)
     i_h = (bh % H).to(tl.int64)
     q_tiles = tl.cdiv(NUM_Q_BLOCKS, POOL_TOKENS // BLOCK_Q)
@@ -310,16 +321,17 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p
 @triton.heuristics({"DOT_PRECISION": _dot_precision})
 @triton.jit
 def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits_stride, scale_log2,
+                   first_bh,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr,
                    ROWS: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr, PRODUCTS: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
     """Base-2 pooled logits of tile ``program_id(0)`` (ROWS query-block rows x SPAN key blocks, row tiles
-    outer) of batch-head ``program_id(1)``, CHUNK key blocks per tl.dot, into their logits rows.
-    Grid (cdiv(QB, ROWS) * cdiv(KB, SPAN), B*H)."""
+    outer) of batch-head ``first_bh + program_id(1)``, CHUNK key blocks per tl.dot, into their logits rows.
+    Grid (cdiv(QB, ROWS) * cdiv(KB, SPAN), batch-heads)."""
     spans = tl.cdiv(NUM_KV_BLOCKS, SPAN)
     unit = tl.program_id(0) // spans
     first = (tl.program_id(0) % spans) * SPAN
-    bh = tl.program_id(1)
+    bh = first_bh + tl.program_id(1)
     q_rows = bh.to(tl.int64) * NUM_Q_BLOCKS          # first row of this batch-head in [B*H*QB, ...]
     p_kbar = PooledK + bh.to(tl.int64) * NUM_KV_BLOCKS * HEAD_DIM
     o_r = unit * ROWS + tl.arange(0, ROWS)
@@ -344,7 +356,7 @@ def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits
 def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
                    TopkPerHead, ToppPerHead, SimPerHead, Within,
                    topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits_stride,
+                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits_stride, first_bh,
                    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WITH_SIM: tl.constexpr,
                    BLOCK_KB: tl.constexpr, HEAD_KB: tl.constexpr, TAIL_KB: tl.constexpr,
                    USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
@@ -352,8 +364,8 @@ def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
                    KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr,
                    SEL_TILE: tl.constexpr, OUT_TILE: tl.constexpr, COMPACT: tl.constexpr,
                    SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr, SEARCH_WHOLE: tl.constexpr):
-    """Query-block rows program_id(0)*SEL_ROWS... of batch-head ``program_id(1)`` (their logits in the
-    logits rows): softmax, threshold, options and outputs. Grid (cdiv(QB, SEL_ROWS), B*H).
+    """Query-block rows program_id(0)*SEL_ROWS... of batch-head ``first_bh + program_id(1)`` (their logits in
+    the logits rows): softmax, threshold, options and outputs. Grid (cdiv(QB, SEL_ROWS), batch-heads).
 
     The packing and the outputs read the logits again in chunks of OUT_CHUNK columns and recompute the
     probabilities (``_chunk_probs``); only the search keeps whole rows in registers, as two tiles (columns
@@ -361,7 +373,7 @@ def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
     1,280 registers' worth of entries, not 2,048.
     """
     unit = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = first_bh + tl.program_id(1)
     i_h = bh % H
     k_eff = min_blocks
     if USE_TOPK:
@@ -526,31 +538,63 @@ class PredictLaunch:
     def _select_units(self, meta) -> int:
         return num_blocks(self._qb, _select_rows_per_group(meta))
 
-    def pool(self, config: triton.Config | None = None) -> None:
-        """Stage 1: the pooled rows (and similarities) into the workspace."""
-        _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), self._bh),
+    def pool(self, config: triton.Config | None = None, heads: range | None = None) -> None:
+        """Stage 1: the pooled rows (and similarities) of batch-heads ``heads`` (default all) into the
+        workspace."""
+        heads = heads or range(self._bh)
+        _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), len(heads)),
                 self._q, self._k, *self._means, *self._similarities, *self._strides, *self._dims, SIMILARITY_EPS,
-                **self._pool_meta)
+                heads.start, **self._pool_meta)
 
-    def logits(self, config: triton.Config | None = None) -> None:
-        """Stage 2 (after ``pool``): the pooled logits into the logits buffer."""
+    def logits(self, config: triton.Config | None = None, heads: range | None = None) -> None:
+        """Stage 2 (after ``pool`` of the same heads): their pooled logits into the logits buffer."""
+        heads = heads or range(self._bh)
         _launch(_logits_kernel, config,
-                lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), self._bh),
+                lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), len(heads)),
                 *self._means, self._pooled_logits, self._qb, self._kb, self._logits_stride, self._scale_log2,
-                **self._logits_meta)
+                heads.start, **self._logits_meta)
 
-    def select(self, config: triton.Config | None = None) -> None:
-        """Stage 3 (after ``logits``): the selection and the outputs."""
-        _launch(_select_kernel, config, lambda meta: (self._select_units(meta), self._bh),
+    def select(self, config: triton.Config | None = None, heads: range | None = None) -> None:
+        """Stage 3 (after ``logits`` of the same heads): their selection and outputs."""
+        heads = heads or range(self._bh)
+        _launch(_select_kernel, config, lambda meta: (self._select_units(meta), len(heads)),
                 *self._similarities, *self._select_tensors, *self._rule_args, *self._dims, self._logits_stride,
-                **self._select_meta)
+                heads.start, **self._select_meta)
 
-    def run(self, configs: tuple = (None, None, None)) -> None:
-        """The three stages; configs: (pool, logits, select) candidate configs, None to autotune."""
+    def run(self, configs: tuple = (None, None, None), groups: int = 1) -> None:
+        """The three stages over the batch-heads split into ``groups`` consecutive groups; configs: (pool,
+        logits, select) candidate configs, None to autotune.
+
+        On a GPU, with groups > 1, the logits and select stages of each group run on a second stream of higher
+        priority while the current stream pools the next group: the block scheduler then hands the SMs that
+        pooling programs free to the selection first, so that memory-bound pooling and compute-bound
+        selection overlap. The current stream waits for the second before returning.
+        """
         pool_config, logits_config, select_config = configs
-        self.pool(pool_config)
-        self.logits(logits_config)
-        self.select(select_config)
+        parts = [range(self._bh * i // groups, self._bh * (i + 1) // groups) for i in range(groups)]
+        if groups == 1 or self._q.device.type != "cuda":
+            for heads in parts:
+                self.pool(pool_config, heads)
+                self.logits(logits_config, heads)
+                self.select(select_config, heads)
+            return
+        main = torch.cuda.current_stream(self._q.device)
+        side = _side_stream(self._q.device)
+        side.wait_stream(main)
+        for heads in parts:
+            self.pool(pool_config, heads)
+            pooled = main.record_event()
+            with torch.cuda.stream(side):
+                side.wait_event(pooled)
+                self.logits(logits_config, heads)
+                self.select(select_config, heads)
+        main.wait_stream(side)
+
+
+@functools.cache
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The high-priority stream of ``PredictLaunch.run`` on ``device`` (one per device, made once)."""
+    return torch.cuda.Stream(device, priority=-1)  # negative: higher than the default streams' 0
 
 
 def _row_tiles(kb: int) -> tuple[int, int]:
@@ -572,5 +616,5 @@ def triton_predict(q: torch.Tensor, k: torch.Tensor, **options) -> tuple[torch.T
     """Pool, logits and select launches (``PredictLaunch.run``); options and the returned outputs as in
     :class:`PredictLaunch`."""
     launch = PredictLaunch(q, k, **options)
-    launch.run()
+    launch.run(groups=overlap_groups(q.shape[0] * q.shape[1]))
     return launch.outputs
