@@ -75,7 +75,6 @@ VIDEO_AMPLITUDE = 20.0
 TILES = {"2x8x8": (2, 8, 8), "4x4x8": (4, 4, 8), "1x8x16": (1, 8, 16), "2x4x16": (2, 4, 16)}
 RULE = dict(rule="hybrid", topk=0.05, topp=0.9)
 MAX_DIFFERING_ROWS = 1e-3
-GROUPS = (2, 3, 4, 5, 8)
 
 
 def video_field(grid, heads: int, d: int, batch: int = 1, amp: float = 12.0, noise: float = 0.5,
@@ -230,13 +229,6 @@ def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, att
         min(ms for ms in times.values() if ms is not None) for times in (pool_times, logits_times, select_times))
     best_configs = (best_pool, best_logits, best_select)
     row["staged_ms"] = measure(lambda: launch.run(best_configs))
-    if cuda:  # batch-heads in groups whose selection overlaps later pooling: eager, and device time (graph)
-        row["groups_ms"] = {groups: measure(lambda: launch.run(best_configs, groups))
-                            for groups in GROUPS if groups <= b * h}
-        row["groups_graph_ms"] = {groups: graph_ms(lambda: launch.run(best_configs, groups), measure)
-                                  for groups in (1, *GROUPS) if groups <= b * h}
-        if differing() > MAX_DIFFERING_ROWS:
-            raise SystemExit(f"{name}/{kind}: grouped launches differ in {differing():.2e} of the rows")
     row["predict_mask_ms"] = measure(predict)
     row["naive_ms"] = measure(lambda: naive_predict(q, k, RULE["topk"], RULE["topp"], block_q, block_k))
     if cuda:
@@ -327,10 +319,6 @@ def main() -> None:
             listed = "  ".join(f"[{config}] " + ("too big" if ms is None else f"{ms:.4f}")
                                for config, ms in times.items())
             print(f"{row['shape']} {row['block_q']}x{row['block_k']} {row['input']} {kernel}: {listed}")
-        for key in ("groups_ms", "groups_graph_ms"):
-            if key in row:
-                print(f"{row['shape']} {row['block_q']}x{row['block_k']} {row['input']} {key}: "
-                      + "  ".join(f"[{groups}] {ms:.4f}" for groups, ms in row[key].items()))
     if "recall" in result:
         print(f"\nrecall at top-k 5% on grid {result['recall']['grid']}:")
         for row in result["recall"]["orders"]:

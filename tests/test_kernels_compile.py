@@ -60,7 +60,7 @@ def _predict_variants(tp):
     select kernels, with
     every option on (similarity check, per-head thresholds, restriction to an earlier mask)."""
     pool = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True}
-    logits = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_KB": 2048}
+    logits = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_KB": 2048, "DOT_PRECISION": "tf32x3"}
     select = {"HEAD_DIM": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True, "BLOCK_KB": 2048, "HEAD_KB": 1024,
               "TAIL_KB": 256, "USE_TOPK": True, "USE_TOPP": True, "TOPK_PER_HEAD": True,
               "TOPP_PER_HEAD": True, "SIM_PER_HEAD": True, "KEEP_SINK": True, "KEEP_DIAGONAL": True, "WITHIN": True}
@@ -72,8 +72,6 @@ def _predict_variants(tp):
             if kernel is tp._select_kernel:
                 for name, rule in tp._SELECT_HEURISTICS.items():
                     constexprs[name] = rule(constexprs)
-            if kernel is tp._logits_kernel:
-                constexprs["DOT_PRECISION"] = constexprs["PRODUCTS"]
             yield kernel, constexprs, config.num_warps, {}
 
 

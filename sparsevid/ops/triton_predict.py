@@ -40,7 +40,6 @@ Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on th
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -57,16 +56,6 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # SPARSEVID_AUTOTUNE=off: the first candidate config of each kernel instead of tuning (fast start-up).
 _AUTOTUNE = os.environ.get("SPARSEVID_AUTOTUNE", "on") != "off"
 
-# Batch-head groups of one prediction (``PredictLaunch.run``): the selection of a group overlaps the
-# pooling of the next.
-_OVERLAP_GROUPS = 1
-
-
-def overlap_groups(batch_heads: int) -> int:
-    """The number of batch-head groups ``triton_predict`` runs a prediction of ``batch_heads`` in."""
-    return min(batch_heads, _OVERLAP_GROUPS)
-
-
 # Candidate configs; the autotuner times them per shape key (the first alone runs when interpreted or with
 # autotuning off). POOL_TOKENS: tokens per pool program (a multiple of both block sizes, 64 and 128), read
 # POOL_CHUNK at a time (a divisor of 64); ROWS: query-block rows per logits program (>= 16 for tl.dot), SPAN
@@ -80,16 +69,14 @@ _POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=1, num_stages=1)]
 # Logits configs fit the shared memory of an H200 (fp32 operands split for 3xTF32 take 30-160 KB). Tiles of
 # 16 rows give the few rows of a short sequence enough programs; tiles of one dot (SPAN = CHUNK) have no
-# chain of loads and dots inside a program. PRODUCTS: "tf32x3" (three TF32 tensor-core products of split
-# operands, about fp32 accuracy) or "ieee" (fp32 fused multiply-adds on the CUDA cores, exact fp32 products).
-_LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32, PRODUCTS="tf32x3"), num_warps=4, num_stages=1),
-                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32, PRODUCTS="tf32x3"), num_warps=4, num_stages=2),
-                   triton.Config(dict(ROWS=16, SPAN=256, CHUNK=32, PRODUCTS="tf32x3"), num_warps=4, num_stages=2),
-                   triton.Config(dict(ROWS=64, SPAN=64, CHUNK=64, PRODUCTS="tf32x3"), num_warps=4, num_stages=1),
-                   triton.Config(dict(ROWS=32, SPAN=64, CHUNK=64, PRODUCTS="tf32x3"), num_warps=4, num_stages=1),
-                   triton.Config(dict(ROWS=16, SPAN=64, CHUNK=64, PRODUCTS="ieee"), num_warps=4, num_stages=1),
-                   triton.Config(dict(ROWS=32, SPAN=64, CHUNK=64, PRODUCTS="ieee"), num_warps=4, num_stages=1),
-                   triton.Config(dict(ROWS=16, SPAN=128, CHUNK=32, PRODUCTS="ieee"), num_warps=4, num_stages=2)]
+# chain of loads and dots inside a program.
+_LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64), num_warps=8, num_stages=1),
+                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
+                   triton.Config(dict(ROWS=16, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
+                   triton.Config(dict(ROWS=64, SPAN=64, CHUNK=64), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=32, SPAN=64, CHUNK=64), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=16, SPAN=64, CHUNK=64), num_warps=4, num_stages=1)]
 _SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=512, OUT_TILE=512, COMPACT=0), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512, OUT_TILE=256, COMPACT=0), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512, OUT_TILE=128, COMPACT=0), num_warps=1, num_stages=1),
@@ -106,11 +93,6 @@ def _configs(candidates: list[triton.Config]) -> list[triton.Config]:
 def _select_rows_per_group(args) -> int:
     """SEL_ROWS: rows of a [SEL_ROWS, BLOCK_KB] search tile of about SEL_TILE entries (at least one row)."""
     return max(1, args["SEL_TILE"] // args["BLOCK_KB"])
-
-
-def _dot_precision(args) -> str:
-    """DOT_PRECISION: the config's PRODUCTS on the GPU; "ieee" in the interpreter (its dots are plain fp32)."""
-    return "ieee" if _INTERPRET else args["PRODUCTS"]
 
 
 def _out_chunk(args) -> int:
@@ -173,13 +155,13 @@ def _pool_tile(p_x, stride_n, stride_d, length, num_blocks, tile, p_mean, p_sim,
 @triton.jit
 def _pool_kernel(Q, K, PooledQ, PooledK, SimQ, SimK,
                  stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps, first_bh,
+                 H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, eps,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                  WITH_SIM: tl.constexpr, POOL_TOKENS: tl.constexpr, POOL_CHUNK: tl.constexpr):
-    """Pool tile ``program_id(0)`` of batch-head ``first_bh + program_id(1)``: tiles [0, QT) are query tiles,
-    the rest key tiles. Grid (query tiles + key tiles, batch-heads)."""
+    """Pool tile ``program_id(0)`` of batch-head ``program_id(1)``: tiles [0, QT) are query tiles, the rest
+    key tiles. Grid (query tiles + key tiles, B*H)."""
     unit = tl.program_id(0)
-    bh = first_bh + tl.program_id(1)
+    bh = tl.program_id(1)
     i_b = (bh // H).to(tl.int64)
     i_h = (bh % H).to(tl.int64)
     q_tiles = tl.cdiv(NUM_Q_BLOCKS, POOL_TOKENS // BLOCK_Q)
@@ -318,20 +300,17 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p
 
 
 @triton.autotune(configs=_configs(_LOGITS_CONFIGS), key=_LOGITS_KEY)
-@triton.heuristics({"DOT_PRECISION": _dot_precision})
 @triton.jit
 def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits_stride, scale_log2,
-                   first_bh,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr,
-                   ROWS: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr, PRODUCTS: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr):
     """Base-2 pooled logits of tile ``program_id(0)`` (ROWS query-block rows x SPAN key blocks, row tiles
-    outer) of batch-head ``first_bh + program_id(1)``, CHUNK key blocks per tl.dot, into their logits rows.
-    Grid (cdiv(QB, ROWS) * cdiv(KB, SPAN), batch-heads)."""
+    outer) of batch-head ``program_id(1)``, CHUNK key blocks per tl.dot, into their logits rows.
+    Grid (cdiv(QB, ROWS) * cdiv(KB, SPAN), B*H)."""
     spans = tl.cdiv(NUM_KV_BLOCKS, SPAN)
     unit = tl.program_id(0) // spans
     first = (tl.program_id(0) % spans) * SPAN
-    bh = first_bh + tl.program_id(1)
+    bh = tl.program_id(1)
     q_rows = bh.to(tl.int64) * NUM_Q_BLOCKS          # first row of this batch-head in [B*H*QB, ...]
     p_kbar = PooledK + bh.to(tl.int64) * NUM_KV_BLOCKS * HEAD_DIM
     o_r = unit * ROWS + tl.arange(0, ROWS)
@@ -356,7 +335,7 @@ def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits
 def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
                    TopkPerHead, ToppPerHead, SimPerHead, Within,
                    topk, topp, sim_threshold, min_blocks, stride_wb, stride_wh, stride_wr,
-                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits_stride, first_bh,
+                   H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits_stride,
                    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, WITH_SIM: tl.constexpr,
                    BLOCK_KB: tl.constexpr, HEAD_KB: tl.constexpr, TAIL_KB: tl.constexpr,
                    USE_TOPK: tl.constexpr, USE_TOPP: tl.constexpr,
@@ -364,8 +343,8 @@ def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
                    KEEP_SINK: tl.constexpr, KEEP_DIAGONAL: tl.constexpr, WITHIN: tl.constexpr,
                    SEL_TILE: tl.constexpr, OUT_TILE: tl.constexpr, COMPACT: tl.constexpr,
                    SEL_ROWS: tl.constexpr, OUT_CHUNK: tl.constexpr, SEARCH_WHOLE: tl.constexpr):
-    """Query-block rows program_id(0)*SEL_ROWS... of batch-head ``first_bh + program_id(1)`` (their logits in
-    the logits rows): softmax, threshold, options and outputs. Grid (cdiv(QB, SEL_ROWS), batch-heads).
+    """Query-block rows program_id(0)*SEL_ROWS... of batch-head ``program_id(1)`` (their logits in the
+    logits rows): softmax, threshold, options and outputs. Grid (cdiv(QB, SEL_ROWS), B*H).
 
     The packing and the outputs read the logits again in chunks of OUT_CHUNK columns and recompute the
     probabilities (``_chunk_probs``); only the search keeps whole rows in registers, as two tiles (columns
@@ -373,7 +352,7 @@ def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
     1,280 registers' worth of entries, not 2,048.
     """
     unit = tl.program_id(0)
-    bh = first_bh + tl.program_id(1)
+    bh = tl.program_id(1)
     i_h = bh % H
     k_eff = min_blocks
     if USE_TOPK:
@@ -522,7 +501,8 @@ class PredictLaunch:
         self._scale_log2 = scale * LOG2E
         self._pool_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_Q=block_q, BLOCK_K=block_k,
                                WITH_SIM=with_sim)
-        self._logits_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_KB=padded_pow2(kb))
+        self._logits_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_KB=padded_pow2(kb),
+                                 DOT_PRECISION="ieee" if _INTERPRET else "tf32x3")
         self._select_meta = dict(
             HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim, BLOCK_KB=padded_pow2(kb),
             HEAD_KB=_row_tiles(kb)[0], TAIL_KB=_row_tiles(kb)[1], USE_TOPK=rule_topk is not None,
@@ -538,63 +518,31 @@ class PredictLaunch:
     def _select_units(self, meta) -> int:
         return num_blocks(self._qb, _select_rows_per_group(meta))
 
-    def pool(self, config: triton.Config | None = None, heads: range | None = None) -> None:
-        """Stage 1: the pooled rows (and similarities) of batch-heads ``heads`` (default all) into the
-        workspace."""
-        heads = heads or range(self._bh)
-        _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), len(heads)),
+    def pool(self, config: triton.Config | None = None) -> None:
+        """Stage 1: the pooled rows (and similarities) into the workspace."""
+        _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), self._bh),
                 self._q, self._k, *self._means, *self._similarities, *self._strides, *self._dims, SIMILARITY_EPS,
-                heads.start, **self._pool_meta)
+                **self._pool_meta)
 
-    def logits(self, config: triton.Config | None = None, heads: range | None = None) -> None:
-        """Stage 2 (after ``pool`` of the same heads): their pooled logits into the logits buffer."""
-        heads = heads or range(self._bh)
+    def logits(self, config: triton.Config | None = None) -> None:
+        """Stage 2 (after ``pool``): the pooled logits into the logits buffer."""
         _launch(_logits_kernel, config,
-                lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), len(heads)),
+                lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), self._bh),
                 *self._means, self._pooled_logits, self._qb, self._kb, self._logits_stride, self._scale_log2,
-                heads.start, **self._logits_meta)
+                **self._logits_meta)
 
-    def select(self, config: triton.Config | None = None, heads: range | None = None) -> None:
-        """Stage 3 (after ``logits`` of the same heads): their selection and outputs."""
-        heads = heads or range(self._bh)
-        _launch(_select_kernel, config, lambda meta: (self._select_units(meta), len(heads)),
+    def select(self, config: triton.Config | None = None) -> None:
+        """Stage 3 (after ``logits``): the selection and the outputs."""
+        _launch(_select_kernel, config, lambda meta: (self._select_units(meta), self._bh),
                 *self._similarities, *self._select_tensors, *self._rule_args, *self._dims, self._logits_stride,
-                heads.start, **self._select_meta)
+                **self._select_meta)
 
-    def run(self, configs: tuple = (None, None, None), groups: int = 1) -> None:
-        """The three stages over the batch-heads split into ``groups`` consecutive groups; configs: (pool,
-        logits, select) candidate configs, None to autotune.
-
-        On a GPU, with groups > 1, the logits and select stages of each group run on a second stream of higher
-        priority while the current stream pools the next group: the block scheduler then hands the SMs that
-        pooling programs free to the selection first, so that memory-bound pooling and compute-bound
-        selection overlap. The current stream waits for the second before returning.
-        """
+    def run(self, configs: tuple = (None, None, None)) -> None:
+        """The three stages; configs: (pool, logits, select) candidate configs, None to autotune."""
         pool_config, logits_config, select_config = configs
-        parts = [range(self._bh * i // groups, self._bh * (i + 1) // groups) for i in range(groups)]
-        if groups == 1 or self._q.device.type != "cuda":
-            for heads in parts:
-                self.pool(pool_config, heads)
-                self.logits(logits_config, heads)
-                self.select(select_config, heads)
-            return
-        main = torch.cuda.current_stream(self._q.device)
-        side = _side_stream(self._q.device)
-        side.wait_stream(main)
-        for heads in parts:
-            self.pool(pool_config, heads)
-            pooled = main.record_event()
-            with torch.cuda.stream(side):
-                side.wait_event(pooled)
-                self.logits(logits_config, heads)
-                self.select(select_config, heads)
-        main.wait_stream(side)
-
-
-@functools.cache
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The high-priority stream of ``PredictLaunch.run`` on ``device`` (one per device, made once)."""
-    return torch.cuda.Stream(device, priority=-1)  # negative: higher than the default streams' 0
+        self.pool(pool_config)
+        self.logits(logits_config)
+        self.select(select_config)
 
 
 def _row_tiles(kb: int) -> tuple[int, int]:
@@ -616,5 +564,5 @@ def triton_predict(q: torch.Tensor, k: torch.Tensor, **options) -> tuple[torch.T
     """Pool, logits and select launches (``PredictLaunch.run``); options and the returned outputs as in
     :class:`PredictLaunch`."""
     launch = PredictLaunch(q, k, **options)
-    launch.run(groups=overlap_groups(q.shape[0] * q.shape[1]))
+    launch.run()
     return launch.outputs
