@@ -256,8 +256,8 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p
     them: probabilities of the candidates, -1 elsewhere (padding, non-candidates), as ``_chunk_probs``
     recomputes them from the logits rows p_rows (pointers [R] to rows of NUM_KV_BLOCKS floats; rows m_rows)
     with row_max, inv_sum and p_within. p_buffer: pointers [R] to int32 rows of NUM_KV_BLOCKS that this
-    program owns and overwrites later. SEARCH_WHOLE: rows short enough (HEAD_KB + TAIL_KB <= COMPACT) to
-    search without packing. The lower bound starts at the row's smallest candidate (where every candidate
+    program owns and overwrites later. SEARCH_WHOLE: the search scans the whole row to the end, without
+    packing (``_search_whole``). The lower bound starts at the row's smallest candidate (where every candidate
     qualifies), the upper bound just above the row maximum.
     """
     lo = tl.min(tl.where(b_p >= 0.0, b_p, 2.0), 1)
@@ -470,7 +470,7 @@ class PredictLaunch:
         logits_stride = -(-kb // 32) * 32
         sizes = (b * h * qb * logits_stride, b * h * qb * d, b * h * kb * d, b * h * qb, b * h * kb)
         logits, pooled_q, pooled_k, sim_q, sim_k = torch.empty(sum(sizes), device=device,
-                                                                dtype=torch.float32).split(sizes)
+                                                               dtype=torch.float32).split(sizes)
         kept_mass = torch.empty((b, h, qb), device=device, dtype=torch.float32)
         count, index = torch.empty(b * h * qb * (kb + 1), device=device, dtype=torch.int32).split(
             (b * h * qb, b * h * qb * kb))
