@@ -196,18 +196,23 @@ def _bisect(b_p, b_t, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_base, mass_base, k_ef
     them in b_t [R, C2]; cnt_base, mass_base: count and mass of the row's entries above them. cnt_lo / cnt_hi:
     count(p >= lo) / count(p >= hi), mass_hi: mass(p >= hi); lo always satisfies the rule, hi never does.
     Returns the updated lo, hi, cnt_lo, cnt_hi, mass_hi.
+
+    Each entry's test is one float (1 or 0): its sum is the count (exact below 2**24) and its product with the
+    entry, summed, the mass, so that an entry costs a compare, an add and a fused multiply-add (sums of
+    booleans and masked sums compiled to twice as many instructions, with predicates spilled to registers).
     """
     active = ((hi - lo) > 1) & ((cnt_lo - cnt_hi) > limit)
     while tl.max(active.to(tl.int32), 0) > 0:
         mid = lo + (hi - lo) // 2
         mid_f = mid.to(tl.float32, bitcast=True)[:, None]
-        b_ge = b_p >= mid_f
-        cnt = tl.sum(b_ge.to(tl.int32), 1) + cnt_base
-        mass = tl.sum(tl.where(b_ge, b_p, 0.0), 1) + mass_base
+        b_ge = tl.where(b_p >= mid_f, 1.0, 0.0)
+        cnt = tl.sum(b_ge, 1)
+        mass = tl.sum(b_ge * b_p, 1) + mass_base
         if TAILED:
-            b_ge_t = b_t >= mid_f
-            cnt += tl.sum(b_ge_t.to(tl.int32), 1)
-            mass += tl.sum(tl.where(b_ge_t, b_t, 0.0), 1)
+            b_ge_t = tl.where(b_t >= mid_f, 1.0, 0.0)
+            cnt += tl.sum(b_ge_t, 1)
+            mass += tl.sum(b_ge_t * b_t, 1)
+        cnt = cnt.to(tl.int32) + cnt_base
         ok = (cnt >= k_eff) & (mass >= target)
         up = active & ok
         down = active & ~ok
@@ -221,11 +226,14 @@ def _bisect(b_p, b_t, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_base, mass_base, k_ef
 
 
 @triton.jit
-def _row_logits(p_rows, o_cols, m_rows, NUM_KV_BLOCKS):
+def _row_logits(p_rows, o_cols, m_rows, NUM_KV_BLOCKS, logits_stride):
     """A row tile's logits [R, C] at columns o_cols [C] of the logits rows p_rows (pointers [R]); -inf past
-    the row and for rows outside m_rows."""
-    m_tile = m_rows[:, None] & (o_cols < NUM_KV_BLOCKS)[None, :]
-    return tl.load(p_rows[:, None] + o_cols[None, :], mask=m_tile, other=float("-inf"), cache_modifier=".cg")
+    the row and for rows outside m_rows. The load itself runs to the end of the padded rows (logits_stride, a
+    multiple of 32), so that it is not split at the row's last column and stays vectorized."""
+    m_cols = o_cols < NUM_KV_BLOCKS
+    b_s = tl.load(p_rows[:, None] + o_cols[None, :], mask=m_rows[:, None] & (o_cols < logits_stride)[None, :],
+                  cache_modifier=".cg")
+    return tl.where(m_rows[:, None] & m_cols[None, :], b_s, float("-inf"))
 
 
 @triton.jit
@@ -239,23 +247,24 @@ def _candidates(b_p, p_within, o_cols, m_rows, NUM_KV_BLOCKS, WITHIN: tl.constex
 
 
 @triton.jit
-def _chunk_probs(p_rows, o_cols, m_rows, row_max, inv_sum, p_within, NUM_KV_BLOCKS, WITHIN: tl.constexpr):
+def _chunk_probs(p_rows, o_cols, m_rows, row_max, inv_sum, p_within, NUM_KV_BLOCKS, logits_stride,
+                 WITHIN: tl.constexpr):
     """Candidate probabilities [R, C] (-1 elsewhere) at columns o_cols [C], recomputed from the logits with
     the instructions that made the row tiles' (row_max, inv_sum: float32 [R])."""
-    b_e = tl.math.exp2(_row_logits(p_rows, o_cols, m_rows, NUM_KV_BLOCKS) - row_max[:, None])
+    b_e = tl.math.exp2(_row_logits(p_rows, o_cols, m_rows, NUM_KV_BLOCKS, logits_stride) - row_max[:, None])
     return _candidates(b_e * inv_sum[:, None], p_within, o_cols, m_rows, NUM_KV_BLOCKS, WITHIN)
 
 
 @triton.jit
 def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p_within, p_buffer,
-                    NUM_KV_BLOCKS, TAILED: tl.constexpr, SEARCH_WHOLE: tl.constexpr, COMPACT: tl.constexpr,
-                    OUT_CHUNK: tl.constexpr, WITHIN: tl.constexpr):
+                    NUM_KV_BLOCKS, logits_stride, TAILED: tl.constexpr, SEARCH_WHOLE: tl.constexpr,
+                    COMPACT: tl.constexpr, OUT_CHUNK: tl.constexpr, WITHIN: tl.constexpr):
     """int32 [R]: bit pattern of the largest tau with count(p >= tau) >= k_eff and mass(p >= tau) >= target.
 
     b_p: float32 [R, HEAD_KB], the row's columns [0, HEAD_KB), and with TAILED b_t [R, TAIL_KB], those after
     them: probabilities of the candidates, -1 elsewhere (padding, non-candidates), as ``_chunk_probs``
-    recomputes them from the logits rows p_rows (pointers [R] to rows of NUM_KV_BLOCKS floats; rows m_rows)
-    with row_max, inv_sum and p_within. p_buffer: pointers [R] to int32 rows of NUM_KV_BLOCKS that this
+    recomputes them from the logits rows p_rows (pointers [R] to rows of NUM_KV_BLOCKS floats, logits_stride
+    apart; rows m_rows) with row_max, inv_sum and p_within. p_buffer: pointers [R] to int32 rows of NUM_KV_BLOCKS that this
     program owns and overwrites later. SEARCH_WHOLE: the search scans the whole row to the end, without
     packing (``_search_whole``). The lower bound starts at the row's smallest candidate (where every candidate
     qualifies), the upper bound just above the row maximum.
@@ -284,7 +293,8 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p
         packed = tl.zeros_like(lo)
         for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
             o_c = c0 + tl.arange(0, OUT_CHUNK)
-            b_c = _chunk_probs(p_rows, o_c, m_rows & is_open, row_max, inv_sum, p_within, NUM_KV_BLOCKS, WITHIN)
+            b_c = _chunk_probs(p_rows, o_c, m_rows & is_open, row_max, inv_sum, p_within, NUM_KV_BLOCKS,
+                               logits_stride, WITHIN)
             b_in = is_open[:, None] & (b_c >= lo_f[:, None]) & (b_c < hi_f[:, None])
             slot = packed[:, None] + tl.cumsum(b_in.to(tl.int32), 1) - 1
             tl.store(p_buffer[:, None] + slot, b_c.to(tl.int32, bitcast=True), mask=b_in)
@@ -368,11 +378,11 @@ def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
     m_s = o_s < NUM_Q_BLOCKS
     rows = bh.to(tl.int64) * NUM_Q_BLOCKS + o_s      # int64 [SEL_ROWS]: rows of [B*H*QB, KB] outputs
     p_rows = Logits + rows * logits_stride
-    b_s = _row_logits(p_rows, o_k, m_s, NUM_KV_BLOCKS)
+    b_s = _row_logits(p_rows, o_k, m_s, NUM_KV_BLOCKS, logits_stride)
     row_max = tl.max(b_s, 1)
     if TAIL_KB > 0:
         o_t = HEAD_KB + tl.arange(0, TAIL_KB)
-        b_st = _row_logits(p_rows, o_t, m_s, NUM_KV_BLOCKS)
+        b_st = _row_logits(p_rows, o_t, m_s, NUM_KV_BLOCKS, logits_stride)
         row_max = tl.maximum(row_max, tl.max(b_st, 1))
     row_max = tl.where(m_s, row_max, 0.0)
     b_e = tl.math.exp2(b_s - row_max[:, None])
@@ -390,7 +400,7 @@ def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
 
     p_index = Index + rows * NUM_KV_BLOCKS
     tau = _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_s, row_max, inv_sum, p_within, p_index,
-                          NUM_KV_BLOCKS, TAIL_KB > 0, SEARCH_WHOLE, COMPACT, OUT_CHUNK,
+                          NUM_KV_BLOCKS, logits_stride, TAIL_KB > 0, SEARCH_WHOLE, COMPACT, OUT_CHUNK,
                           WITHIN).to(tl.float32, bitcast=True)
     if USE_TOPP:
         tau = tl.where(target >= 1.0, 0.0, tau)
@@ -398,14 +408,15 @@ def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
         q_loose = tl.load(SimQ + rows, mask=m_s, other=1.0, cache_modifier=".cg") < limit
     tl.debug_barrier()
 
-    # Outputs: keep row, then the kept columns in ascending order at their prefix-sum slots.
+    # Outputs: keep row, then the kept columns in ascending order at their prefix-sum slots. The kept mass and
+    # the last kept column are reduced over the row once, after the loop, from per-column accumulators.
     count = tl.zeros_like(o_s)
-    kept_mass = tl.zeros_like(tau)
-    last = tl.zeros_like(o_s)
+    b_kept_mass = tl.zeros([SEL_ROWS, OUT_CHUNK], dtype=tl.float32)
+    b_last = tl.zeros([SEL_ROWS, OUT_CHUNK], dtype=tl.int32)
     for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
         o_c = c0 + tl.arange(0, OUT_CHUNK)
         m_c = m_s[:, None] & (o_c < NUM_KV_BLOCKS)[None, :]
-        b_c = _chunk_probs(p_rows, o_c, m_s, row_max, inv_sum, p_within, NUM_KV_BLOCKS, WITHIN)
+        b_c = _chunk_probs(p_rows, o_c, m_s, row_max, inv_sum, p_within, NUM_KV_BLOCKS, logits_stride, WITHIN)
         b_keep = b_c >= tau[:, None]
         if KEEP_SINK:
             b_keep = b_keep | (o_c == 0)[None, :]
@@ -425,8 +436,10 @@ def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
         slot = count[:, None] + tl.cumsum(b_keep_i, 1) - 1
         tl.store(p_index[:, None] + slot, o_c[None, :] + tl.zeros_like(slot), mask=b_keep)
         count += tl.sum(b_keep_i, 1)
-        kept_mass += tl.sum(tl.where(b_keep, b_c, 0.0), 1)
-        last = tl.maximum(last, tl.max(tl.where(b_keep, o_c[None, :], 0), 1))
+        b_kept_mass += tl.where(b_keep, b_c, 0.0)
+        b_last = tl.maximum(b_last, tl.where(b_keep, o_c[None, :], 0))
+    kept_mass = tl.sum(b_kept_mass, 1)
+    last = tl.max(b_last, 1)
     for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
         o_c = c0 + tl.arange(0, OUT_CHUNK)
         m_pad = m_s[:, None] & (o_c < NUM_KV_BLOCKS)[None, :] & (o_c[None, :] >= count[:, None])
