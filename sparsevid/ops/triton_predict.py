@@ -71,13 +71,12 @@ _POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1
 # 16 rows give the few rows of a short sequence enough programs; tiles of one dot (SPAN = CHUNK) have no
 # chain of loads and dots inside a program.
 _LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=1),
+                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64), num_warps=8, num_stages=1),
+                   triton.Config(dict(ROWS=64, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
                    triton.Config(dict(ROWS=16, SPAN=256, CHUNK=32), num_warps=4, num_stages=2),
                    triton.Config(dict(ROWS=64, SPAN=64, CHUNK=64), num_warps=4, num_stages=1),
                    triton.Config(dict(ROWS=32, SPAN=64, CHUNK=64), num_warps=4, num_stages=1),
-                   triton.Config(dict(ROWS=64, SPAN=32, CHUNK=32), num_warps=4, num_stages=1),
-                   triton.Config(dict(ROWS=32, SPAN=32, CHUNK=32), num_warps=4, num_stages=1),
-                   triton.Config(dict(ROWS=16, SPAN=32, CHUNK=32), num_warps=2, num_stages=1),
-                   triton.Config(dict(ROWS=32, SPAN=64, CHUNK=32), num_warps=4, num_stages=1)]
+                   triton.Config(dict(ROWS=16, SPAN=64, CHUNK=64), num_warps=4, num_stages=1)]
 _SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=512, OUT_TILE=512, COMPACT=0), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512, OUT_TILE=256, COMPACT=0), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512, OUT_TILE=128, COMPACT=0), num_warps=1, num_stages=1),
