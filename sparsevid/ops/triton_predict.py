@@ -262,9 +262,9 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p
     them: probabilities of the candidates, -1 elsewhere (padding, non-candidates), as ``_chunk_probs``
     recomputes them from the logits rows p_rows (pointers [R] to rows of NUM_KV_BLOCKS floats, logits_stride
     apart; rows m_rows) with row_max, inv_sum and p_within. p_buffer: pointers [R] to int32 rows of
-    NUM_KV_BLOCKS that this program owns and overwrites later. SEARCH_WHOLE: the search scans the whole row to the end, without
-    packing (``_search_whole``). The lower bound starts at the row's smallest candidate (where every candidate
-    qualifies), the upper bound just above the row maximum.
+    NUM_KV_BLOCKS that this program owns and overwrites later. SEARCH_WHOLE: the search scans the whole row
+    to the end, without packing (``_search_whole``). The lower bound starts at the row's smallest candidate
+    (where every candidate qualifies), the upper bound just above the row maximum.
     """
     lo = tl.min(tl.where(b_p >= 0.0, b_p, 2.0), 1)
     hi = tl.max(b_p, 1)
