@@ -56,9 +56,9 @@ def _signature(fn, constexprs: dict, boxes: dict | None = None) -> dict:
 
 
 def _predict_variants(tp):
-    """(kernel, constexprs, num_warps, no descriptor boxes) for each candidate config of the pool, logits and
-    select kernels, with
-    every option on (similarity check, per-head thresholds, restriction to an earlier mask)."""
+    """(kernel, constexprs, num_warps, num_stages, no descriptor boxes) for each candidate config of the pool,
+    logits and select kernels, with every option on (similarity check, per-head thresholds, restriction to an
+    earlier mask)."""
     pool = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True}
     logits = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_KB": 2048, "DOT_PRECISION": "tf32x3"}
     select = {"HEAD_DIM": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True, "BLOCK_KB": 2048, "HEAD_KB": 1024,
@@ -72,7 +72,7 @@ def _predict_variants(tp):
             if kernel is tp._select_kernel:
                 for name, rule in tp._SELECT_HEURISTICS.items():
                     constexprs[name] = rule(constexprs)
-            yield kernel, constexprs, config.num_warps, {}
+            yield kernel, constexprs, config.num_warps, config.num_stages, {}
 
 
 def compile_all() -> None:
@@ -83,13 +83,14 @@ def compile_all() -> None:
     from sparsevid.ops import triton_attention as ta
     from sparsevid.ops import triton_predict as tp
 
-    variants = [(kernel, constexprs, 4, boxes) for kernel, constexprs, boxes in _variants(ta)]
-    for kernel, constexprs, num_warps, boxes in variants + list(_predict_variants(tp)):
+    variants = [(kernel, constexprs, 4, 2, boxes) for kernel, constexprs, boxes in _variants(ta)]
+    for kernel, constexprs, num_warps, num_stages, boxes in variants + list(_predict_variants(tp)):
         fn = kernel
         while not isinstance(fn, triton.runtime.jit.JITFunction):
             fn = fn.fn
         source = ASTSource(fn=fn, signature=_signature(fn, constexprs, boxes), constexprs=constexprs)
-        triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2})
+        triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
+                                                                                "num_stages": num_stages})
         print("compiled", fn.fn.__name__, num_warps,
               {k: v for k, v in constexprs.items() if k in ("WITH_MASS", "USE_TMA", "SEL_ROWS", "POOL_CHUNK")})
 

@@ -225,8 +225,8 @@ def test_gpu_triton_matches_torch_bf16(shape, rule):
 
 @pytest.mark.gpu
 def test_gpu_every_launch_and_config_bf16():
-    """40 heads, ragged N, bf16: every config against
-    the torch path, within the rounding allowance of test_gpu_triton_matches_torch_bf16."""
+    """40 heads, ragged N, bf16: every config against the torch path, within the rounding allowance of
+    test_gpu_triton_matches_torch_bf16."""
     torch.manual_seed(8)
     q = structured(1, 40, 8200, 128, torch.bfloat16, transposed=True)
     k = structured(1, 40, 8200, 128, torch.bfloat16, transposed=True)

@@ -40,21 +40,13 @@ Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on th
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .mask import num_blocks
 from .pooling import SIMILARITY_EPS
-from .triton_attention import padded_pow2
-
-LOG2E = 1.4426950408889634
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-# SPARSEVID_AUTOTUNE=off: the first candidate config of each kernel instead of tuning (fast start-up).
-_AUTOTUNE = os.environ.get("SPARSEVID_AUTOTUNE", "on") != "off"
+from .triton_attention import _AUTOTUNE, _INTERPRET, LOG2E, padded_pow2
 
 # Candidate configs; the autotuner times them per shape key (the first alone runs when interpreted or with
 # autotuning off). POOL_TOKENS: tokens per pool program (a multiple of both block sizes, 64 and 128), read
@@ -466,7 +458,7 @@ class PredictLaunch:
     int32 [H]) or None when the rule has no top-k part; rule_topp likewise (float or float32 [H]).
     within: None or bool [B|1, H|1, QB, KB]: only these tiles are candidates, and only they can be kept.
 
-    ``pool()``, ``logits()`` then ``select()`` fill ``outputs``: keep bool
+    ``run()`` (``pool()``, ``logits()`` then ``select()``) fills ``outputs``: keep bool
     [B, H, QB, KB], kv_count int32 [B, H, QB], kv_index int32 [B, H, QB, KB] and the kept pooled mass
     float32 [B, H, QB].
     """
@@ -482,7 +474,7 @@ class PredictLaunch:
 
         # One fp32 workspace: pooled logits (first, so that their padded rows start on 128-byte lines), pooled
         # Q, pooled K, block similarities.
-        logits_stride = -(-kb // 32) * 32
+        logits_stride = num_blocks(kb, 32) * 32
         sizes = (b * h * qb * logits_stride, b * h * qb * d, b * h * kb * d, b * h * qb, b * h * kb)
         logits, pooled_q, pooled_k, sim_q, sim_k = torch.empty(sum(sizes), device=device,
                                                                dtype=torch.float32).split(sizes)
@@ -516,12 +508,12 @@ class PredictLaunch:
         self._scale_log2 = scale * LOG2E
         self._pool_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_Q=block_q, BLOCK_K=block_k,
                                WITH_SIM=with_sim)
+        head_kb, tail_kb = _row_tiles(kb)
         self._logits_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_KB=padded_pow2(kb),
                                  DOT_PRECISION="ieee" if _INTERPRET else "tf32x3")
         self._select_meta = dict(
             HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim, BLOCK_KB=padded_pow2(kb),
-            HEAD_KB=_row_tiles(kb)[0], TAIL_KB=_row_tiles(kb)[1], USE_TOPK=rule_topk is not None,
-            USE_TOPP=rule_topp is not None,
+            HEAD_KB=head_kb, TAIL_KB=tail_kb, USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,
             TOPK_PER_HEAD=topk_table is not None, TOPP_PER_HEAD=topp_table is not None,
             SIM_PER_HEAD=sim_table is not None, KEEP_SINK=keep_sink, KEEP_DIAGONAL=keep_diagonal,
             WITHIN=within is not None)
