@@ -10,6 +10,7 @@
 #               on the built-in model
 #   throughput  distillation step throughput (Wan 1.3B)
 #   predict     mask-prediction benchmark (every kernel config, Wan 1.3B and 14B shapes)
+#   limits      what bounds mask prediction: kernel device times, pool vs a plain read, TF32 logits, budget
 #   training    distillation ablation on the built-in model
 #   tests       GPU tests (one fixed config per kernel, no tuning)
 #   parallel    (two GPUs) context-parallel Wan 14B forward, one vs two GPUs; distillation under DDP
@@ -17,7 +18,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-results}
-PART=${1:?usage: gpu_session.sh kernels|kernels14b|tile_mass|model|throughput|predict|training|tests|parallel|ddp}
+PART=${1:?usage: gpu_session.sh kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|tests|parallel|ddp}
 mkdir -p "$OUT"
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 seconds=$2; shift 2
@@ -51,6 +52,9 @@ throughput)
 predict)
     step bench_predict 240 python3 benchmarks/bench_predict.py --out "$OUT/predict" --recall-grid none
     ;;
+limits)
+    step predict_limits 180 python3 benchmarks/predict_limits.py --out "$OUT/predict_limits"
+    ;;
 training)
     export PYTHON=python3 PARALLEL=1
     step distill_ablation 420 bash benchmarks/distill_ablation.sh "$OUT/ablation"
@@ -67,7 +71,7 @@ ddp)
     step distill_ddp 150 bash benchmarks/distill_ddp.sh "$OUT/ddp"
     ;;
 *)
-    echo "unknown part: $PART (kernels|kernels14b|tile_mass|model|throughput|predict|training|tests|parallel|ddp)" >&2
+    echo "unknown part: $PART (kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|tests|parallel|ddp)" >&2
     exit 2
     ;;
 esac

@@ -37,3 +37,27 @@ def cuda_kernel_ms(fn, calls: int = 5) -> dict[str, float]:
         torch.cuda.synchronize()
     return {event.key: event.device_time_total / 1e3 / calls for event in prof.key_averages()
             if event.device_time_total > 0}
+
+
+def flushed_ms(fn, clean: bool, calls: int = 100) -> float:
+    """Median CUDA-event time of ``fn()`` in ms, each call after an L2 flush by zeroing a 256 MB buffer (as
+    ``triton.testing.do_bench`` flushes). The zeroing leaves the L2 full of dirty lines, which the timed call
+    pays to write back as it evicts them; with ``clean`` the buffer is read once more before the timing starts,
+    so that the write-back happens outside it and the call starts from a clean L2."""
+    import torch
+
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    events = []
+    for _ in range(calls):
+        flush.zero_()
+        if clean:
+            flush.sum(dtype=torch.int32)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)

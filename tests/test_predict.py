@@ -2,6 +2,8 @@
 pooling against float64 brute force, stats, and input checks."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -191,6 +193,13 @@ def test_bad_input_names_the_argument(override, error, match):
         sv.predict_mask(**kwargs)
 
 
+def test_launch_rejects_unknown_score_precision():
+    q = torch.randn(1, 2, 64, 8)
+    options = prediction_options(q, q)
+    with pytest.raises(ValueError, match="score_precision"):
+        triton_predict.PredictLaunch(q, q, **options, score_precision="bf16")
+
+
 # --------------------------------------------------------------------------- GPU: real sizes in bf16
 
 def differing_row_fraction(keep_a: torch.Tensor, keep_b: torch.Tensor) -> float:
@@ -221,6 +230,33 @@ def test_gpu_triton_matches_torch_bf16(shape, rule):
     count, index = kept_index_table(mask_t.keep)
     assert torch.equal(mask_t.kv_count, count)
     assert torch.equal(mask_t.kv_index, index)
+
+
+def block_means_fp64(x: torch.Tensor, block: int) -> torch.Tensor:
+    """float64 [B, H, ceil(L/block), D]: block means of x [B, H, L, D], the last block over its real tokens."""
+    length = x.shape[2]
+    padded = torch.nn.functional.pad(x.double(), (0, 0, 0, -length % block))
+    counts = torch.full((padded.shape[2] // block,), float(block), dtype=torch.float64, device=x.device)
+    counts[-1] = length - (counts.numel() - 1) * block
+    return padded.unflatten(2, (-1, block)).sum(3) / counts[:, None]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision,tolerance", [("tf32x3", 1e-5), ("tf32", 1e-3)])
+def test_gpu_pooled_logits_precision(precision, tolerance):
+    """The logits stage against float64 pooled logits, ||out - ref|| / ||ref||: 3xTF32 within fp32's 1e-5,
+    one TF32 product within 1e-3 (tf32 lands near 3e-4)."""
+    torch.manual_seed(9)
+    q = structured(1, 8, 8200, 128, torch.bfloat16, transposed=True)
+    k = structured(1, 8, 8200, 128, torch.bfloat16, transposed=True)
+    options = prediction_options(q, k, rule="hybrid", block_q=128, block_k=64)
+    launch = triton_predict.PredictLaunch(q, k, **options, score_precision=precision)
+    launch.pool()
+    launch.logits()
+    qb, kb = q.shape[2] // 128 + 1, k.shape[2] // 64 + 1
+    logits = launch._pooled_logits.view(8 * qb, -1)[:, :kb].view(1, 8, qb, kb).double()
+    ref = block_means_fp64(q, 128) @ block_means_fp64(k, 64).mT * (128 ** -0.5 / math.log(2))
+    assert float((logits - ref).norm() / ref.norm()) <= tolerance
 
 
 @pytest.mark.gpu

@@ -98,6 +98,8 @@ def _search_whole(args) -> bool:
 _SELECT_HEURISTICS = {"SEL_ROWS": _select_rows_per_group, "OUT_CHUNK": _out_chunk, "SEARCH_WHOLE": _search_whole}
 
 
+SCORE_PRECISIONS = ("tf32x3", "tf32")
+
 _POOL_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "WITH_SIM"]
 _LOGITS_KEY = ["HEAD_DIM", "BLOCK_KB"]
 _SELECT_KEY = ["HEAD_DIM", "BLOCK_Q", "BLOCK_K", "BLOCK_KB", "TAIL_KB", "USE_TOPK", "USE_TOPP", "WITH_SIM", "WITHIN"]
@@ -457,6 +459,10 @@ class PredictLaunch:
     q: [B, H, N, D], k: [B, H, M, D] (any strides, fp16/bf16/fp32). rule_topk: resolved top-k count (int or
     int32 [H]) or None when the rule has no top-k part; rule_topp likewise (float or float32 [H]).
     within: None or bool [B|1, H|1, QB, KB]: only these tiles are candidates, and only they can be kept.
+    score_precision: the pooled logits' ``tl.dot`` precision on the GPU: "tf32x3" (fp32 accuracy, the
+    default) or "tf32" (one TF32 product: faster, but rows whose threshold falls among near-equal scores then
+    often keep other tiles than the PyTorch path; ``benchmarks/predict_limits.py`` measures both). Interpreted
+    kernels compute in fp32 ("ieee") either way.
 
     ``run()`` (``pool()``, ``logits()`` then ``select()``) fills ``outputs``: keep bool
     [B, H, QB, KB], kv_count int32 [B, H, QB], kv_index int32 [B, H, QB, KB] and the kept pooled mass
@@ -465,7 +471,9 @@ class PredictLaunch:
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, *, rule_topk, rule_topp, min_blocks: int,
                  keep_sink: bool, keep_diagonal: bool, similarity_threshold, block_q: int, block_k: int,
-                 scale: float, within: torch.Tensor | None = None):
+                 scale: float, within: torch.Tensor | None = None, score_precision: str = "tf32x3"):
+        if score_precision not in SCORE_PRECISIONS:
+            raise ValueError(f"score_precision must be one of {SCORE_PRECISIONS}, got {score_precision!r}")
         b, h, n, d = q.shape
         m = k.shape[2]
         qb, kb = num_blocks(n, block_q), num_blocks(m, block_k)
@@ -510,7 +518,7 @@ class PredictLaunch:
                                WITH_SIM=with_sim)
         head_kb, tail_kb = _row_tiles(kb)
         self._logits_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_KB=padded_pow2(kb),
-                                 DOT_PRECISION="ieee" if _INTERPRET else "tf32x3")
+                                 DOT_PRECISION="ieee" if _INTERPRET else score_precision)
         self._select_meta = dict(
             HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim, BLOCK_KB=padded_pow2(kb),
             HEAD_KB=head_kb, TAIL_KB=tail_kb, USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,

@@ -1,0 +1,132 @@
+"""What bounds mask prediction at the Wan shapes: the time each stage takes against the floor it stands on,
+and what the speed targets leave for the stages after pooling.
+
+For each shape (Wan 1.3B 480p, Wan 14B 720p) and input kind of ``bench_predict.py`` (random, video), with the
+autotuned kernels of ``predict_mask`` (hybrid rule, top-k 5%, top-p 0.9, blocks 128x64):
+
+1. Kernel device times of the three launches (torch.profiler, no flush between calls).
+2. Per-call times (CUDA events, median of 100) of the pool stage, of a plain read of q and k (``torch.sum``
+   over their [B, N, H, D] storage) and of the three launches, each call after an L2 flush. Two flushes:
+   "dirty" zeroes a 256 MB buffer, as ``triton.testing.do_bench`` does, and the timed call pays the write-back
+   of the dirty lines it evicts; "clean" reads the buffer after zeroing it, so that the call starts from a
+   clean L2. The reported prediction figures are do_bench's, i.e. "dirty".
+3. The logits stage with one TF32 product per dot instead of 3xTF32: its time, and the fraction of rows whose
+   mask then differs from the PyTorch path (3xTF32 differs on the rows counted by ``bench_predict.py``).
+4. The budget: the target (at most 10% of the 95%-sparse attention forward at 1.3B, 0.5 ms at 14B) less the
+   pool stage (dirty flush) is what logits and select may take together, against their device times.
+
+Writes results.json under --out and prints a table last.
+
+    python3 benchmarks/predict_limits.py --out results/predict_limits      # CUDA only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import sparsevid as sv  # noqa: E402
+from sparsevid.ops import triton_predict  # noqa: E402
+from sparsevid.ops.predict import prediction_options  # noqa: E402
+from bench_predict import INPUTS, RULE, SHAPES, differing_rows, timing_inputs  # noqa: E402
+from run_info import git_commit  # noqa: E402
+from timing import cuda_kernel_ms, flushed_ms, median_ms  # noqa: E402
+
+BLOCKS = (128, 64)
+ATTENTION_SPARSITY = 0.95
+# shape: ("share", fraction of the attention forward) or ("ms", milliseconds)
+TARGETS = {"wan1.3b": ("share", 0.10), "wan14b": ("ms", 0.5)}
+STAGES = ("pool", "logits", "select")
+
+
+def kernel_times(launch: triton_predict.PredictLaunch) -> dict[str, float]:
+    """{stage: device ms} of the three launches, from the profiler's kernel names."""
+    times = cuda_kernel_ms(launch.run, calls=10)
+    return {stage: sum(ms for name, ms in times.items() if name.startswith(f"_{stage}_kernel")) for stage in STAGES}
+
+
+def limits_case(shape: str, kind: str, device: torch.device, attention_ms: dict) -> dict:
+    b, h, n, d, _ = SHAPES[shape]
+    block_q, block_k = BLOCKS
+    rule = dict(RULE, block_q=block_q, block_k=block_k)
+    q, k = timing_inputs(kind, shape, device, torch.bfloat16)
+    reference, _ = sv.predict_mask(q, k, backend="torch", **rule)
+    options = prediction_options(q, k, **rule)
+    launch = triton_predict.PredictLaunch(q, k, **options)
+    launch.run()  # autotunes
+    row = {"shape": shape, "input": kind, "B": b, "H": h, "N": n, "D": d, **rule,
+           "differing_rows_tf32x3": differing_rows(launch.outputs[0], reference.keep),
+           "kernel_ms": kernel_times(launch)}
+    storages = [x.transpose(1, 2) for x in (q, k)]  # the contiguous [B, N, H, D] tensors
+    calls = {"pool": launch.pool, "read": lambda: [x.sum(dtype=torch.float32) for x in storages],
+             "staged": launch.run}
+    for flush in ("dirty", "clean"):
+        row[f"{flush}_ms"] = {name: flushed_ms(fn, clean=flush == "clean") for name, fn in calls.items()}
+
+    single = triton_predict.PredictLaunch(q, k, **options, score_precision="tf32")
+    single.run()
+    row["logits_ms"] = {"tf32x3": flushed_ms(launch.logits, clean=False),
+                        "tf32": flushed_ms(single.logits, clean=False)}
+    row["differing_rows_tf32"] = differing_rows(single.outputs[0], reference.keep)
+    row["kept_mass_max_diff_tf32"] = float((single.outputs[3] - launch.outputs[3]).abs().max())
+
+    key = shape
+    if key not in attention_ms:
+        v = torch.randn_like(q)
+        mask = sv.random_block_mask(b, h, n, n, ATTENTION_SPARSITY, block_q, block_k, device=device)
+        attention_ms[key] = median_ms(lambda: sv.block_sparse_attention(q, k, v, mask), device)
+    row["attention_95_ms"] = attention_ms[key]
+    kind_of_target, value = TARGETS[shape]
+    target_ms = value * row["attention_95_ms"] if kind_of_target == "share" else value
+    pool_ms = row["dirty_ms"]["pool"]
+    row["budget"] = {"target_ms": target_ms, "pool_ms": pool_ms, "left_for_logits_select_ms": target_ms - pool_ms,
+                     "logits_select_device_ms": row["kernel_ms"]["logits"] + row["kernel_ms"]["select"],
+                     "staged_ms": row["dirty_ms"]["staged"]}
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="directory for results.json")
+    parser.add_argument("--shapes", default=",".join(TARGETS), help=f"comma list of {list(TARGETS)}")
+    parser.add_argument("--inputs", default=",".join(INPUTS), help=f"comma list of {list(INPUTS)}")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("predict_limits.py times CUDA kernels: it needs a GPU")
+    device = torch.device("cuda")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    attention_ms: dict = {}
+    rows = []
+    for shape in [s for s in args.shapes.split(",") if s]:
+        if shape not in TARGETS:
+            raise SystemExit(f"--shapes: expected names from {list(TARGETS)}, got {shape!r}")
+        for kind in [s for s in args.inputs.split(",") if s]:
+            rows.append(limits_case(shape, kind, device, attention_ms))
+            print(json.dumps(rows[-1]), flush=True)
+            torch.cuda.empty_cache()
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "commit": git_commit(), "rows": rows}
+    (out_dir / "results.json").write_text(json.dumps(result, indent=2))
+
+    print(f"\n{result['device']}  torch {result['torch']}  triton {result['triton']}  commit {result['commit']}")
+    print("ms; dirty / clean = L2 flush before each call (module docstring)")
+    print(f"{'shape':<8}{'input':>7}{'pool':>7}{'logits':>7}{'select':>7}{'pool d/c':>15}{'read d/c':>15}"
+          f"{'staged d/c':>15}{'lg tf32x3/tf32':>16}{'rows≠ 1x':>9}{'target':>7}{'left':>7}")
+    ms3 = "{:.3f}".format
+    for row in rows:
+        kernels, dirty, clean, logits = row["kernel_ms"], row["dirty_ms"], row["clean_ms"], row["logits_ms"]
+        pair = lambda name: f"{ms3(dirty[name])}/{ms3(clean[name])}"  # noqa: E731
+        print(f"{row['shape']:<8}{row['input']:>7}{ms3(kernels['pool']):>7}{ms3(kernels['logits']):>7}"
+              f"{ms3(kernels['select']):>7}{pair('pool'):>15}{pair('read'):>15}{pair('staged'):>15}"
+              f"{ms3(logits['tf32x3']) + '/' + ms3(logits['tf32']):>16}{row['differing_rows_tf32']:>9.4f}"
+              f"{ms3(row['budget']['target_ms']):>7}{ms3(row['budget']['left_for_logits_select_ms']):>7}")
+
+
+if __name__ == "__main__":
+    main()
