@@ -14,6 +14,9 @@ autotuned kernels of ``predict_mask`` (hybrid rule, top-k 5%, top-p 0.9, blocks 
    mask then differs from the PyTorch path (3xTF32 differs on the rows counted by ``bench_predict.py``).
 4. The budget: the target (at most 10% of the 95%-sparse attention forward at 1.3B, 0.5 ms at 14B) less the
    pool stage (dirty flush) is what logits and select may take together, against their device times.
+5. Head scaling: kernel device times at the Wan 1.3B length (random q, k) with 1, 3, 6 and 12 heads, all with
+   the configs tuned for 12 heads. A stage whose time hardly falls with the heads is bound by latency (one
+   program's chain, launch and drain), not by throughput.
 
 Writes results.json under --out and prints a table last.
 
@@ -99,11 +102,27 @@ def limits_case(shape: str, kind: str, device: torch.device, attention_ms: dict)
     return row
 
 
+def head_scaling(heads: list[int], device: torch.device) -> list[dict]:
+    """{heads, kernel_ms} at the Wan 1.3B length for each head count, with the configs tuned for its 12 heads."""
+    _, _, n, d, _ = SHAPES["wan1.3b"]
+    rule = dict(RULE, block_q=BLOCKS[0], block_k=BLOCKS[1])
+    configs = None
+    rows = []
+    for h in sorted(heads, reverse=True):
+        q, k = (torch.randn(1, n, h, d, device=device, dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+        launch = triton_predict.PredictLaunch(q, k, **prediction_options(q, k, **rule))
+        configs = configs or tuned_configs(launch)
+        rows.append({"heads": h, "kernel_ms": kernel_times(launch, configs)})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory for results.json")
     parser.add_argument("--shapes", default=",".join(TARGETS), help=f"comma list of {list(TARGETS)}")
     parser.add_argument("--inputs", default=",".join(INPUTS), help=f"comma list of {list(INPUTS)}")
+    parser.add_argument("--head-scaling", default="12,6,3,1",
+                        help="comma list of head counts for part 5, the largest first ('none' skips it)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("predict_limits.py times CUDA kernels: it needs a GPU")
@@ -119,8 +138,10 @@ def main() -> None:
             rows.append(limits_case(shape, kind, device, attention_ms))
             print(json.dumps(rows[-1]), flush=True)
             torch.cuda.empty_cache()
+    scaling = [] if args.head_scaling == "none" else head_scaling(
+        [int(v) for v in args.head_scaling.split(",")], device)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "commit": git_commit(), "rows": rows}
+              "commit": git_commit(), "rows": rows, "head_scaling": scaling}
     (out_dir / "results.json").write_text(json.dumps(result, indent=2))
 
     print(f"\n{result['device']}  torch {result['torch']}  triton {result['triton']}  commit {result['commit']}")
@@ -135,6 +156,10 @@ def main() -> None:
               f"{ms3(kernels['select']):>7}{pair('pool'):>15}{pair('read'):>15}{pair('staged'):>15}"
               f"{ms3(logits['tf32x3']) + '/' + ms3(logits['tf32']):>16}{row['differing_rows_tf32']:>9.4f}"
               f"{ms3(row['budget']['target_ms']):>7}{ms3(row['budget']['left_for_logits_select_ms']):>7}")
+    if scaling:
+        print("\nkernel device ms at the Wan 1.3B length by heads (configs tuned for 12 heads)")
+        for row in scaling:
+            print(f"H={row['heads']:<3}" + "".join(f"{stage:>8} {ms3(ms)}" for stage, ms in row["kernel_ms"].items()))
 
 
 if __name__ == "__main__":
