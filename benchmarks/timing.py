@@ -43,9 +43,9 @@ def flushed_ms(fn, clean: bool, calls: int = 100) -> float:
     """Median CUDA-event time of ``fn()`` in ms, each call after an L2 flush by zeroing a 256 MB buffer (as
     ``triton.testing.do_bench`` flushes). The zeroing leaves the L2 full of dirty lines, which the timed call
     pays to write back as it evicts them; with ``clean`` the buffer is read once more before the timing starts,
-    so that the write-back happens outside it and the call starts from a clean L2. A GPU spin of ~0.1 ms
-    before each call lets the host queue the whole call before the GPU reaches it, so that the time is the
-    device's even where launching takes the host longer than the kernels take the GPU."""
+    so that the write-back happens outside it and the call starts from a clean L2. A GPU spin of ~1 ms before
+    each call lets the host queue the whole call before the GPU reaches it, so that the time is the device's
+    even where launching takes the host longer than the kernels take the GPU."""
     import torch
 
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
@@ -56,7 +56,7 @@ def flushed_ms(fn, clean: bool, calls: int = 100) -> float:
         flush.zero_()
         if clean:
             flush.sum(dtype=torch.int32)
-        torch.cuda._sleep(200_000)  # clock cycles
+        torch.cuda._sleep(2_000_000)  # clock cycles
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
