@@ -18,7 +18,8 @@
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-results}
-PART=${1:?usage: gpu_session.sh kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|tests|parallel|ddp}
+PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|tests|parallel|ddp"
+PART=${1:?usage: gpu_session.sh $PARTS}
 mkdir -p "$OUT"
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 seconds=$2; shift 2
@@ -71,7 +72,7 @@ ddp)
     step distill_ddp 150 bash benchmarks/distill_ddp.sh "$OUT/ddp"
     ;;
 *)
-    echo "unknown part: $PART (kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|tests|parallel|ddp)" >&2
+    echo "unknown part: $PART ($PARTS)" >&2
     exit 2
     ;;
 esac

@@ -25,6 +25,7 @@ Writes results.json under --out and prints a table last.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -36,12 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
 from sparsevid.ops import triton_predict  # noqa: E402
 from sparsevid.ops.predict import prediction_options  # noqa: E402
-from bench_predict import INPUTS, RULE, SHAPES, differing_rows, timing_inputs  # noqa: E402
+from bench_predict import (INPUTS, RULE, SHAPES, attention_95_ms, differing_rows, read_once,  # noqa: E402
+                           timing_inputs)
 from run_info import git_commit  # noqa: E402
 from timing import cuda_kernel_ms, flushed_ms, median_ms  # noqa: E402
 
 BLOCKS = (128, 64)
-ATTENTION_SPARSITY = 0.95
 # shape: ("share", fraction of the attention forward) or ("ms", milliseconds)
 TARGETS = {"wan1.3b": ("share", 0.10), "wan14b": ("ms", 0.5)}
 STAGES = ("pool", "logits", "select")
@@ -74,9 +75,7 @@ def limits_case(shape: str, kind: str, device: torch.device, attention_ms: dict)
            "configs": [str(config) for config in configs],
            "differing_rows_tf32x3": differing_rows(launch.outputs[0], reference.keep),
            "kernel_ms": kernel_times(launch, configs)}
-    storages = [x.transpose(1, 2) for x in (q, k)]  # the contiguous [B, N, H, D] tensors
-    calls = {"pool": lambda: launch.pool(configs[0]), "read": lambda: [x.sum(dtype=torch.float32) for x in storages],
-             "staged": lambda: launch.run(configs)}
+    calls = {"pool": lambda: launch.pool(configs[0]), "read": read_once(q, k), "staged": lambda: launch.run(configs)}
     for flush in ("dirty", "clean"):
         row[f"{flush}_ms"] = {name: flushed_ms(fn, clean=flush == "clean") for name, fn in calls.items()}
 
@@ -87,12 +86,9 @@ def limits_case(shape: str, kind: str, device: torch.device, attention_ms: dict)
     row["differing_rows_tf32"] = differing_rows(single.outputs[0], reference.keep)
     row["kept_mass_max_diff_tf32"] = float((single.outputs[3] - launch.outputs[3]).abs().max())
 
-    key = shape
-    if key not in attention_ms:
-        v = torch.randn_like(q)
-        mask = sv.random_block_mask(b, h, n, n, ATTENTION_SPARSITY, block_q, block_k, device=device)
-        attention_ms[key] = median_ms(lambda: sv.block_sparse_attention(q, k, v, mask), device)
-    row["attention_95_ms"] = attention_ms[key]
+    if shape not in attention_ms:
+        attention_ms[shape] = attention_95_ms(q, k, block_q, block_k, functools.partial(median_ms, device=device))
+    row["attention_95_ms"] = attention_ms[shape]
     kind_of_target, value = TARGETS[shape]
     target_ms = value * row["attention_95_ms"] if kind_of_target == "share" else value
     pool_ms = row["dirty_ms"]["pool"]

@@ -253,7 +253,7 @@ def test_gpu_pooled_logits_precision(precision, tolerance):
     launch = triton_predict.PredictLaunch(q, k, **options, score_precision=precision)
     launch.pool()
     launch.logits()
-    qb, kb = q.shape[2] // 128 + 1, k.shape[2] // 64 + 1
+    qb, kb = launch._qb, launch._kb
     logits = launch._pooled_logits.view(8 * qb, -1)[:, :kb].view(1, 8, qb, kb).double()
     ref = block_means_fp64(q, 128) @ block_means_fp64(k, 64).mT * (128 ** -0.5 / math.log(2))
     assert float((logits - ref).norm() / ref.norm()) <= tolerance

@@ -514,13 +514,14 @@ class PredictLaunch:
         self._logits_stride = logits_stride
         self._bh, self._qb, self._kb, self._block_q, self._block_k = b * h, qb, kb, block_q, block_k
         self._scale_log2 = scale * LOG2E
-        self._pool_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_Q=block_q, BLOCK_K=block_k,
+        block_d, block_kb = padded_pow2(d), padded_pow2(kb)
+        self._pool_meta = dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_Q=block_q, BLOCK_K=block_k,
                                WITH_SIM=with_sim)
         head_kb, tail_kb = _row_tiles(kb)
-        self._logits_meta = dict(HEAD_DIM=d, BLOCK_D=padded_pow2(d), BLOCK_KB=padded_pow2(kb),
+        self._logits_meta = dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_KB=block_kb,
                                  DOT_PRECISION="ieee" if _INTERPRET else score_precision)
         self._select_meta = dict(
-            HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim, BLOCK_KB=padded_pow2(kb),
+            HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim, BLOCK_KB=block_kb,
             HEAD_KB=head_kb, TAIL_KB=tail_kb, USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,
             TOPK_PER_HEAD=topk_table is not None, TOPP_PER_HEAD=topp_table is not None,
             SIM_PER_HEAD=sim_table is not None, KEEP_SINK=keep_sink, KEEP_DIAGONAL=keep_diagonal,
