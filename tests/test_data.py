@@ -121,3 +121,37 @@ def test_caption_colour_and_size_match_the_clip():
         pixel = (video[b, :, 0, y, x] + 1) / 2
         assert torch.allclose(pixel, COLOUR_RGB[grammar.COLOURS.index(colour)], atol=1e-4), caption
     assert max(areas["small"]) < min(areas["big"])
+
+
+def test_textured_background_keeps_plain_scenes_and_its_base_colour():
+    plain, captions = ProceduralVideos(frames=6, height=32, width=32).sample(6, _gen(5))
+    data = ProceduralVideos(frames=6, height=32, width=32, background_texture=0.5, pan=0.4)
+    textured, textured_captions = data.sample(6, _gen(5))
+    assert textured_captions == captions  # the texture is drawn after everything the caption names
+    assert textured.min() >= -1 and textured.max() <= 1 and torch.isfinite(textured).all()
+    # Where no object is, the texture varies the background around its shaded base colour.
+    background = (plain - textured).abs().amax(1) > 0
+    assert background.float().mean() > 0.3
+    base = plain.permute(0, 2, 3, 4, 1)[background]
+    varied = textured.permute(0, 2, 3, 4, 1)[background]
+    assert (varied - base).abs().mean() > 0.05
+    assert (varied - base).median(0).values.abs().max() < 0.05
+
+
+def test_pan_moves_the_background_texture():
+    still = ProceduralVideos(frames=8, height=32, width=32, background_texture=0.5)
+    panning = ProceduralVideos(frames=8, height=32, width=32, background_texture=0.5, pan=1.0)
+    scenes = still.sample_scenes(4, _gen(7))
+    still_video = still.render(dataclasses.replace(scenes, present=torch.zeros_like(scenes.present)))
+    assert torch.equal(still_video[:, :, 0], still_video[:, :, -1])  # no pan: the texture stays put
+    scenes = panning.sample_scenes(4, _gen(7))
+    moving = panning.render(dataclasses.replace(scenes, present=torch.zeros_like(scenes.present)))
+    assert ((moving[:, :, 0] - moving[:, :, -1]).abs().flatten(1).amax(1) > 0.1).all()
+
+
+@pytest.mark.parametrize("kwargs", [dict(background_texture=-0.1), dict(background_texture=1.5),
+                                    dict(pan=0.5), dict(background_texture=0.5, pan=3.0),
+                                    dict(background_texture="0.5")], ids=["neg", "big", "pan-plain", "pan-big", "str"])
+def test_bad_background_options_are_rejected(kwargs):
+    with pytest.raises(ValueError):
+        ProceduralVideos(**kwargs)

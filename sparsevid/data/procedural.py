@@ -5,6 +5,12 @@ textures moving over a shaded background: sliding left/right/up/down, bouncing o
 circling. Objects are drawn in order, so later objects occlude earlier ones. The caption (see
 :mod:`sparsevid.data.grammar`) names every object and the background.
 
+With ``background_texture > 0`` the background carries a smooth random texture (a sum of sinusoidal
+gratings at several scales) that modulates its brightness, and with ``pan > 0`` the texture slides as
+under a panning camera. Real video has texture everywhere; large flat backgrounds make many keys and
+values identical and spread attention evenly over them. The caption does not change: the background's
+colour is its base colour, which the texture only brightens and darkens around.
+
 Scene parameters are drawn on the CPU from a ``torch.Generator`` (so a seed gives the same clips on
 every device); rendering is vectorised over the batch and frames and runs on any device.
 """
@@ -24,6 +30,8 @@ COLOUR_RGB = torch.tensor([
 BACKGROUND_RGB = torch.tensor([[0.04, 0.04, 0.05], [0.45, 0.45, 0.47], [0.06, 0.09, 0.30], [0.82, 0.76, 0.62]])
 RADIUS_RANGE = ((0.08, 0.10), (0.14, 0.17))  # per size word, in frame widths
 TEXTURE_DARK = 0.35  # brightness of the dark stripes / squares of textured objects
+BACKGROUND_WAVES = 8  # sinusoidal gratings summed into a background texture
+WAVE_CYCLES = (1.5, 7.0)  # their spatial frequencies, in cycles per frame width
 assert len(COLOUR_RGB) == len(grammar.COLOURS) and len(BACKGROUND_RGB) == len(grammar.BACKGROUNDS)
 
 
@@ -33,7 +41,9 @@ class Scenes:
 
     present bool [B, K]; size, colour, texture, shape, motion int64 [B, K] (indices into the grammar's
     word lists); radius float32 [B, K] (frame widths); centre float32 [B, K, T, 2] ((x, y) per frame,
-    in [0, 1], y pointing down); background int64 [B].
+    in [0, 1], y pointing down); background int64 [B]. For a textured background, waves float32
+    [B, W, 4] holds each grating's (x frequency, y frequency, phase, amplitude) and pan float32 [B, 2]
+    the texture's displacement over the whole clip (frame widths); both are None for plain backgrounds.
     """
 
     present: torch.Tensor
@@ -45,6 +55,8 @@ class Scenes:
     radius: torch.Tensor
     centre: torch.Tensor
     background: torch.Tensor
+    waves: torch.Tensor | None = None
+    pan: torch.Tensor | None = None
 
     def captions(self) -> list[str]:
         """One caption per clip, objects in drawing order."""
@@ -108,19 +120,33 @@ class ProceduralVideos:
     Args:
         frames, height, width: clip size T x H x W.
         max_objects: clips hold 1..max_objects objects (uniformly many).
+        background_texture: strength of the background texture in [0, 1] (0: smooth shading only): the
+            background moves up to this fraction of the way towards white or black around its base colour.
+        pan: largest displacement of the background texture over a clip, in frame widths (camera pan);
+            each clip draws a direction and a distance up to it. Needs ``background_texture > 0``.
     """
 
-    def __init__(self, frames: int = 16, height: int = 64, width: int = 64, max_objects: int = 3):
+    def __init__(self, frames: int = 16, height: int = 64, width: int = 64, max_objects: int = 3,
+                 background_texture: float = 0.0, pan: float = 0.0):
         for name, value in (("frames", frames), ("height", height), ("width", width), ("max_objects", max_objects)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if frames < 2:
             raise ValueError(f"frames must be at least 2 to show motion, got {frames}")
+        for name, value, high in (("background_texture", background_texture, 1.0), ("pan", pan, 2.0)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= high:
+                raise ValueError(f"{name} must be a number in [0, {high}], got {value!r}")
+        if pan > 0 and background_texture == 0:
+            raise ValueError("pan moves the background texture: it needs background_texture > 0")
         self.frames, self.height, self.width, self.max_objects = frames, height, width, max_objects
+        self.background_texture, self.pan = float(background_texture), float(pan)
         self.caption_length = grammar.max_caption_words(max_objects)
 
     def config(self) -> dict:
-        return {"frames": self.frames, "height": self.height, "width": self.width, "max_objects": self.max_objects}
+        config = {"frames": self.frames, "height": self.height, "width": self.width, "max_objects": self.max_objects}
+        if self.background_texture > 0:
+            config.update(background_texture=self.background_texture, pan=self.pan)
+        return config
 
     def sample_scenes(self, batch: int, generator: torch.Generator) -> Scenes:
         """Draw the parameters of ``batch`` clips from ``generator`` (a CPU generator)."""
@@ -140,7 +166,24 @@ class ProceduralVideos:
         bounds = torch.tensor(RADIUS_RANGE)[size]
         radius = bounds[..., 0] + (bounds[..., 1] - bounds[..., 0]) * torch.rand(shape, generator=generator)
         centre = _paths(motion, radius, self.frames, generator)
-        return Scenes(present, size, colour, texture, kind, motion, radius, centre, background)
+        waves = pan = None
+        if self.background_texture > 0:  # drawn last, so plain-background scenes stay as they were
+            waves, pan = self._background_motion(batch, generator)
+        return Scenes(present, size, colour, texture, kind, motion, radius, centre, background, waves, pan)
+
+    def _background_motion(self, batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random gratings float32 [B, W, 4] (fx, fy, phase, amplitude) and pan float32 [B, 2]."""
+        shape = (batch, BACKGROUND_WAVES)
+        cycles = torch.exp(_uniform(gen, shape, math.log(WAVE_CYCLES[0]), math.log(WAVE_CYCLES[1])))
+        angle = _uniform(gen, shape, 0.0, 2 * math.pi)
+        phase = _uniform(gen, shape, 0.0, 2 * math.pi)
+        amplitude = 1.0 / cycles  # coarse gratings dominate, as in natural images
+        amplitude = amplitude / amplitude.sum(-1, keepdim=True)
+        waves = torch.stack([cycles * torch.cos(angle), cycles * torch.sin(angle), phase, amplitude], -1)
+        direction = _uniform(gen, (batch,), 0.0, 2 * math.pi)
+        distance = self.pan * torch.rand(batch, generator=gen)
+        pan = torch.stack([distance * torch.cos(direction), distance * torch.sin(direction)], -1)
+        return waves, pan
 
     def render(self, scenes: Scenes, device: torch.device | str = "cpu") -> torch.Tensor:
         """Draw ``scenes``: float32 [B, 3, T, H, W] in [-1, 1] on ``device``."""
@@ -149,7 +192,14 @@ class ProceduralVideos:
         xs = (torch.arange(self.width, device=device, dtype=torch.float32) + 0.5) / self.width
         shade = (1.15 - 0.3 * ys).view(1, 1, 1, -1, 1)
         video = BACKGROUND_RGB[scenes.background].to(device).view(b, 3, 1, 1, 1) * shade
-        video = video.expand(b, 3, self.frames, self.height, self.width).clamp(0, 1)
+        video = video.expand(b, 3, self.frames, self.height, self.width)
+        if scenes.waves is not None:
+            texture = self._background_texture(scenes.waves.to(device), scenes.pan.to(device), xs, ys).unsqueeze(1)
+            # Brighten towards white where the texture is positive, darken towards black where it is
+            # negative: the values stay in range and the base colour is the median.
+            lift = self.background_texture * texture
+            video = torch.where(lift > 0, video + lift * (1 - video), video * (1 + lift))
+        video = video.clamp(0, 1)
         # Every scene tensor moves to the device once, not once per object.
         centre, radius, kinds, present, textures = (t.to(device) for t in (
             scenes.centre, scenes.radius, scenes.shape, scenes.present, scenes.texture))
@@ -166,6 +216,23 @@ class ProceduralVideos:
             alpha = alpha.unsqueeze(1)
             video = video * (1 - alpha) + alpha * colour * tex.unsqueeze(1)
         return video * 2 - 1
+
+    def _background_texture(self, waves: torch.Tensor, pan: torch.Tensor, xs: torch.Tensor,
+                            ys: torch.Tensor) -> torch.Tensor:
+        """Texture in about [-1, 1], float32 [B, T, H, W]: the gratings ``waves`` [B, W, 4] shifted by
+        ``pan`` [B, 2] times the clip's progress (pixel coordinates ``xs`` [W], ``ys`` [H] in [0, 1])."""
+        tau = torch.linspace(0.0, 1.0, self.frames, device=xs.device).view(1, -1, 1)
+        aspect = self.height / self.width
+        shift_x, shift_y = pan[:, 0].view(-1, 1, 1) * tau, pan[:, 1].view(-1, 1, 1) * tau  # [B, T, 1]
+        fx, fy, phase, amplitude = (waves[..., i].unsqueeze(1) for i in range(4))  # [B, 1, W]
+        total = 0.0
+        # One grating at a time keeps the peak memory at one [B, T, H, W] tensor.
+        for w in range(waves.shape[1]):
+            along_x = 2 * math.pi * fx[..., w:w + 1] * (xs.view(1, 1, -1) - shift_x)          # [B, T, W]
+            along_y = 2 * math.pi * fy[..., w:w + 1] * (ys.view(1, 1, -1) * aspect - shift_y)  # [B, T, H]
+            angle = along_x.unsqueeze(2) + along_y.unsqueeze(3) + phase[..., w:w + 1].unsqueeze(-1)
+            total = total + amplitude[..., w:w + 1].unsqueeze(-1) * torch.sin(angle)
+        return (total * 2.0).clamp(-1, 1)  # the amplitudes sum to 1: this spreads the sum over [-1, 1]
 
     @staticmethod
     def _coverage(kind, dx, dy, r, pixel: float) -> torch.Tensor:
