@@ -1,0 +1,223 @@
+"""Which levers make the built-in model's attention concentrate? Equal-budget training runs, measured by
+oracle recall.
+
+Each variant trains a built-in video DiT from scratch with the rectified-flow objective for the same
+wall-clock budget on one GPU, then records the video self-attention q, k, v of every layer on held-out
+clips at several noise levels (direct forwards of noised clips, 3D-tiled token order as the sparse
+processors see them) and measures, per layer and noise level:
+
+* oracle recall: the exact attention mass held by the top (1 - s) of the tiles of each query block, at
+  sparsity s (exact tile masses from ``block_sparse_attention(..., return_tile_mass=True)``; the count of
+  kept tiles is interpolated between whole tiles so every model is read at exactly s);
+* oracle output error: relative L1 of the attention output with only those top tiles kept (whole tiles,
+  the nearest count), against dense attention.
+
+    python3 -m benchmarks.builtin_study --out OUT [--seconds 75] [--variants plain,textured,...]
+
+Writes OUT/study.json (everything) and OUT/study.md (one row per variant) after every variant.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+import sparsevid as sv
+from sparsevid.data import ProceduralVideos
+from sparsevid.models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT
+from sparsevid.models.processors import SDPAInterceptor
+from sparsevid.models.token_order import tile_order
+from sparsevid.training import LoopConfig, flow_matching_loss, sample_t, train_loop
+from sparsevid.training.flow import noisy
+
+BLOCKS = dict(block_q=128, block_k=64)
+SPARSITIES = (0.5, 0.75, 0.9, 0.95, 0.97)
+ERROR_SPARSITIES = (0.9, 0.95, 0.97)
+NOISE_LEVELS = (0.95, 0.85, 0.7, 0.5, 0.25)
+SHORT, LONG = (16, 64, 64), (32, 128, 128)
+TEXTURE = dict(background_texture=0.4, pan=0.3)
+
+# name: (data options, transformer overrides, training phases [(clip shape, batch, share of the budget)]).
+# The model is measured after every phase (on short clips, and on long clips once it has trained on them),
+# so a chain of phases also gives the training-time and length levers.
+VARIANTS = {
+    "plain": ({}, {}, [(SHORT, 64, 1.0)]),
+    "textured_strong": (dict(background_texture=0.7, pan=0.5), {}, [(SHORT, 64, 1.0)]),
+    "textured_4heads": (TEXTURE, {"num_attention_heads": 4}, [(SHORT, 64, 1.0)]),
+    "textured": (TEXTURE, {}, [(SHORT, 64, 1.0), (SHORT, 64, 1.0), (LONG, 4, 0.8)]),
+}
+
+
+def model_config(data: dict, transformer: dict, clip: tuple[int, int, int]) -> dict:
+    config = copy.deepcopy(DEFAULT_CONFIG)
+    config["transformer"].update(transformer)
+    config["data"].update(dict(zip(("frames", "height", "width"), clip)), **data)
+    return config
+
+
+def set_clip(model: BuiltinVideoDiT, clip: tuple[int, int, int]) -> None:
+    """Point the model's data (and config) at clips of shape ``clip`` (T, H, W); the weights are unchanged."""
+    model.config["data"].update(dict(zip(("frames", "height", "width"), clip)))
+    model.data = ProceduralVideos(**model.config["data"])
+
+
+def train_phase(model, clip, batch: int, seconds: float, seed: int, lr: float) -> dict:
+    """Dense rectified-flow training on clips of shape ``clip`` for ``seconds``; returns the loss summary."""
+    set_clip(model, clip)
+    data, device = model.data, next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    noise_gen = torch.Generator(device=device).manual_seed(seed + 1)
+    null = model.tokenize([""])
+
+    def loss_fn(step: int) -> torch.Tensor:
+        video, captions = data.sample(batch, gen, device)
+        tokens = model.tokenize(captions)
+        drop = torch.rand(batch, generator=gen) < 0.1
+        tokens = torch.where(drop.unsqueeze(1), null, tokens).to(device)
+        t = sample_t(batch, gen, device, shift=2.0)
+        noise = torch.randn(video.shape, generator=noise_gen, device=device)
+        return flow_matching_loss(model, video, tokens, t, noise)
+
+    config = LoopConfig(lr=lr, warmup_steps=100, ema_decay=None, max_seconds=seconds, log_every=100)
+    result = train_loop(model, loss_fn, config, log=lambda line: print("   ", line, flush=True))
+    return {"clip": list(clip), "batch": batch, "steps": result.steps, "seconds": round(result.seconds, 1),
+            "final_loss": result.history[-1]["loss"]}
+
+
+class QKVRecorder:
+    """SDPA handler that keeps q, k, v [B, H, N, D] of the video self-attention calls (tiled order)."""
+
+    def __init__(self, grid: tuple[int, int, int], device):
+        self.tokens, self.order = math.prod(grid), tile_order(grid, "auto", device)
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def __call__(self, query, key, value, **kwargs):
+        if query.shape[2] == key.shape[2] == self.tokens:
+            self.calls.append(tuple(t.index_select(2, self.order.perm) for t in (query, key, value)))
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, **kwargs)
+
+
+def recall_at(sorted_cumsum: torch.Tensor, sparsity: float) -> float:
+    """Mean exact mass of the top (1 - sparsity) tiles per query block, interpolating between whole tiles.
+
+    sorted_cumsum: float32 [..., KB], the cumulative sum of each query block's tile masses sorted descending.
+    """
+    blocks = sorted_cumsum.shape[-1]
+    count = (1.0 - sparsity) * blocks
+    whole = int(math.floor(count))
+    padded = torch.cat([torch.zeros_like(sorted_cumsum[..., :1]), sorted_cumsum], -1)
+    low, high = padded[..., whole], padded[..., min(whole + 1, blocks)]
+    return float((low + (count - whole) * (high - low)).mean())
+
+
+def oracle_metrics(q, k, v) -> dict:
+    """Oracle recall at SPARSITIES and oracle output error at ERROR_SPARSITIES for one attention call."""
+    full = sv.SparseMask.full(q.shape[2], k.shape[2], device=q.device, **BLOCKS)
+    dense, mass = sv.block_sparse_attention(q, k, v, full, return_tile_mass=True)
+    ordered = mass.float().sort(dim=-1, descending=True)
+    cumsum = ordered.values.cumsum(-1)
+    result = {"recall": {str(s): recall_at(cumsum, s) for s in SPARSITIES}, "output_error": {}}
+    blocks = mass.shape[-1]
+    for s in ERROR_SPARSITIES:
+        count = max(1, round((1 - s) * blocks))
+        keep = torch.zeros_like(mass, dtype=torch.bool).scatter_(-1, ordered.indices[..., :count], True)
+        sparse = sv.block_sparse_attention(q, k, v, sv.SparseMask.from_dense(keep, q.shape[2], k.shape[2], **BLOCKS))
+        error = (sparse.float() - dense.float()).abs().sum() / dense.float().abs().sum()
+        result["output_error"][str(s)] = float(error)
+    return result
+
+
+@torch.no_grad()
+def measure(model: BuiltinVideoDiT, clip, clips: int = 2, seed: int = 10_000) -> dict:
+    """Oracle metrics per noise level and layer on ``clips`` held-out clips of shape ``clip``."""
+    set_clip(model, clip)
+    device = next(model.parameters()).device
+    p_t, p_h, p_w = model.transformer.config.patch_size
+    grid = (clip[0] // p_t, clip[1] // p_h, clip[2] // p_w)
+    gen = torch.Generator().manual_seed(seed)
+    video, captions = model.data.sample(clips, gen, device)
+    noise = torch.randn(video.shape, generator=gen).to(device)
+    tokens = model.tokenize(captions).to(device)
+    per_level = {}
+    for level in NOISE_LEVELS:
+        t = torch.full((clips,), level, device=device)
+        recorder = QKVRecorder(grid, device)
+        with SDPAInterceptor(recorder), torch.autocast("cuda", dtype=torch.bfloat16):
+            model(noisy(video, noise, t), t, tokens)
+        per_level[str(level)] = [oracle_metrics(*call) for call in recorder.calls]
+    return {"clip": list(clip), "tokens": math.prod(grid), "per_level": per_level, "summary": summarise(per_level)}
+
+
+def summarise(per_level: dict) -> dict:
+    """Means over layers and noise levels, and per layer (over levels)."""
+    layers = len(next(iter(per_level.values())))
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    out = {"recall": {}, "output_error": {}, "recall_per_layer": {}}
+    for key, grid in (("recall", SPARSITIES), ("output_error", ERROR_SPARSITIES)):
+        for s in grid:
+            out[key][str(s)] = mean([call[key][str(s)] for calls in per_level.values() for call in calls])
+    for s in (0.95,):
+        out["recall_per_layer"][str(s)] = [mean([calls[i]["recall"][str(s)] for calls in per_level.values()])
+                                           for i in range(layers)]
+    out["recall_95_per_level"] = {level: mean([c["recall"]["0.95"] for c in calls])
+                                  for level, calls in per_level.items()}
+    return out
+
+
+def table(results: dict) -> str:
+    head = ("| variant | after | clip | steps | loss | recall 90 / 95 / 97% | output error 90 / 95 / 97% | "
+            "recall 95% per layer |\n|---|---|---|---|---|---|---|---|\n")
+    rows = []
+    for name, r in results.items():
+        for m in r["measurements"]:
+            s, phases = m["summary"], r["phases"][: m["after_phase"] + 1]
+            rows.append(f"| {name} | phase {m['after_phase']} | {'x'.join(map(str, m['clip']))} | "
+                        f"{sum(p['steps'] for p in phases)} | {phases[-1]['final_loss']:.4f} | "
+                        + " / ".join(f"{s['recall'][str(x)]:.3f}" for x in ERROR_SPARSITIES) + " | "
+                        + " / ".join(f"{s['output_error'][str(x)]:.3f}" for x in ERROR_SPARSITIES) + " | "
+                        + " ".join(f"{x:.2f}" for x in s["recall_per_layer"]["0.95"]) + " |")
+    return head + "\n".join(rows) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seconds", type=float, default=75.0, help="training budget of one budget share")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--lr", type=float, default=5e-4)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("error: the study trains models and needs a CUDA GPU")
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    results = {}
+    for name in args.variants.split(","):
+        data, transformer, phases = VARIANTS[name]
+        torch.manual_seed(0)
+        model = BuiltinVideoDiT(model_config(data, transformer, SHORT)).cuda()
+        print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
+        start = time.perf_counter()
+        done, measured = [], []
+        for index, (clip, batch, share) in enumerate(phases):
+            done.append(train_phase(model, clip, batch, share * args.seconds, seed=index, lr=args.lr))
+            model.eval()
+            for measured_clip in sorted({SHORT, clip}):
+                measured.append(dict(measure(model, measured_clip), after_phase=index))
+        results[name] = {"data": data, "transformer": transformer, "phases": done, "measurements": measured,
+                         "seconds": round(time.perf_counter() - start, 1)}
+        (args.out / "study.json").write_text(json.dumps(
+            {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "budget_seconds": args.seconds,
+             "noise_levels": NOISE_LEVELS, "variants": results}, indent=1))
+        (args.out / "study.md").write_text(table(results))
+        print(table({name: results[name]}), flush=True)
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
