@@ -13,6 +13,7 @@ processors see them) and measures, per layer and noise level:
   the nearest count), against dense attention.
 
     python3 -m benchmarks.builtin_study --out OUT [--seconds 75] [--variants plain,textured,...]
+    python3 -m benchmarks.builtin_study --out OUT --model DIR     # measure a trained model only
 
 Writes OUT/study.json (everything) and OUT/study.md (one row per variant) after every variant.
 """
@@ -184,17 +185,35 @@ def table(results: dict) -> str:
     return head + "\n".join(rows) + "\n"
 
 
+def measure_model(directory: Path, out: Path) -> int:
+    """Oracle metrics of a trained model (``load_builtin(directory)``) on short and long clips."""
+    from sparsevid.models import load_builtin
+
+    model = load_builtin(directory, device="cuda")
+    phases = model.config.get("phases") or [{"steps": 0, "final_loss": float("nan")}]
+    measured = [dict(measure(model, clip), after_phase=len(phases) - 1) for clip in (SHORT, LONG)]
+    results = {directory.name: {"phases": phases, "measurements": measured}}
+    (out / "oracle.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                                  "noise_levels": NOISE_LEVELS, "model": results}, indent=1))
+    print(table(results))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seconds", type=float, default=75.0, help="training budget of one budget share")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--model", type=Path, default=None,
+                        help="measure the model in this directory on short and long clips instead of training")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("error: the study trains models and needs a CUDA GPU")
     args.out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True
+    if args.model is not None:
+        return measure_model(args.model, args.out)
     results = {}
     for name in args.variants.split(","):
         data, transformer, phases = VARIANTS[name]

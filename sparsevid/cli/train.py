@@ -28,6 +28,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--null-prob", type=float, default=0.1, help="probability of the null caption (for CFG)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiny", action="store_true", help="the tiny configuration (tests, smoke runs)")
+    p.add_argument("--init", default=None, metavar="DIR",
+                   help="start from the model in DIR (weights and architecture; a warm restart: fresh optimiser)")
+    p.add_argument("--clip", default=None, metavar="T,H,W", help="clip frames, height, width (default: the model's)")
+    p.add_argument("--background-texture", type=float, default=None,
+                   help="strength of the procedural background texture in [0, 1] (default: the model's)")
+    p.add_argument("--pan", type=float, default=None, help="camera pan of the background texture (frame widths)")
     p.add_argument("--compile", action="store_true", help="torch.compile the transformer")
     p.add_argument("--state", default=None, help="training-state file (default OUT/state.safetensors)")
     p.add_argument("--resume", action="store_true", help="continue from --state if it exists")
@@ -38,9 +44,40 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def initial_model(args):
+    """The model to train: a fresh one (default or tiny configuration) or the one in ``--init``, with the
+    clip shape and background options of the command line applied to its data. Its ``phases`` attribute
+    lists the training phases the weights have been through (read from the ``--init`` model's config)."""
+    import copy
+
+    from ..data import ProceduralVideos
+    from ..models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT, load_builtin, tiny_config
+
+    if args.init is not None and args.tiny:
+        raise ValueError("give --init or --tiny, not both")
+    if args.init is not None:
+        model = load_builtin(args.init)
+        training = model.config.pop("training", None)
+        phases = model.config.pop("phases", [training] if training else [])
+    else:
+        model, phases = BuiltinVideoDiT(copy.deepcopy(tiny_config() if args.tiny else DEFAULT_CONFIG)), []
+    data = model.config["data"]
+    if args.clip is not None:
+        try:
+            frames, height, width = (int(x) for x in args.clip.split(","))
+        except ValueError:
+            raise ValueError(f"--clip must be three comma-separated ints T,H,W, got {args.clip!r}") from None
+        data.update(frames=frames, height=height, width=width)
+    for key, value in (("background_texture", args.background_texture), ("pan", args.pan)):
+        if value is not None:
+            data[key] = value
+    model.data = ProceduralVideos(**data)  # the same weights, the clips of this phase
+    model.phases = phases
+    return model
+
+
 def run(args) -> int:
     from ..eval.media import write_clips
-    from ..models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT, tiny_config
     from ..models.sampling import generate
     from ..training import LoopConfig, export_builtin, flow_matching_loss, sample_t, train_loop, write_text_atomic
     from ..training.plots import plot_loss
@@ -65,7 +102,7 @@ def run(args) -> int:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    model = BuiltinVideoDiT(tiny_config() if args.tiny else DEFAULT_CONFIG).to(device)
+    model = initial_model(args).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters, clip {model.clip_shape}, device {device}")
     if args.compile:
@@ -97,10 +134,10 @@ def run(args) -> int:
     result.ema.copy_to(model)
     arguments = {k: v for k, v in vars(args).items() if k not in ("func", "out", "state")}
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    training = {"arguments": arguments, "steps": result.steps, "batch_size": args.batch_size,
-                "seconds": round(result.seconds, 1), "final_loss": round(final_loss, 5), "device": device_name,
-                "torch": torch.__version__, "parameters": n_params}
-    export_builtin(model, out, extra={"training": training})
+    phase = {"arguments": arguments, "clip": list(model.clip_shape[1:]), "steps": result.steps,
+             "batch_size": args.batch_size, "seconds": round(result.seconds, 1), "final_loss": round(final_loss, 5),
+             "device": device_name, "torch": torch.__version__, "parameters": n_params}
+    export_builtin(model, out, extra={"training": phase, "phases": model.phases + [phase]})
     write_text_atomic(json.dumps(result.history), out / "history.json")
     plot_loss(result.history, out / "loss.png", title=f"built-in DiT, {result.steps} steps")
 

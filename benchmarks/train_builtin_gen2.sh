@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The second-generation built-in model, trained in resumable chunks (one GPU each, a warm restart from the
+# weights the last chunk committed). Usage: bash benchmarks/train_builtin_gen2.sh CHUNK OUT
+#   chunk 1: from the first-generation weights, textured panning backgrounds, short clips then long clips.
+# Each chunk writes OUT/<phase>/ (weights, config with every phase so far, loss curve, samples, log) and
+# OUT/oracle.json (oracle recall of the result on short and long clips); commit OUT/<last phase>/builtin.*
+# to checkpoints/builtin_gen2/ to continue from there.
+set -euo pipefail
+chunk=$1; out=$2
+texture=(--background-texture 0.7 --pan 0.5)
+case "$chunk" in
+  1)
+    python3 -m sparsevid train --out "$out/short" --init sparsevid/assets --clip 16,64,64 "${texture[@]}" \
+        --minutes 3.5 --batch-size 64 --lr 3e-4 --warmup 100 --ema 0.998 --log-every 100 --checkpoint-every 100000
+    python3 -m sparsevid train --out "$out/long" --init "$out/short" --clip 32,128,128 "${texture[@]}" \
+        --minutes 4 --batch-size 8 --lr 2e-4 --warmup 50 --ema 0.995 --log-every 50 --checkpoint-every 100000
+    python3 -m benchmarks.builtin_study --out "$out" --model "$out/long"
+    ;;
+  *) echo "unknown chunk $chunk" >&2; exit 2 ;;
+esac
