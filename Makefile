@@ -1,4 +1,5 @@
-# The two commands: `make demo` (main job) and `make test` (test suite). Both set up .venv on first use.
+# The two commands: `make demo` (main job) and `make test` (test suite); `make gpu-test` runs the GPU tests
+# (CUDA machine). Each sets up .venv on first use.
 VENV_PY := .venv/bin/python
 
 .PHONY: setup demo test gpu-test
@@ -12,5 +13,5 @@ demo: setup
 test: setup
 	$(VENV_PY) -m pytest -q tests
 
-gpu-test:
-	python3 -m pytest -q -m gpu tests
+gpu-test: setup
+	$(VENV_PY) -m pytest -q -m gpu tests

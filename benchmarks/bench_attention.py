@@ -6,7 +6,7 @@ reference on two heads, for out, lse and the three gradients); a Triton error ab
 ``ERROR_BUDGET`` (or not finite) is listed at the end and makes the exit status 1. Writes results.json,
 results.csv and speedup.png under --out and prints a table.
 
-    python3 benchmarks/bench_attention.py --out results/attention
+    python3 -m benchmarks.bench_attention --out results/attention
 """
 from __future__ import annotations
 
@@ -15,19 +15,16 @@ import csv
 import functools
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 
 import torch
-import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sparsevid as sv  # noqa: E402
-from sparsevid.ops import triton_attention  # noqa: E402
-from run_info import git_commit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-from timing import median_ms  # noqa: E402
+import sparsevid as sv
+from benchmarks.run_info import run_metadata
+from benchmarks.timing import median_ms
+from sparsevid.ops import triton_attention  # kernel internals: TMA variants and the autotuned kernels
 
 SHAPES = {"wan1.3b-480p": (1, 12, 32760, 128), "wan14b-720p": (1, 40, 75600, 128)}
 BLOCKS = {"128x128": (128, 128), "128x64": (128, 64)}
@@ -113,8 +110,7 @@ def main() -> int:
         raise SystemExit("bench_attention.py needs a CUDA GPU")
     args.out.mkdir(parents=True, exist_ok=True)
     dtype = torch.bfloat16
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(), "commit": git_commit(), "dtype": str(dtype)}
+    meta = run_metadata("cuda", dtype=str(dtype))
     print(json.dumps(meta), flush=True)
     rows, failed_checks = [], []
     gen = torch.Generator().manual_seed(0)

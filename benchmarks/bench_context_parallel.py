@@ -2,7 +2,7 @@
 
 One launch measures the whole table (the one-GPU rows run on rank 0 while the other ranks wait):
 
-    torchrun --nproc-per-node 2 benchmarks/bench_context_parallel.py --out results/context_parallel
+    torchrun --nproc-per-node 2 -m benchmarks.bench_context_parallel --out results/context_parallel
 
 (a) Correctness: a shrunk Wan2.1-1.3B (480p, 32,760 tokens, --check-layers layers, random bf16 weights, the
     same on every rank): the sparse output over the ranks against the sparse output on one GPU, and dense the
@@ -15,7 +15,7 @@ One launch measures the whole table (the one-GPU rows run on rank 0 while the ot
 Writes results.json and table.md under --out and prints the table. With --nproc-per-node 1 only the one-GPU
 rows are measured. CPU check of the same code path (gloo, tiny shapes, float32):
 
-    torchrun --nproc-per-node 2 benchmarks/bench_context_parallel.py --out /tmp/cp --tiny
+    torchrun --nproc-per-node 2 -m benchmarks.bench_context_parallel --out /tmp/cp --tiny
 """
 from __future__ import annotations
 
@@ -23,18 +23,16 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-# benchmarks/ is on sys.path when run as a script; bench_e2e puts the repository there too.
-from bench_e2e import MODELS, build_transformer, dense_sdpa_context, make_inputs, model_config, time_forward
-from run_info import git_commit
-
 import sparsevid as sv
+from benchmarks.bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs, model_config,
+                                  time_forward)
+from benchmarks.run_info import run_metadata
 
 TINY = {"layers": 2, "heads": 2, "grid": (3, 8, 8)}  # --tiny: every model shrunk to this (192 tokens)
 
@@ -229,13 +227,8 @@ def main(argv=None) -> None:
         checked = check(args, device, dtype, rank, world)
         rows = timings(args, device, dtype, rank, world)
         if rank == 0:
-            import diffusers
-            import triton
-
-            gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-            meta = {"gpu": gpu, "gpus": world, "torch": torch.__version__, "triton": triton.__version__,
-                    "diffusers": diffusers.__version__, "commit": git_commit(), "dtype": str(dtype).split(".")[-1],
-                    "iters": args.iters, "warmup": 1, "dense_backend": "cudnn", "parallelism": "ulysses"}
+            meta = run_metadata(device, gpus=world, dtype=str(dtype).split(".")[-1], iters=args.iters, warmup=1,
+                                dense_backend="cudnn", parallelism="ulysses")
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "results.json").write_text(json.dumps({"meta": meta, "check": checked, "rows": rows},
                                                               indent=2))

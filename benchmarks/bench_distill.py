@@ -7,9 +7,9 @@ bench_e2e.py), the clean latents, noise and text states are random, the noise le
 shift 5. Reports the median step time (CUDA-synchronised wall clock), video tokens per second and peak
 memory per student; writes results.json and table.md under --out.
 
-    python3 benchmarks/bench_distill.py --out results/distill
+    python3 -m benchmarks.bench_distill --out results/distill
     # CPU smoke run of the same code path:
-    python3 benchmarks/bench_distill.py --out /tmp/distill --device cpu --layers 1 --heads 2 --grid 2x8x8 \
+    python3 -m benchmarks.bench_distill --out /tmp/distill --device cpu --layers 1 --heads 2 --grid 2x8x8 \
         --text-tokens 16 --warmup 0 --iters 1
 """
 from __future__ import annotations
@@ -17,20 +17,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sparsevid as sv  # noqa: E402
-from bench_e2e import MODELS, build_transformer, model_config, parse_grid, sync  # noqa: E402
-from run_info import git_commit  # noqa: E402
-from sparsevid.training import distillation_loss, sample_t  # noqa: E402
+import sparsevid as sv
+from benchmarks.bench_e2e import MODELS, build_transformer, model_config, parse_grid, sync
+from benchmarks.run_info import run_metadata
+from sparsevid.training import distillation_loss, sample_t
 
 
 class Velocity(torch.nn.Module):
@@ -157,13 +153,8 @@ def main(argv=None) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     rows = run(args, device)
-    import diffusers
-    import triton
-
-    meta = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-            "torch": torch.__version__, "triton": triton.__version__, "diffusers": diffusers.__version__,
-            "commit": git_commit(), "warmup": args.warmup, "iters": args.iters,
-            "autocast": "bfloat16" if device.type == "cuda" else None}
+    meta = run_metadata(device, warmup=args.warmup, iters=args.iters,
+                        autocast="bfloat16" if device.type == "cuda" else None)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     text = table(rows)

@@ -7,9 +7,9 @@ attention time split into in-layer reordering, mask prediction, kernels and rest
 ``sparsevid.attention_stats``), the time per layer outside the attention kernels, and projects the forward
 time to a 50-step generation with classifier-free guidance. Writes results.json and table.md under --out.
 
-    python3 benchmarks/bench_e2e.py --out results/e2e
+    python3 -m benchmarks.bench_e2e --out results/e2e
     # CPU smoke run of the same code path:
-    python3 benchmarks/bench_e2e.py --out /tmp/e2e --device cpu --dtype float32 --layers 2 --grid 3x8x8 \
+    python3 -m benchmarks.bench_e2e --out /tmp/e2e --device cpu --dtype float32 --layers 2 --grid 3x8x8 \
         --heads 2 --models wan1.3b --warmup 0 --iters 1
 """
 from __future__ import annotations
@@ -17,17 +17,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sparsevid as sv  # noqa: E402
-from run_info import git_commit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+import sparsevid as sv
+from benchmarks.run_info import run_metadata
 
 # Wan2.1 configs; grid = latent (T, H, W) after 1x2x2 patching.
 MODELS = {
@@ -237,14 +234,8 @@ def main(argv=None) -> None:
     rows = []
     for name in names:
         rows.extend(run_model(name, args, device, dtype))
-    import diffusers
-    import triton
-
-    meta = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-            "torch": torch.__version__, "triton": triton.__version__, "diffusers": diffusers.__version__,
-            "commit": git_commit(), "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters,
-            "steps": args.steps, "cfg_passes": args.cfg_passes, "dense_steps": args.dense_steps,
-            "dense_backend": args.dense_backend}
+    meta = run_metadata(device, dtype=args.dtype, warmup=args.warmup, iters=args.iters, steps=args.steps,
+                        cfg_passes=args.cfg_passes, dense_steps=args.dense_steps, dense_backend=args.dense_backend)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     text = table(rows, args)

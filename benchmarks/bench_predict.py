@@ -33,8 +33,8 @@ DiTs. Each head draws its own length scales l_t in [1, 4] frames and l_s in [2, 
 
 Writes results.json under --out and prints a short table last.
 
-    python3 benchmarks/bench_predict.py --out results/predict
-    python3 benchmarks/bench_predict.py --out /tmp/p --shapes tiny --recall-grid 6,12,16   # CPU, slow
+    python3 -m benchmarks.bench_predict --out results/predict
+    python3 -m benchmarks.bench_predict --out /tmp/p --shapes tiny --recall-grid 6,12,16   # CPU, slow
 """
 from __future__ import annotations
 
@@ -43,8 +43,6 @@ import functools
 import json
 import math
 import os
-import platform
-import sys
 import time
 from pathlib import Path
 
@@ -55,15 +53,14 @@ if not torch.cuda.is_available():
 
 import triton  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
+from benchmarks.run_info import run_metadata  # noqa: E402
+from benchmarks.timing import median_ms  # noqa: E402
 from sparsevid.eval import attention_recall  # noqa: E402
-from sparsevid.ops import triton_predict  # noqa: E402
+from sparsevid.ops import triton_predict  # noqa: E402  (the stages and their candidate configs are timed alone)
 from sparsevid.ops.mask import kept_index_table  # noqa: E402
 from sparsevid.ops.predict import prediction_options  # noqa: E402
 from sparsevid.ops.tiling import tile_tokens  # noqa: E402
-from run_info import git_commit  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-from timing import median_ms  # noqa: E402
 
 # name: (B, H, N, D, (T, H, W) grid of the tokens)
 SHAPES = {
@@ -311,10 +308,7 @@ def main() -> None:
                 print(f"{name} {block[0]}x{block[1]} {kind}: {time.perf_counter() - started:.1f} s", flush=True)
                 if cuda:
                     torch.cuda.empty_cache()
-    result = {
-        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-        "torch": torch.__version__, "triton": triton.__version__, "commit": git_commit(), "timing": timing,
-    }
+    result = {**run_metadata(device), "timing": timing}
     if args.recall_grid != "none":
         grid = tuple(int(v) for v in args.recall_grid.split(","))
         result["recall"] = {"grid": grid, "heads": args.recall_heads, "rule": "topk 5%",
@@ -322,7 +316,7 @@ def main() -> None:
                                                    [t for t in args.tiles.split(",") if t])}
     (out_dir / "results.json").write_text(json.dumps(result, indent=2))
 
-    print(f"\n{result['device']}  torch {result['torch']}  triton {result['triton']}  commit {result['commit']}")
+    print(f"\n{result['gpu']}  torch {result['torch']}  triton {result['triton']}  commit {result['commit']}")
     print(f"{'shape':<8}{'blocks':>8}{'input':>7}{'spars':>6}{'pool':>8}{'logits':>8}{'select':>8}{'staged':>8}"
           f"{'e2e':>8}{'graph':>8}{'host us':>8}{'naive':>8}{'attn95':>8}{'best/attn':>10}{'TB/s':>6}{'floor':>7}")
     for row in timing:

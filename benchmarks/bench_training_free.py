@@ -25,7 +25,6 @@ import collections
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -40,12 +39,11 @@ def _cpu_requested(argv: list[str]) -> bool:
 if _cpu_requested(sys.argv):
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run interpreted; set before they are imported
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sparsevid as sv  # noqa: E402
-from run_info import git_commit  # noqa: E402
-from timing import cuda_kernel_ms, median_ms  # noqa: E402
-from bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs,  # noqa: E402
-                       parse_grid, sync)
+from benchmarks.bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs,  # noqa: E402
+                                  parse_grid, sync)
+from benchmarks.run_info import run_metadata  # noqa: E402
+from benchmarks.timing import cuda_kernel_ms, median_ms  # noqa: E402
 
 KERNEL_ROUNDS = 5
 
@@ -241,9 +239,7 @@ def main(argv=None) -> None:
                      f"{sorted(unknown) or args.settings}")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     parts = set(args.parts.split(","))
-    result = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
-              "torch": torch.__version__, "triton": __import__("triton").__version__, "commit": git_commit(),
-              "args": {k: str(v) for k, v in vars(args).items()},
+    result = {**run_metadata(device), "args": {k: str(v) for k, v in vars(args).items()},
               "kernel": bench_kernel(args, device, dtype) if "kernel" in parts else [],
               "loop": bench_loop(args, device, dtype) if "loop" in parts else []}
     args.out.mkdir(parents=True, exist_ok=True)

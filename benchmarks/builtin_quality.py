@@ -9,7 +9,7 @@
 4. The quality harness (``sparsevid.eval.harness.run_harness``) samples every configuration and reports
    achieved sparsity, PSNR / SSIM against the dense clips, recall and relative L1 per layer.
 
-    python3 benchmarks/builtin_quality.py --out benchmarks/results/builtin_quality_cpu
+    python3 -m benchmarks.builtin_quality --out benchmarks/results/builtin_quality_cpu
 """
 from __future__ import annotations
 
@@ -21,13 +21,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sparsevid as sv  # noqa: E402
-from run_info import git_commit  # noqa: E402
-from sparsevid.eval.harness import DEFAULT_CAPTIONS, markdown_table, run_harness  # noqa: E402
-from sparsevid.models import load_builtin  # noqa: E402
-from sparsevid.models.processors import SDPAInterceptor  # noqa: E402
-from sparsevid.models.token_order import tile_order  # noqa: E402
+import sparsevid as sv
+from benchmarks.run_info import run_metadata
+from sparsevid.eval.harness import DEFAULT_CAPTIONS, markdown_table, run_harness
+from sparsevid.models import load_builtin
+from sparsevid.models.processors import SDPAInterceptor
+from sparsevid.models.token_order import tile_order
 
 BLOCKS = dict(block_q=128, block_k=64)
 
@@ -119,7 +118,7 @@ def main() -> int:
     results = run_harness(model, configs, captions=DEFAULT_CAPTIONS[:args.captions], seeds=args.seeds,
                           steps=steps, probe_steps=probe_steps)
     results.pop("clips")
-    results.update({"commit": git_commit(), "top5_tile_mass_per_layer": top5, "calibration": calibration})
+    results.update({**run_metadata(args.device), "top5_tile_mass_per_layer": top5, "calibration": calibration})
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     table = markdown_table(results)
     top5_row = " | ".join(f"{top5[layer]:.3f}" for layer in layers)

@@ -2,7 +2,7 @@
 per-step loss difference and throughput (samples per second after the first steps). Writes results.json and
 results.md under --out and prints the table.
 
-    python3 benchmarks/compare_ddp.py runs/procs1 runs/procs2 --out runs
+    python3 -m benchmarks.compare_ddp runs/procs1 runs/procs2 --out runs
 """
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import argparse
 import json
 import statistics
 from pathlib import Path
+
+from benchmarks.run_info import run_metadata
 
 
 def load(run: Path) -> tuple[list[dict], dict]:
@@ -39,7 +41,7 @@ def main() -> None:
     common = min(len(rows_a), len(rows_b))
     diffs = [abs(a["loss"] - b["loss"]) / max(abs(a["loss"]), 1e-12) for a, b in zip(rows_a[:common], rows_b[:common])]
     result = {
-        "runs": [str(r) for r in args.runs], "world_sizes": [info_a["world_size"], info_b["world_size"]],
+        "meta": run_metadata(), "runs": [str(r) for r in args.runs], "world_sizes": [info_a["world_size"], info_b["world_size"]],
         "global_batch": batch, "steps": common,
         "loss_first": [rows_a[0]["loss"], rows_b[0]["loss"]], "loss_last": [rows_a[common - 1]["loss"],
                                                                              rows_b[common - 1]["loss"]],

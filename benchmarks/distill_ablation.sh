@@ -13,7 +13,7 @@
 # CPU smoke run of the same commands on the tiny untrained model:
 #   MODEL_ARGS=--tiny STEPS=2 BATCH=2 PYTHON=.venv/bin/python benchmarks/distill_ablation.sh /tmp/ablation
 set -euo pipefail
-OUT=${1:-outputs/distill_ablation}
+OUT=${1:-${TMPDIR:-/tmp}/sparsevid_distill_ablation}  # per-step logs: keep them out of the repository
 PYTHON=${PYTHON:-python3}
 STEPS=${STEPS:-150}
 BATCH=${BATCH:-16}

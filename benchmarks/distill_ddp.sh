@@ -6,7 +6,7 @@
 # CPU smoke run (gloo): GPUS=2 STEPS=2 BATCH=2 DEVICE=cpu MODEL_ARGS=--tiny PYTHON=.venv/bin/python \
 #     benchmarks/distill_ddp.sh /tmp/ddp
 set -euo pipefail
-OUT=${1:-outputs/distill_ddp}
+OUT=${1:-${TMPDIR:-/tmp}/sparsevid_distill_ddp}  # per-step logs: keep them out of the repository
 PYTHON=${PYTHON:-python3}
 STEPS=${STEPS:-60}
 BATCH=${BATCH:-64}
@@ -23,4 +23,4 @@ for procs in 1 "$GPUS"; do
     # The check reads log.jsonl and builtin.json only: drop the weights so the output stays small.
     rm -rf "$OUT/procs$procs"/*.safetensors "$OUT/procs$procs/transformer"
 done
-"$PYTHON" benchmarks/compare_ddp.py "$OUT/procs1" "$OUT/procs$GPUS" --out "$OUT"
+"$PYTHON" -m benchmarks.compare_ddp "$OUT/procs1" "$OUT/procs$GPUS" --out "$OUT"

@@ -2,7 +2,8 @@
 # GPU checks and benchmarks in bounded parts, each sized to fit a few minutes of one H200. On a machine with
 # two GPUs run them side by side, one per GPU (`kernels` with `model`, `tests` with `throughput` or
 # `training`); `parallel` needs both.
-# Usage (repo root, CUDA machine): OUT=results bash benchmarks/gpu_session.sh PART
+# Usage (repo root, CUDA machine): OUT=DIR bash benchmarks/gpu_session.sh PART
+#   (env: OUT, the output folder, by default outside the repository; PYTHON, the interpreter, python3)
 #   kernels     kernel benchmark, Wan 1.3B 128x128 fwd and fwd+bwd vs SDPA and FlexAttention; 128x64 fwd
 #   kernels14b  kernel benchmark, Wan 14B 720p forward at 95%, 128x128 and 128x64
 #   tile_mass   forward with exact tile masses vs plain forward (time, per-kernel breakdown, mass error)
@@ -17,7 +18,8 @@
 #   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
 set -u
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-results}
+OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
+PYTHON=${PYTHON:-python3}
 PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|tests|parallel|ddp"
 PART=${1:?usage: gpu_session.sh $PARTS}
 mkdir -p "$OUT"
@@ -30,42 +32,42 @@ step() {  # step NAME SECONDS COMMAND...
 }
 case "$PART" in
 kernels)
-    step bench_attention 240 python3 benchmarks/bench_attention.py --out "$OUT/attention" \
+    step bench_attention 240 "$PYTHON" -m benchmarks.bench_attention --out "$OUT/attention" \
         --shapes wan1.3b-480p --blocks 128x128 --sparsities 0,0.9,0.95,0.97,0.5,0.8
-    step bench_attention_128x64 150 python3 benchmarks/bench_attention.py --out "$OUT/attention_128x64" \
+    step bench_attention_128x64 150 "$PYTHON" -m benchmarks.bench_attention --out "$OUT/attention_128x64" \
         --shapes wan1.3b-480p --blocks 128x64 --sparsities 0.9,0.95,0.97 --backward-shapes none
     ;;
 kernels14b)
-    step bench_attention_14b 300 python3 benchmarks/bench_attention.py --out "$OUT/attention_14b" \
+    step bench_attention_14b 300 "$PYTHON" -m benchmarks.bench_attention --out "$OUT/attention_14b" \
         --shapes wan14b-720p --blocks 128x128,128x64 --sparsities 0.95 --backward-shapes none
     ;;
 tile_mass)
-    step bench_tile_mass 120 python3 benchmarks/bench_training_free.py --out "$OUT/tile_mass" --parts kernel
+    step bench_tile_mass 120 "$PYTHON" -m benchmarks.bench_training_free --out "$OUT/tile_mass" --parts kernel
     ;;
 model)
-    step bench_training_free 150 python3 benchmarks/bench_training_free.py --out "$OUT/training_free" \
+    step bench_training_free 150 "$PYTHON" -m benchmarks.bench_training_free --out "$OUT/training_free" \
         --settings dense,training-free --cfg-passes 1
-    step training_free_quality 100 python3 benchmarks/training_free_quality.py --out "$OUT/training_free_quality"
+    step training_free_quality 100 "$PYTHON" -m benchmarks.training_free_quality --out "$OUT/training_free_quality"
     ;;
 throughput)
-    step bench_distill 110 python3 benchmarks/bench_distill.py --out "$OUT/distill" --iters 3
+    step bench_distill 110 "$PYTHON" -m benchmarks.bench_distill --out "$OUT/distill" --iters 3
     ;;
 predict)
-    step bench_predict 240 python3 benchmarks/bench_predict.py --out "$OUT/predict" --recall-grid none
+    step bench_predict 240 "$PYTHON" -m benchmarks.bench_predict --out "$OUT/predict" --recall-grid none
     ;;
 limits)
-    step predict_limits 180 python3 benchmarks/predict_limits.py --out "$OUT/predict_limits"
+    step predict_limits 180 "$PYTHON" -m benchmarks.predict_limits --out "$OUT/predict_limits"
     ;;
 training)
-    export PYTHON=python3 PARALLEL=1
+    export PYTHON PARALLEL=1
     step distill_ablation 420 bash benchmarks/distill_ablation.sh "$OUT/ablation"
     ;;
 tests)
-    SPARSEVID_AUTOTUNE=off step gpu_tests 300 python3 -m pytest -q -rfE --tb=line -p no:cacheprovider -m gpu tests
+    SPARSEVID_AUTOTUNE=off step gpu_tests 300 "$PYTHON" -m pytest -q -rfE --tb=line -p no:cacheprovider -m gpu tests
     ;;
 parallel)
-    step bench_context_parallel 200 python3 -m torch.distributed.run --nproc-per-node 2 \
-        benchmarks/bench_context_parallel.py --out "$OUT/context_parallel"
+    step bench_context_parallel 200 "$PYTHON" -m torch.distributed.run --nproc-per-node 2 \
+        -m benchmarks.bench_context_parallel --out "$OUT/context_parallel"
     step distill_ddp 150 bash benchmarks/distill_ddp.sh "$OUT/ddp"
     ;;
 ddp)

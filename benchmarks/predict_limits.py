@@ -20,27 +20,24 @@ autotuned kernels of ``predict_mask`` (hybrid rule, top-k 5%, top-p 0.9, blocks 
 
 Writes results.json under --out and prints a table last.
 
-    python3 benchmarks/predict_limits.py --out results/predict_limits      # CUDA only
+    python3 -m benchmarks.predict_limits --out results/predict_limits      # CUDA only
 """
 from __future__ import annotations
 
 import argparse
 import functools
 import json
-import sys
 from pathlib import Path
 
 import torch
-import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sparsevid as sv  # noqa: E402
-from sparsevid.ops import triton_predict  # noqa: E402
-from sparsevid.ops.predict import prediction_options  # noqa: E402
-from bench_predict import (INPUTS, RULE, SHAPES, attention_95_ms, differing_rows, read_once,  # noqa: E402
-                           timing_inputs)
-from run_info import git_commit  # noqa: E402
-from timing import cuda_kernel_ms, flushed_ms, median_ms  # noqa: E402
+import sparsevid as sv
+from benchmarks.bench_predict import (INPUTS, RULE, SHAPES, attention_95_ms, differing_rows, read_once,
+                                      timing_inputs)
+from benchmarks.run_info import run_metadata
+from benchmarks.timing import cuda_kernel_ms, flushed_ms, median_ms
+from sparsevid.ops import triton_predict  # the stages' kernels are timed alone
+from sparsevid.ops.predict import prediction_options
 
 BLOCKS = (128, 64)
 # shape: ("share", fraction of the attention forward) or ("ms", milliseconds)
@@ -136,11 +133,10 @@ def main() -> None:
             torch.cuda.empty_cache()
     scaling = [] if args.head_scaling == "none" else head_scaling(
         [int(v) for v in args.head_scaling.split(",")], device)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "commit": git_commit(), "rows": rows, "head_scaling": scaling}
+    result = {**run_metadata(device), "rows": rows, "head_scaling": scaling}
     (out_dir / "results.json").write_text(json.dumps(result, indent=2))
 
-    print(f"\n{result['device']}  torch {result['torch']}  triton {result['triton']}  commit {result['commit']}")
+    print(f"\n{result['gpu']}  torch {result['torch']}  triton {result['triton']}  commit {result['commit']}")
     print("ms; dirty / clean = L2 flush before each call (module docstring)")
     print(f"{'shape':<8}{'input':>7}{'pool':>7}{'logits':>7}{'select':>7}{'pool d/c':>15}{'read d/c':>15}"
           f"{'staged d/c':>15}{'lg tf32x3/tf32':>16}{'rows≠ 1x':>9}{'target':>7}{'left':>7}")

@@ -1,9 +1,14 @@
-"""What every benchmark records about the run: the git commit of the code it measured."""
+"""What every benchmark records about its run: the device, the library versions, the commit and the time."""
 from __future__ import annotations
 
+import datetime
+import importlib
 import os
+import platform
 import subprocess
 from pathlib import Path
+
+import torch
 
 
 def git_commit() -> str:
@@ -15,3 +20,24 @@ def git_commit() -> str:
                                        cwd=Path(__file__).parent, stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def _version(module: str) -> str | None:
+    """``module.__version__``, or None where it is not installed."""
+    try:
+        return importlib.import_module(module).__version__
+    except ImportError:
+        return None
+
+
+def run_metadata(device: torch.device | str | None = None, **settings) -> dict:
+    """The record every benchmark writes with its results: ``gpu`` (the CUDA device's name, else the CPU's),
+    ``torch``, ``triton`` and ``diffusers`` versions (None where not installed), ``python``, ``commit`` (see
+    :func:`git_commit`), ``time`` (UTC, ISO 8601), then the benchmark's own ``settings``. ``device``: the
+    device measured; None means the current CUDA device when there is one, else the CPU."""
+    device = torch.device(device) if device is not None else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu")
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    return {"gpu": gpu, "torch": torch.__version__, "triton": _version("triton"),
+            "diffusers": _version("diffusers"), "python": platform.python_version(), "commit": git_commit(),
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **settings}

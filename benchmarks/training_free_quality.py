@@ -23,28 +23,25 @@ stats, CUDA events on a GPU, search included), the search time (``predict_ms``) 
 
 Writes results.json, table.md and first_clip.{gif,png} (dense, then each setting) under --out.
 
-    python benchmarks/training_free_quality.py --out benchmarks/results/training_free_quality_h200
+    python -m benchmarks.training_free_quality --out benchmarks/results/training_free_quality_h200
     # CPU check of the same code path (an untrained tiny model; timings meaningless):
-    python benchmarks/training_free_quality.py --out /tmp/tfq --tiny --device cpu --captions 2 --seeds 0 \\
+    python -m benchmarks.training_free_quality --out /tmp/tfq --tiny --device cpu --captions 2 --seeds 0 \\
         --steps 6 --sparsity 0.5 --final-topk 0.25 --refresh-interval 2 --tolerance 0.1
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sparsevid as sv  # noqa: E402
-from run_info import git_commit  # noqa: E402
-from sparsevid.eval.harness import (DEFAULT_CAPTIONS, run_harness, sample_with_stats,  # noqa: E402
-                                    summarize_calls, timed_generate)
+import sparsevid as sv
+from benchmarks.run_info import run_metadata
+from sparsevid.eval.harness import (DEFAULT_CAPTIONS, run_harness, sample_with_stats, summarize_calls,
+                                    timed_generate)
 
 DENSE = "dense (stats)"  # the harness keeps its own plain dense clips under "dense"
 
@@ -195,15 +192,8 @@ def main(argv=None) -> None:
     results = run_harness(model, configs, captions=captions, seeds=args.seeds, steps=steps, guidance=args.guidance,
                           probe_steps=range(steps), probe_clips=args.probe_clips)
     clips = results.pop("clips")
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
     results["settings"]["scheduler"] = model.config["sampling"]["scheduler"]
-    results.update({"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else
-                    platform.processor() or "cpu", "torch": torch.__version__, "triton": triton_version,
-                    "commit": git_commit(), "target_sparsity": args.sparsity, "tolerance": args.tolerance,
+    results.update({**run_metadata(device), "target_sparsity": args.sparsity, "tolerance": args.tolerance,
                     "calibration": calibration, "args": {k: str(v) for k, v in vars(args).items()}})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))

@@ -17,8 +17,8 @@ import numbers
 import torch
 
 # Default tile (frames, rows, columns): 128 tokens, so with block_q = 128 every full query block is one
-# 4x4x8 patch and every 64-token key block a 2x4x8 patch. Chosen by measured recall at 95% sparsity on
-# the benchmark's video-like field (21x30x52 grid): 4x4x8 0.912, 2x8x8 0.902, raster 0.874, 1x8x16 0.829.
+# 4x4x8 patch and every 64-token key block a 2x4x8 patch. Chosen for the best attention recall at 95%
+# sparsity among the tiles compared by benchmarks/bench_predict.py (figures in benchmarks/NOTES.md).
 DEFAULT_TILE = (4, 4, 8)
 
 

@@ -33,8 +33,8 @@ chains.
 The three stages run as three launches (:class:`PredictLaunch`), each autotuned on its own. Pooling is
 memory bound and, with one-warp programs, reads at the rate of a plain reduction over Q and K. A single
 launch that overlapped the pooling of later heads with the selection of earlier ones (ticket order, per-head
-counters) measured slower than the three launches once selection ran one row per program (H200, Wan 14B
-shape: 2.5 ms against 1.05 ms): its waiting programs held the SMs.
+counters) was slower than the three launches once selection ran one row per program: its waiting programs
+held the SMs (``benchmarks/NOTES.md`` has the timings behind these choices).
 
 Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on the CPU (tests).
 """
@@ -312,7 +312,7 @@ def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits
     Each dot computes a [CHUNK, ROWS] tile (key blocks x query blocks): the query tile, the same in every
     step, is then the dot's shared-memory operand, read by the tensor cores in place, while the key tile is
     split for 3xTF32 in registers. The other way round, Triton reloaded the query tile from shared memory into
-    registers for each of the three products (Wan 14B: 0.188 -> 0.145 ms)."""
+    registers for each of the three products, which was slower."""
     spans = tl.cdiv(NUM_KV_BLOCKS, SPAN)
     unit = tl.program_id(0) // spans
     first = (tl.program_id(0) % spans) * SPAN
