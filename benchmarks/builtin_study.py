@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 import sparsevid as sv
+from benchmarks.run_info import run_metadata
 from sparsevid.data import ProceduralVideos
 from sparsevid.models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT
 from sparsevid.models.processors import SDPAInterceptor
@@ -148,7 +149,7 @@ def measure(model: BuiltinVideoDiT, clip, clips: int = 2, seed: int = 10_000) ->
     for level in NOISE_LEVELS:
         t = torch.full((clips,), level, device=device)
         recorder = QKVRecorder(grid, device)
-        with SDPAInterceptor(recorder), torch.autocast("cuda", dtype=torch.bfloat16):
+        with SDPAInterceptor(recorder), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
             model(noisy(video, noise, t), t, tokens)
         per_level[str(level)] = [oracle_metrics(*call) for call in recorder.calls]
     return {"clip": list(clip), "tokens": math.prod(grid), "per_level": per_level, "summary": summarise(per_level)}
@@ -185,16 +186,16 @@ def table(results: dict) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def measure_model(directory: Path, out: Path) -> int:
+def measure_model(directory: Path, out: Path, clips=(SHORT, LONG), device: str = "cuda") -> int:
     """Oracle metrics of a trained model (``load_builtin(directory)``) on short and long clips."""
     from sparsevid.models import load_builtin
 
-    model = load_builtin(directory, device="cuda")
-    phases = model.config.get("phases") or [{"steps": 0, "final_loss": float("nan")}]
-    measured = [dict(measure(model, clip), after_phase=len(phases) - 1) for clip in (SHORT, LONG)]
+    model = load_builtin(directory, device=device)
+    phases = model.config.get("phases") or [model.config.get("training") or {"steps": 0, "final_loss": float("nan")}]
+    measured = [dict(measure(model, clip), after_phase=len(phases) - 1) for clip in clips]
     results = {directory.name: {"phases": phases, "measurements": measured}}
-    (out / "oracle.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                                  "noise_levels": NOISE_LEVELS, "model": results}, indent=1))
+    (out / "oracle.json").write_text(json.dumps(
+        {**run_metadata(device, noise_levels=NOISE_LEVELS), "model": results}, indent=1))
     print(table(results))
     return 0
 
@@ -207,13 +208,15 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--model", type=Path, default=None,
                         help="measure the model in this directory on short and long clips instead of training")
+    parser.add_argument("--short-only", action="store_true", help="with --model: short clips only (CPU-friendly)")
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.model is not None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return measure_model(args.model, args.out, (SHORT,) if args.short_only else (SHORT, LONG), device)
     if not torch.cuda.is_available():
         raise SystemExit("error: the study trains models and needs a CUDA GPU")
-    args.out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True
-    if args.model is not None:
-        return measure_model(args.model, args.out)
     results = {}
     for name in args.variants.split(","):
         data, transformer, phases = VARIANTS[name]
@@ -230,8 +233,7 @@ def main() -> int:
         results[name] = {"data": data, "transformer": transformer, "phases": done, "measurements": measured,
                          "seconds": round(time.perf_counter() - start, 1)}
         (args.out / "study.json").write_text(json.dumps(
-            {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "budget_seconds": args.seconds,
-             "noise_levels": NOISE_LEVELS, "variants": results}, indent=1))
+            {**run_metadata(budget_seconds=args.seconds, noise_levels=NOISE_LEVELS), "variants": results}, indent=1))
         (args.out / "study.md").write_text(table(results))
         print(table({name: results[name]}), flush=True)
     print(table(results))
