@@ -71,7 +71,7 @@ def faithfulness(video: torch.Tensor, captions: list[str]) -> list[dict]:
         captions: B grammar captions (see :mod:`sparsevid.data.grammar`), one per clip.
 
     Returns:
-        One dict per clip, every score in [0, 1]: ``"overall"`` (mean of the five attribute scores),
+        Runs on the CPU, on one thread (restored afterwards). One dict per clip, every score in [0, 1]: ``"overall"`` (mean of the five attribute scores),
         ``"background"``, ``"count"``, ``"colour"``, ``"size"``, ``"motion"`` (the last three: means
         over the clip's objects) and ``"objects"``: one dict per captioned object, in caption order, with
         its ``"colour"``, ``"size"`` and ``"motion"`` scores.
@@ -95,7 +95,35 @@ def faithfulness(video: torch.Tensor, captions: list[str]) -> list[dict]:
         except ValueError as error:
             raise ValueError(f"captions: {error}") from None
     rgb = ((video.detach().to("cpu", torch.float32) + 1) / 2).clamp(0, 1)
-    return [_score_clip(rgb[b], objects, background) for b, (objects, background) in enumerate(parsed)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # many small ops: extra threads only add overhead (and stall a busy CPU)
+    try:
+        return [_score_clip(rgb[b], objects, background) for b, (objects, background) in enumerate(parsed)]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def swap_attribute(caption: str, attribute: str, shift: int = 1, index: int = 0) -> str:
+    """``caption`` with one attribute replaced: the value ``shift`` places further along its word list
+    (cyclically; nonzero modulo the list's length). ``attribute`` is "background", or "size", "colour",
+    "texture", "shape" or "motion" of object ``index`` (caption order). For validating a scorer: a
+    faithful clip of ``caption`` does not show the result."""
+    objects, background = grammar.parse_caption(caption)
+    fields = ("size", "colour", "texture", "shape", "motion")
+    words = {"background": grammar.BACKGROUNDS, **dict(zip(fields, (grammar.SIZES, grammar.COLOURS,
+                                                                  grammar.TEXTURES, grammar.SHAPES, grammar.MOTIONS)))}
+    if attribute not in words:
+        raise ValueError(f"attribute must be one of {sorted(words)}, got {attribute!r}")
+    if shift % len(words[attribute]) == 0:
+        raise ValueError(f"shift must not be a multiple of {len(words[attribute])} (that keeps the {attribute})")
+    if not 0 <= index < len(objects):
+        raise ValueError(f"index must be in [0, {len(objects)}) for a caption of {len(objects)} objects, got {index}")
+    if attribute == "background":
+        return grammar.caption_text(objects, (background + shift) % len(grammar.BACKGROUNDS))
+    field = fields.index(attribute)
+    swapped = list(objects[index])
+    swapped[field] = (swapped[field] + shift) % len(words[attribute])
+    return grammar.caption_text(objects[:index] + [tuple(swapped)] + objects[index + 1:], background)
 
 
 def _score_clip(clip: torch.Tensor, objects: list[tuple[int, int, int, int, int]], background: int) -> dict:
