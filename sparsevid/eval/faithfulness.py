@@ -12,9 +12,10 @@ clip drawn like :class:`sparsevid.data.ProceduralVideos` draws them, with no lea
   and their dark variants (``TEXTURE_DARK`` times the colour, the dark stripes / squares of textured
   objects), or to no class when it is farther than ``LABEL_RADIUS`` from all of them (edges, blur,
   texture extremes). A dark variant too close to the background is left out (it cannot be told apart).
-- **objects**: the pixels of an object's bright colour, per frame. Objects sharing a colour are split
-  per frame by k-means on pixel positions (seeded by the previous frame, so the clusters are tracks);
-  clusters that touch in most frames are one object. Tracks are matched to the caption's objects of
+- **objects**: the pixels of an object's colour, per frame, and of its dark variant next to them.
+  Objects sharing a colour are split per frame by k-means on pixel positions (seeded by the previous
+  frame, so the clusters are tracks); clusters that touch in most frames and keep their offset (move
+  as one) are one object. Tracks are matched to the caption's objects of
   that colour by the assignment that scores best.
 - **colour**: the fraction of frames in which the object's colour covers at least ``MIN_AREA`` (in
   units of the frame's shorter side squared), saturating at ``VISIBLE_FRAMES`` of the frames (an object
@@ -30,12 +31,21 @@ clip drawn like :class:`sparsevid.data.ProceduralVideos` draws them, with no lea
 - **count**: the number of captioned objects found (colour score >= 0.5) plus the non-captioned object
   colours covering at least ``MIN_AREA`` in at least half the frames; score 1 / (1 + |that - number
   captioned|).
+- **texture**: inside the object (its bright pixels closed over gaps of 0.4 radius, the width of a dark
+  stripe, then eroded by a pixel to drop anti-aliased edges), the median share of pixels that are not
+  bright (plain about 0, striped and checkered about 0.5) and, among bright/dark changes inside, the
+  share between horizontal neighbours (stripes are horizontal: about 0; checks about 0.5). Each gives a
+  linear ramp; the score is the captioned texture's membership. Where fewer than ``TEXTURE_PIXELS``
+  inside pixels show in all but one frame (small objects at low resolution), the texture is None.
 
-``"overall"`` is the mean of the attribute scores background, count, colour, size and motion (the last
-three averaged over the clip's objects). Shape and texture are not scored: at 64x64 a small object is
-about 10 pixels across and its stripes 2 pixels wide, and the dark parts of textured objects are often
-indistinguishable from the background, so neither can be read reliably from every clip the generator
-draws; a score there would be noise.
+``"overall"`` is the mean of the five attribute scores background, count, colour, size and motion (the
+last three averaged over the clip's objects): the share of the caption the clip shows. One wrong
+attribute costs its share only (a wrong background 0.2; one wrong object colour in a 3-object caption a
+third of the colour score, plus what the missing object costs in size and motion); the per-attribute
+scores show which. Texture is reported beside it, not in it, since it cannot always be read.
+
+Shape is not scored: a small object at 64x64 is about 10 pixels across, where circle, square and
+diamond differ by a few edge pixels, further blurred by occlusion and textures; a score would be noise.
 """
 from __future__ import annotations
 
@@ -60,6 +70,9 @@ DARK_REACH = 0.07  # farthest a dark stripe / square lies from a bright one (0.4
 TOUCH_FRAMES = 0.8  # clusters touching in this fraction of the frames and moving together
 RIGID_SPREAD = 0.03  # (centroid offset varying by less than this, frame sides) are one object
 WHOLE_AREA = 0.6  # motion is read from frames showing this fraction of the object's (90th percentile) area
+TEXTURE_PIXELS = 12  # fewest inside pixels in a frame to read a texture from
+TEXTURE_DARK_FRACTION = (0.15, 0.3)  # plain below, textured (half dark) above: a linear ramp between
+TEXTURE_ACROSS = (0.2, 0.35)  # striped below, checkered above (share of changes between horizontal neighbours)
 ATTRIBUTES = ("background", "count", "colour", "size", "motion")
 
 
@@ -71,10 +84,12 @@ def faithfulness(video: torch.Tensor, captions: list[str]) -> list[dict]:
         captions: B grammar captions (see :mod:`sparsevid.data.grammar`), one per clip.
 
     Returns:
-        Runs on the CPU, on one thread (restored afterwards). One dict per clip, every score in [0, 1]: ``"overall"`` (mean of the five attribute scores),
-        ``"background"``, ``"count"``, ``"colour"``, ``"size"``, ``"motion"`` (the last three: means
-        over the clip's objects) and ``"objects"``: one dict per captioned object, in caption order, with
-        its ``"colour"``, ``"size"`` and ``"motion"`` scores.
+        One dict per clip, every score in [0, 1]: ``"overall"`` (mean of the five attribute scores
+        ``"background"``, ``"count"``, ``"colour"``, ``"size"``, ``"motion"``; the last three are means
+        over the clip's objects), ``"texture"`` (mean over the objects whose texture can be read; None if
+        none can; not part of ``"overall"``) and ``"objects"``: one dict per captioned object, in caption
+        order, with its ``"colour"``, ``"size"``, ``"motion"`` and ``"texture"`` (or None) scores.
+        Runs on the CPU, on one thread (restored afterwards).
     """
     if not isinstance(video, torch.Tensor):
         raise TypeError(f"video must be a torch.Tensor, got {type(video).__name__}")
@@ -138,7 +153,8 @@ def _score_clip(clip: torch.Tensor, objects: list[tuple[int, int, int, int, int]
     per_object: list[dict | None] = [None] * len(objects)
     for colour in sorted({o[1] for o in objects}):
         indices = [k for k, o in enumerate(objects) if o[1] == colour]
-        tracks = _colour_tracks(_object_pixels(labels, colour, side), len(indices), side, bool(usable[colour]))
+        tracks = _colour_tracks(_object_pixels(labels, colour, side), labels == 1 + colour, len(indices), side,
+                                bool(usable[colour]))
         best = max(itertools.permutations(range(max(len(tracks), len(indices))), len(indices)),
                    key=lambda perm: sum(_object_scores(tracks[j] if j < len(tracks) else None, objects[k])["total"]
                                         for k, j in zip(indices, perm)))
@@ -153,6 +169,8 @@ def _score_clip(clip: torch.Tensor, objects: list[tuple[int, int, int, int, int]
     scores["count"] = 1.0 / (1 + abs(found + extra - len(objects)))
     for name in ("colour", "size", "motion"):
         scores[name] = sum(entry[name] for entry in per_object) / len(per_object)
+    readable = [entry["texture"] for entry in per_object if entry["texture"] is not None]
+    scores["texture"] = sum(readable) / len(readable) if readable else None
     scores["overall"] = sum(scores[name] for name in ATTRIBUTES) / len(ATTRIBUTES)
     scores["objects"] = per_object
     return scores
@@ -223,15 +241,16 @@ def _object_pixels(labels: torch.Tensor, colour: int, side: float) -> torch.Tens
     return bright | (dark & _dilate(bright, math.ceil(DARK_REACH * side)))
 
 
-def _colour_tracks(mask: torch.Tensor, count: int, side: float, dark_usable: bool) -> list[dict]:
-    """Tracks of the objects drawn in one colour: ``mask`` bool [T, H, W] of its pixels, ``count`` objects
-    captioned in it; without ``dark_usable`` the masks of textured objects have gaps. Returns up to
-    ``count`` tracks (see :func:`_track`)."""
+def _colour_tracks(mask: torch.Tensor, bright: torch.Tensor, count: int, side: float,
+                   dark_usable: bool) -> list[dict]:
+    """Tracks of the objects drawn in one colour: ``mask`` bool [T, H, W] of its pixels (``bright`` those
+    of its bright parts), ``count`` objects captioned in it; without ``dark_usable`` the masks of textured
+    objects have gaps. Returns up to ``count`` tracks (see :func:`_track`)."""
     if count == 1:
-        return [_track(mask, side)]
+        return [_track(mask, side, bright)]
     members = _split(mask, count)  # [count, T, H, W]
     groups = _merge_touching(members, side, 1 if dark_usable else math.ceil(DARK_REACH * side))
-    return [_track(members[group].any(0), side) for group in groups]
+    return [_track(members[group].any(0), side, bright & members[group].any(0)) for group in groups]
 
 
 def _split(mask: torch.Tensor, count: int) -> torch.Tensor:
@@ -284,10 +303,11 @@ def _merge_touching(members: torch.Tensor, side: float, reach: int) -> list[list
     return [[k for k in range(count) if parent[k] == root] for root in sorted(set(parent))]
 
 
-def _track(mask: torch.Tensor, side: float) -> dict:
+def _track(mask: torch.Tensor, side: float, bright: torch.Tensor | None = None) -> dict:
     """Per-frame measurements of one object's pixels ``mask`` bool [T, H, W]: ``visible`` bool [T],
     ``centre`` float32 [T, 2] ((x, y) as fractions of the width and height), ``radius`` float32 [T]
-    (second-moment radius in frame sides), ``area`` float32 [T] (frame sides squared)."""
+    (second-moment radius in frame sides), ``area`` float32 [T] (frame sides squared); with its bright
+    pixels ``bright`` [T, H, W] also ``texture`` (see :func:`_texture_reading`)."""
     frames, height, width = mask.shape
     weight = mask.float()
     area = weight.flatten(1).sum(1).clamp_min(1)
@@ -296,15 +316,39 @@ def _track(mask: torch.Tensor, side: float) -> dict:
     cx = (weight * xs).flatten(1).sum(1) / area
     cy = (weight * ys).flatten(1).sum(1) / area
     spread = (weight * ((xs - cx.view(-1, 1, 1)) ** 2 + (ys - cy.view(-1, 1, 1)) ** 2)).flatten(1).sum(1) / area
-    return {"visible": _visible(mask, side), "area": weight.flatten(1).sum(1) / side ** 2,
-            "centre": torch.stack([cx / width, cy / height], -1), "radius": torch.sqrt(2 * spread) / side}
+    track = {"visible": _visible(mask, side), "area": weight.flatten(1).sum(1) / side ** 2,
+             "centre": torch.stack([cx / width, cy / height], -1), "radius": torch.sqrt(2 * spread) / side}
+    if bright is not None and track["visible"].any():
+        radius_px = float(track["radius"][track["visible"]].median()) * side
+        track["texture"] = _texture_reading(bright & track["visible"].view(-1, 1, 1), radius_px)
+    return track
+
+
+def _texture_reading(bright: torch.Tensor, radius_px: float) -> tuple[float, float] | None:
+    """(dark fraction, across share) of an object from its bright pixels ``bright`` bool [T, H, W] and its
+    radius in pixels, or None where too few pixels show. The object's inside is the bright pixels closed
+    over gaps of 0.4 radius (the dark stripes / squares; the hole of a ring is wider) and eroded by one
+    more pixel (anti-aliased edges); the dark fraction is the median over frames of the share of that
+    inside which is not bright, the across share the fraction of bright/dark changes inside between
+    horizontal neighbours (0 for stripes, which are horizontal; 0.5 for checks)."""
+    reach = max(1, math.ceil(0.2 * radius_px))
+    inside = ~_dilate(~_dilate(bright, reach), reach + 1)
+    pixels = inside.flatten(1).sum(1)
+    readable = pixels >= TEXTURE_PIXELS
+    if int(readable.sum()) < 2:
+        return None
+    dark = ((inside & ~bright).flatten(1).sum(1)[readable] / pixels[readable]).median()
+    level = bright.float()
+    across = ((level[:, :, 1:] - level[:, :, :-1]).abs() * (inside[:, :, 1:] & inside[:, :, :-1]))[readable].sum()
+    down = ((level[:, 1:] - level[:, :-1]).abs() * (inside[:, 1:] & inside[:, :-1]))[readable].sum()
+    return float(dark), float(across / (across + down).clamp_min(1))
 
 
 def _object_scores(track: dict | None, caption_object: tuple[int, int, int, int, int]) -> dict:
     """Colour, size and motion scores of one captioned object given its ``track`` (None: not found)."""
-    size, _, _, _, motion = caption_object
+    size, _, texture, _, motion = caption_object
     if track is None or int(track["visible"].sum()) < 2:
-        return {"colour": 0.0, "size": 0.0, "motion": 0.0, "total": 0.0}
+        return {"colour": 0.0, "size": 0.0, "motion": 0.0, "texture": 0.0, "total": 0.0}
     visible = track["visible"]
     colour = min(1.0, float(visible.float().mean()) / VISIBLE_FRAMES)
     radius = float(track["radius"][visible].median())
@@ -315,8 +359,14 @@ def _object_scores(track: dict | None, caption_object: tuple[int, int, int, int,
     whole = area >= WHOLE_AREA * torch.quantile(area, 0.9)
     memberships = _motion_memberships(track["centre"][visible][whole])
     motion_score = float(memberships[motion] / memberships.sum().clamp_min(1))
-    return {"colour": colour, "size": size_score, "motion": motion_score,
-            "total": colour + size_score + motion_score}
+    scores = {"colour": colour, "size": size_score, "motion": motion_score, "texture": None}
+    if track.get("texture") is not None:
+        dark, across = track["texture"]
+        textured = float(_ramp(dark, *TEXTURE_DARK_FRACTION))
+        checks = float(_ramp(across, *TEXTURE_ACROSS))
+        scores["texture"] = (1 - textured, textured * (1 - checks), textured * checks)[texture]
+    scores["total"] = colour + size_score + motion_score + (scores["texture"] or 0.0)
+    return scores
 
 
 def _ramp(value: torch.Tensor | float, low: float, high: float) -> torch.Tensor:
