@@ -55,6 +55,28 @@ def caption_text(objects: list[tuple[int, int, int, int, int]], background: int)
     return " and ".join(object_phrase(*o) for o in objects) + f" on a {BACKGROUNDS[background]} background"
 
 
+def parse_caption(caption: str) -> tuple[list[tuple[int, int, int, int, int]], int]:
+    """The inverse of :func:`caption_text`: (objects as (size, colour, texture, shape, motion) index
+    tuples in drawing order, background index). Raises ValueError if ``caption`` is not a grammar caption."""
+    if not isinstance(caption, str):
+        raise TypeError(f"caption must be a str, got {type(caption).__name__}")
+    words = caption.lower().split()
+    if len(words) < 9 or words[-4:-1] != ["on", "a", words[-2]] or words[-1] != "background" \
+            or words[-2] not in BACKGROUNDS:
+        raise ValueError(f"caption {caption!r} does not end with 'on a <background> background' "
+                         f"(backgrounds: {', '.join(BACKGROUNDS)})")
+    objects = []
+    for phrase in " ".join(words[:-4]).split(" and "):
+        parts = phrase.split()
+        if len(parts) < 5 or parts[0] not in SIZES or parts[1] not in COLOURS or parts[2] not in TEXTURES \
+                or parts[3] not in SHAPES or " ".join(parts[4:]) not in MOTIONS:
+            raise ValueError(f"caption {caption!r}: {phrase!r} is not '<size> <colour> <texture> <shape> "
+                             f"<motion>' of the grammar")
+        objects.append((SIZES.index(parts[0]), COLOURS.index(parts[1]), TEXTURES.index(parts[2]),
+                        SHAPES.index(parts[3]), MOTIONS.index(" ".join(parts[4:]))))
+    return objects, BACKGROUNDS.index(words[-2])
+
+
 def tokenize(captions: list[str] | str, length: int) -> torch.Tensor:
     """Word ids of ``captions``, right-padded with PAD_ID: int64 [len(captions), length].
 
