@@ -221,7 +221,7 @@ def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, att
 
     predict = lambda: sv.predict_mask(q, k, backend="triton", **rule)  # noqa: E731
     mask, stats = predict()
-    ref, _ = sv.predict_mask(q, k, backend="torch", **rule)
+    ref, _ = sv.predict_mask(q, k, backend="reference", **rule)
     naive_keep, _ = naive_predict(q, k, RULE["topk"], RULE["topp"], block_q, block_k)
     count, index = kept_index_table(mask.keep)
     checks = {"differing_rows_vs_torch": differing_rows(mask.keep, ref.keep),

@@ -64,7 +64,7 @@ def limits_case(shape: str, kind: str, device: torch.device, attention_ms: dict)
     block_q, block_k = BLOCKS
     rule = dict(RULE, block_q=block_q, block_k=block_k)
     q, k = timing_inputs(kind, shape, device, torch.bfloat16)
-    reference, _ = sv.predict_mask(q, k, backend="torch", **rule)
+    reference, _ = sv.predict_mask(q, k, backend="reference", **rule)
     options = prediction_options(q, k, **rule)
     launch = triton_predict.PredictLaunch(q, k, **options)
     configs = tuned_configs(launch)

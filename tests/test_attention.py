@@ -253,3 +253,31 @@ def test_bad_backend_and_scale():
         sv.block_sparse_attention(q, k, v, mask, scale=-1.0)
     with pytest.raises(TypeError, match="supports dtypes"):
         sv.block_sparse_attention(q.double(), k.double(), v.double(), mask, backend="triton")
+
+
+def test_flex_gradients_on_the_cpu_are_refused_before_torch_fails():
+    q, k, v, mask = _good()
+    q.requires_grad_(True)
+    with pytest.raises(ValueError, match="backend='flex' computes gradients only on CUDA"):
+        sv.block_sparse_attention(q, k, v, mask, backend="flex")
+    with torch.no_grad():  # inference still runs
+        assert sv.block_sparse_attention(q, k, v, mask, backend="flex").shape == q.shape
+
+
+@pytest.mark.parametrize("flag", ["return_lse", "return_tile_mass"])
+def test_return_flags_insist_on_bool(flag):
+    q, k, v, mask = _good()
+    with pytest.raises(TypeError, match=f"{flag} must be a bool"):
+        sv.block_sparse_attention(q, k, v, mask, backend="reference", **{flag: "yes"})
+
+
+def test_the_plain_pytorch_backend_is_called_reference_everywhere():
+    q, k, v, mask = _good()
+    with pytest.raises(ValueError, match="called 'reference'"):
+        sv.block_sparse_attention(q, k, v, mask, backend="torch")
+    with pytest.raises(ValueError, match="called 'reference'"):
+        sv.SparseConfig(backend="torch")
+    reference, _ = sv.predict_mask(q, k, block_q=64, block_k=64, backend="reference")
+    with pytest.warns(FutureWarning, match="called 'reference'"):
+        renamed, _ = sv.predict_mask(q, k, block_q=64, block_k=64, backend="torch")
+    assert torch.equal(renamed.keep, reference.keep)

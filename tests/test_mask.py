@@ -39,7 +39,7 @@ def test_sparsity_per_head_and_full_mask():
     keep = torch.ones(1, 2, 2, 4, dtype=torch.bool)
     keep[0, 1, :, 1:] = False
     mask = sv.SparseMask.from_dense(keep, 256, 256, 128, 64)
-    assert mask.sparsity_per_head().tolist() == [[0.0, 0.75]]
+    assert mask.sparsity_per_head.tolist() == [[0.0, 0.75]]
     assert sv.SparseMask.full(300, 200).sparsity == 0.0
 
 

@@ -69,7 +69,7 @@ def test_triton_matches_torch(shape, rule, options):
         topp = per_head(0.7, h, 0.2)
     kwargs = dict(rule=rule, topk=topk, topp=topp, block_q=block_q, block_k=block_k, **options)
     mask_t, stats_t = sv.predict_mask(q, k, backend="triton", **kwargs)
-    mask_r, stats_r = sv.predict_mask(q, k, backend="torch", **kwargs)
+    mask_r, stats_r = sv.predict_mask(q, k, backend="reference", **kwargs)
     assert_same_masks(mask_t, stats_t, mask_r, stats_r)
     # The kernel's index tables are exactly those SparseMask would build from the keep map.
     count, index = kept_index_table(mask_t.keep)
@@ -101,16 +101,16 @@ LAUNCH_SHAPES = [
 @pytest.mark.parametrize("shape", LAUNCH_SHAPES)
 def test_every_launch_and_config_matches_torch(shape):
     """The launches with every candidate config, on per-head budgets, every option and
-    within=: the torch path's keep map and kept mass, and the index tables of that keep map."""
+    within=: the reference path's keep map and kept mass, and the index tables of that keep map."""
     torch.manual_seed(sum(shape))
     b, h, n, m, d, block_q, block_k = shape
     q = structured(b, h, n, d, torch.float32, transposed=True)
     k = structured(b, h, m, d, torch.float32)
     blocks = dict(block_q=block_q, block_k=block_k)
-    earlier, _ = sv.predict_mask(q, k, rule="topk", topk=0.6, backend="torch", **blocks)
+    earlier, _ = sv.predict_mask(q, k, rule="topk", topk=0.6, backend="reference", **blocks)
     kwargs = dict(rule="hybrid", topk=per_head(0.2, h, 0.1), topp=per_head(0.7, h, 0.2), keep_sink=True,
                   keep_diagonal=True, similarity_threshold=0.5, within=earlier, **blocks)
-    ref, ref_stats = sv.predict_mask(q, k, backend="torch", **kwargs)
+    ref, ref_stats = sv.predict_mask(q, k, backend="reference", **kwargs)
     ref_count, ref_index = kept_index_table(ref.keep)
     options = prediction_options(q, k, **kwargs)
     for name, run in launches():
@@ -142,7 +142,7 @@ def test_pooled_scores_and_kept_mass():
     torch.manual_seed(4)
     q = structured(1, 2, 300, 32, torch.float32)
     k = structured(1, 2, 260, 32, torch.float32)
-    mask, stats = sv.predict_mask(q, k, rule="topk", topk=3, block_q=64, block_k=64, scale=0.3, backend="torch")
+    mask, stats = sv.predict_mask(q, k, rule="topk", topk=3, block_q=64, block_k=64, scale=0.3, backend="reference")
     scores = pooled_scores(pool_blocks(q, 64), pool_blocks(k, 64), 0.3)
     ref = torch.softmax(0.3 * pool_blocks(q.double(), 64).double() @ pool_blocks(k.double(), 64).double().mT, -1)
     torch.testing.assert_close(scores.double(), ref, atol=1e-6, rtol=1e-5)
@@ -155,7 +155,7 @@ def test_pooled_scores_and_kept_mass():
 def test_full_keep_when_every_block_is_asked_for():
     torch.manual_seed(5)
     q, k = structured(1, 2, 200, 32, torch.float32), structured(1, 2, 200, 32, torch.float32)
-    for backend in ("torch", "triton"):
+    for backend in ("reference", "triton"):
         mask, stats = sv.predict_mask(q, k, rule="topk", topk=1.0, block_q=64, block_k=64, backend=backend)
         assert bool(mask.keep.all()) and stats.sparsity == 0.0
         torch.testing.assert_close(stats.kept_mass, torch.ones_like(stats.kept_mass), atol=1e-5, rtol=0)
@@ -220,7 +220,7 @@ def test_gpu_triton_matches_torch_bf16(shape, rule):
     kwargs = dict(rule=rule, topk=0.05, topp=0.9, block_q=block_q, block_k=block_k, keep_sink=True,
                   similarity_threshold=0.3)
     mask_t, stats_t = sv.predict_mask(q, k, backend="triton", **kwargs)
-    mask_r, stats_r = sv.predict_mask(q, k, backend="torch", **kwargs)
+    mask_r, stats_r = sv.predict_mask(q, k, backend="reference", **kwargs)
     # The kernel computes the pooled logits with 3xTF32 products and its own summation order, the torch
     # path with fp32 cuBLAS: a row can only differ where its threshold falls between two scores (or the
     # cumulative mass lands on p) within ~1e-6 relative, which random inputs hit in well under 0.1% of rows.
@@ -261,13 +261,13 @@ def test_gpu_pooled_logits_precision(precision, tolerance):
 
 @pytest.mark.gpu
 def test_gpu_every_launch_and_config_bf16():
-    """40 heads, ragged N, bf16: every config against the torch path, within the rounding allowance of
+    """40 heads, ragged N, bf16: every config against the reference path, within the rounding allowance of
     test_gpu_triton_matches_torch_bf16."""
     torch.manual_seed(8)
     q = structured(1, 40, 8200, 128, torch.bfloat16, transposed=True)
     k = structured(1, 40, 8200, 128, torch.bfloat16, transposed=True)
     kwargs = dict(rule="hybrid", topk=0.05, topp=0.9, block_q=128, block_k=64)
-    ref, _ = sv.predict_mask(q, k, backend="torch", **kwargs)
+    ref, _ = sv.predict_mask(q, k, backend="reference", **kwargs)
     options = prediction_options(q, k, **kwargs)
     for name, run in launches():
         launch = triton_predict.PredictLaunch(q, k, **options)

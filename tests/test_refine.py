@@ -12,7 +12,7 @@ from sparsevid.ops import select_from_mass
 from sparsevid.ops.pooling import pool_blocks, pooled_scores
 from oracles import DEVICE
 
-BACKENDS = ["torch", "triton"]
+BACKENDS = ["reference", "triton"]
 
 
 def peaked_qk(b, h, n, d, blocks=64):
@@ -27,7 +27,7 @@ def peaked_qk(b, h, n, d, blocks=64):
 @pytest.fixture
 def earlier():
     q, k = peaked_qk(2, 2, 700, 32)
-    mask, _ = sv.predict_mask(q, k, rule="topk", topk=0.5, block_q=64, block_k=64, backend="torch")
+    mask, _ = sv.predict_mask(q, k, rule="topk", topk=0.5, block_q=64, block_k=64, backend="reference")
     assert 0.4 < mask.sparsity < 0.6
     return q, k, mask
 
@@ -40,7 +40,7 @@ def earlier():
 def test_within_keeps_a_subset_chosen_among_candidates(earlier, rule, kw, opts):
     """The PyTorch path (the Triton path is checked against it below)."""
     q, k, prev = earlier
-    mask, stats = sv.predict_mask(q, k, rule=rule, block_q=64, block_k=64, backend="torch", within=prev,
+    mask, stats = sv.predict_mask(q, k, rule=rule, block_q=64, block_k=64, backend="reference", within=prev,
                                   **kw, **opts)
     assert not (mask.keep & ~prev.keep).any()
     # Same rule on full-row pooled scores with non-candidates zeroed (sort-based, independent of the kernels).
@@ -66,7 +66,7 @@ def test_within_backends_agree(earlier):
     q, k, prev = earlier
     for kw in (dict(rule="topk", topk=0.25), dict(rule="hybrid", topk=0.1, topp=0.75, keep_diagonal=True),
                dict(rule="topp", topp=0.6, keep_sink=True, similarity_threshold=0.9)):
-        a, _ = sv.predict_mask(q, k, block_q=64, block_k=64, backend="torch", within=prev, **kw)
+        a, _ = sv.predict_mask(q, k, block_q=64, block_k=64, backend="reference", within=prev, **kw)
         t, _ = sv.predict_mask(q, k, block_q=64, block_k=64, backend="triton", within=prev, **kw)
         assert torch.equal(a.keep, t.keep)
         assert torch.equal(t.kv_count, a.kv_count) and torch.equal(t.kv_index, a.kv_index)

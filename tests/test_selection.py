@@ -14,7 +14,7 @@ import sparsevid as sv
 from sparsevid.ops.selection import resolve_topk
 from oracles import DEVICE
 
-BACKENDS = ["torch", "triton"]
+BACKENDS = ["reference", "triton"]
 
 
 def inputs_for_rows(rows: torch.Tensor, block_q: int = 64, block_k: int = 64, dtype=torch.float32):
@@ -40,8 +40,9 @@ def normalise(rows: torch.Tensor) -> torch.Tensor:
 
 
 def expected_prefix(row: torch.Tensor, k: int | None, p: float | None, min_blocks: int = 1) -> set[int]:
-    """Brute force: the indices of the longest of the top-k prefix and the shortest prefix reaching mass p."""
-    order = sorted(range(len(row)), key=lambda j: -float(row[j]))
+    """Brute force: the indices of the longest of the top-k prefix and the shortest prefix reaching mass p
+    (in the order of decreasing score, ties by lowest index)."""
+    order = sorted(range(len(row)), key=lambda j: (-float(row[j]), j))
     length = max(k or 0, min_blocks)
     if p is not None:
         mass, n = 0.0, 0
@@ -111,17 +112,37 @@ def test_rules_keep_the_sorted_prefix_on_random_rows(backend, rule):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_ties_at_the_threshold_are_all_kept(backend):
-    rows = normalise(torch.tensor([4.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0])).expand(1, 1, 1, 8)
+def test_topk_keeps_exactly_k_with_ties_by_lowest_index(backend):
+    rows = torch.stack([normalise(torch.tensor([1.0, 2.0, 2.0, 4.0, 2.0, 1.0, 2.0, 1.0])),
+                        normalise(torch.ones(8))]).view(1, 1, 2, 8)
     mask, _ = predict(rows, backend, rule="topk", topk=2)
-    assert kept_set(mask, 0, 0, 0) == {0, 1, 2, 3}
+    assert kept_set(mask, 0, 0, 0) == {3, 1}  # 4.0, then the first of the four 2.0s
+    assert kept_set(mask, 0, 0, 1) == {0, 1}
 
 
-def expected_with_ties(row: torch.Tensor, k: int | None, p: float | None) -> set[int]:
-    """Brute force like expected_prefix, keeping every entry tied with the last one of the prefix."""
-    order = sorted(range(len(row)), key=lambda j: -float(row[j]))
-    tau = float(row[order[len(expected_prefix(row, k, p)) - 1]])
-    return {j for j in range(len(row)) if float(row[j]) >= tau}
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_flat_row_keeps_exactly_its_budget(backend):
+    """All pooled scores equal (a zero query): top-k 25% of 16 key blocks keeps blocks 0..3, not all 16."""
+    kb = 16
+    q = torch.zeros(1, 2, 128, 32, device=DEVICE)
+    k = torch.randn(1, 2, kb * 64, 32, device=DEVICE)
+    mask, _ = sv.predict_mask(q, k, rule="topk", topk=0.25, block_q=64, block_k=64, backend=backend)
+    assert mask.keep.sum(dim=-1).eq(4).all()
+    assert mask.keep[..., :4].all()
+    # Hybrid: the union of exactly 4 top-k blocks and the top-p set (ties at its threshold all kept).
+    mask, _ = sv.predict_mask(q, k, rule="hybrid", topk=0.25, topp=0.1, block_q=64, block_k=64, backend=backend)
+    assert mask.keep.all()
+
+
+def expected_with_ties(row: torch.Tensor, k: int | None, p: float | None, min_blocks: int = 1) -> set[int]:
+    """Brute force: exactly max(k, min_blocks) entries by decreasing score (ties by lowest index), united with
+    the top-p set: every entry tied with or above the last one of the shortest prefix reaching mass p."""
+    kept = expected_prefix(row, k, None, min_blocks)
+    if p is not None:
+        order = sorted(range(len(row)), key=lambda j: (-float(row[j]), j))
+        tau = float(row[order[len(expected_prefix(row, None, p, 0)) - 1]])
+        kept |= {j for j in range(len(row)) if float(row[j]) >= tau}
+    return kept
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -15,7 +15,7 @@ import torch
 
 from .mask import SparseMask
 from .reference import reference_block_sparse_attention
-from .validation import (check_choice, check_head_tensors, check_scale, check_triton_inputs, grad_requested,
+from .validation import (check_backend, check_head_tensors, check_scale, check_triton_inputs, grad_requested,
                          resolve_auto)
 
 BACKENDS = ("auto", "triton", "flex", "reference")
@@ -136,6 +136,8 @@ def _flex_kernel_options(mask: SparseMask) -> dict[str, int]:
 def _flex_backend(q, k, v, mask: SparseMask, scale: float):
     from torch.nn.attention.flex_attention import flex_attention
 
+    if not grad_requested(q, k, v):  # on the CPU FlexAttention refuses inputs that require grad even then
+        q, k, v = q.detach(), k.detach(), v.detach()
     attend = _compiled_flex() if q.is_cuda else flex_attention
     out, aux = attend(q, k, v, block_mask=mask.to_flex(), scale=scale, return_aux=_lse_request(),
                       kernel_options=_flex_kernel_options(mask) if q.is_cuda else None)
@@ -151,9 +153,13 @@ def _lse_request():
 
 # --------------------------------------------------------------------------- public op
 
-def _check_flex_gradients(mask: SparseMask) -> None:
-    """FlexAttention's backward (PyTorch 2.11) picks its tiles before it honours kernel options, and its
-    defaults do not divide 64-blocks: refuse what would fail deep in inductor."""
+def _check_flex_gradients(mask: SparseMask, q: torch.Tensor) -> None:
+    """FlexAttention has no backward on the CPU, and on CUDA its backward (PyTorch 2.11) picks its tiles
+    before it honours kernel options, whose defaults do not divide 64-blocks: refuse what would fail deep in
+    torch."""
+    if not q.is_cuda:
+        raise ValueError(f"backend='flex' computes gradients only on CUDA (FlexAttention has no backward on "
+                         f"{q.device.type}); use backend='reference' or 'triton', or call under torch.no_grad()")
     if (mask.block_q, mask.block_k) != (128, 128):
         raise ValueError(f"backend='flex' on CUDA computes gradients only for 128x128 blocks, got a "
                          f"{mask.block_q}x{mask.block_k} mask; use backend='triton' (or call under torch.no_grad())")
@@ -167,11 +173,11 @@ def _check_inputs(q, k, v, mask, scale, backend) -> None:
         raise TypeError(f"mask must be a sparsevid.SparseMask, got {type(mask).__name__}")
     mask.check_compatible(q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.device)
     check_scale(scale)
-    check_choice("backend", backend, BACKENDS)
+    check_backend(backend, BACKENDS)
     if backend == "triton":
         check_triton_inputs(q)
-    if backend == "flex" and q.is_cuda and grad_requested(q, k, v):
-        _check_flex_gradients(mask)
+    if backend == "flex" and grad_requested(q, k, v):
+        _check_flex_gradients(mask, q)
 
 
 def resolve_backend(backend: str, q: torch.Tensor) -> str:
@@ -179,9 +185,13 @@ def resolve_backend(backend: str, q: torch.Tensor) -> str:
     return resolve_auto(backend, q, "reference")
 
 
-def _check_tile_mass_request(return_tile_mass, backend: str, q, k, v) -> None:
-    if not isinstance(return_tile_mass, bool):
-        raise TypeError(f"return_tile_mass must be a bool, got {return_tile_mass!r}")
+def _check_flags(return_lse, return_tile_mass) -> None:
+    for name, flag in (("return_lse", return_lse), ("return_tile_mass", return_tile_mass)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+
+
+def _check_tile_mass_request(return_tile_mass: bool, backend: str, q, k, v) -> None:
     if not return_tile_mass:
         return
     if backend not in ("triton", "reference"):
@@ -213,9 +223,15 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     Returns:
         out [B, H, N, D] in q's dtype, then lse when ``return_lse``, then the tile masses when
         ``return_tile_mass`` (a tuple when more than out is returned). A row with no kept tile outputs zeros
-        and lse = -inf. Differentiable with respect to q, k and v on every backend (without tile masses).
+        and lse = -inf (a mask from ``predict_mask`` keeps at least ``min_blocks`` tiles in every row).
+        Non-finite inputs give what dense attention gives on the kept tiles: a NaN in q makes its row NaN.
+
+    Gradients (q, k and v; not with tile masses): "triton" (CUDA, or the CPU under the Triton interpreter)
+    and "reference" (any device) differentiate everywhere; "flex" only on CUDA and only for 128x128 blocks
+    (ValueError otherwise, before any kernel runs).
     """
     _check_inputs(q, k, v, mask, scale, backend)
+    _check_flags(return_lse, return_tile_mass)
     scale = float(scale) if scale is not None else q.shape[-1] ** -0.5
     backend = resolve_backend(backend, q)
     _check_tile_mass_request(return_tile_mass, backend, q, k, v)

@@ -152,6 +152,7 @@ class SparseMask:
         cols[-1] = self.kv_len - (self.num_kv_blocks - 1) * self.block_k
         return torch.outer(rows, cols)
 
+    @property
     def sparsity_per_head(self) -> torch.Tensor:
         """float64 [B|1, H|1]: fraction of (query, key) pairs skipped, per batch entry and head."""
         areas = self.tile_areas()
@@ -161,7 +162,7 @@ class SparseMask:
     @property
     def sparsity(self) -> float:
         """Fraction of (query-block, key-block) tiles skipped, weighted by tile area, over all heads."""
-        return float(self.sparsity_per_head().mean())
+        return float(self.sparsity_per_head.mean())
 
     def check_compatible(self, batch: int, heads: int, q_len: int, kv_len: int,
                          device: torch.device) -> None:

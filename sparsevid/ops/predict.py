@@ -4,13 +4,15 @@ Q and K are mean-pooled per block, the pooled rows ``softmax(scale * q_bar k_bar
 score each tile, and a rule picks the tiles of each row (``selection.py`` defines the rules, the options
 and how ties are treated; ``pooling.py`` defines pooling and block self-similarity).
 
-Backends: "triton" (pool, logits and select launches, CUDA; on the CPU only under ``TRITON_INTERPRET=1``), "torch"
-(plain PyTorch with sort-based selection, any device), "auto" (triton on CUDA, torch elsewhere). Both give
-the same masks up to rows whose threshold falls between two scores closer than fp32 rounding.
+Backends: "triton" (pool, logits and select launches, CUDA; on the CPU only under ``TRITON_INTERPRET=1``),
+"reference" (plain PyTorch with sort-based selection, any device), "auto" (triton on CUDA, reference
+elsewhere); "torch", the reference backend's former name, still works with a FutureWarning. Both give the
+same masks up to rows whose threshold falls between two scores closer than fp32 rounding.
 """
 from __future__ import annotations
 
 import numbers
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -19,9 +21,10 @@ from .mask import SparseMask, _check_block_size, num_blocks
 from .pooling import block_similarity, pool_blocks, pooled_scores
 from .selection import (RULES, add_option_blocks, diagonal_blocks, resolve_similarity_threshold, resolve_topk,
                         resolve_topp, threshold_keep, uses_topk, uses_topp)
-from .validation import check_choice, check_head_tensors, check_scale, check_triton_inputs, resolve_auto
+from .validation import (check_backend, check_choice, check_head_tensors, check_scale, check_triton_inputs,
+                         resolve_auto)
 
-BACKENDS = ("auto", "triton", "torch")
+BACKENDS = ("auto", "triton", "reference")
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class MaskStats:
 
     @property
     def sparsity_per_head(self) -> torch.Tensor:
-        return self.mask.sparsity_per_head().mean(dim=0)
+        return self.mask.sparsity_per_head.mean(dim=0)
 
     @property
     def sparsity(self) -> float:
@@ -54,19 +57,19 @@ def _check_options(rule, scale, keep_sink, keep_diagonal, min_blocks, backend, q
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     if not isinstance(min_blocks, numbers.Integral) or isinstance(min_blocks, bool) or min_blocks < 0:
         raise ValueError(f"min_blocks must be an int >= 0, got {min_blocks!r}")
-    check_choice("backend", backend, BACKENDS)
+    check_backend(backend, BACKENDS)
     if backend == "triton":
         check_triton_inputs(q)
 
 
-def _torch_predict(q, k, *, rule, rule_topk, rule_topp, min_blocks, keep_sink, keep_diagonal, similarity_threshold,
-                   block_q, block_k, scale, within) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference_predict(q, k, *, rule, rule_topk, rule_topp, min_blocks, keep_sink, keep_diagonal,
+                       similarity_threshold, block_q, block_k, scale, within) -> tuple[torch.Tensor, torch.Tensor]:
     """keep bool [B, H, QB, KB] and kept pooled mass float32 [B, H, QB], in plain PyTorch."""
     q_pooled, k_pooled = pool_blocks(q, block_q), pool_blocks(k, block_k)
-    scores = pooled_scores(q_pooled, k_pooled, scale)
-    # Non-candidates score 0: they are never needed to reach a target, and the final "& within" drops them.
-    candidates = scores if within is None else scores * within
-    keep = threshold_keep(candidates, rule, rule_topk, rule_topp, min_blocks)
+    scores = torch.nan_to_num(pooled_scores(q_pooled, k_pooled, scale), nan=0.0)  # selection.py: non-finite
+    if within is not None:
+        scores = scores * within  # non-candidates hold no mass
+    keep = threshold_keep(scores, rule, rule_topk, rule_topp, min_blocks, candidates=within)
     with_sim = similarity_threshold is not None
     keep = add_option_blocks(
         keep, keep_sink=keep_sink,
@@ -135,7 +138,7 @@ def predict_mask(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", topk=0.
         similarity_threshold: None, or a float in [-1, 1] (or float tensor [H]): a query (key) block whose
             self-similarity (``sparsevid.ops.pooling``) is below it keeps its whole row (column).
         min_blocks: every row keeps at least this many tiles (before options are added).
-        backend: "auto" | "triton" | "torch".
+        backend: "auto" | "triton" | "reference" (module docstring).
         within: None, or an earlier :class:`SparseMask` for the same lengths and block sizes (reduced search):
             only its kept tiles are candidates, and the result keeps a subset of them. The pooled softmax
             still spans every key block, so ``topp`` remains a share of the whole pooled row: a row whose
@@ -146,15 +149,19 @@ def predict_mask(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", topk=0.
         (mask, stats): a :class:`SparseMask` [B, H, QB, KB] whose kv index tables are already built on
         the triton backend, and :class:`MaskStats`. Not differentiable; runs eagerly under torch.compile.
     """
+    if backend == "torch":
+        warnings.warn("predict_mask(backend='torch') is deprecated: the plain-PyTorch backend is called "
+                      "'reference'", FutureWarning, stacklevel=2)
+        backend = "reference"
     options = prediction_options(q, k, rule, topk, topp, block_q, block_k, scale, keep_sink, keep_diagonal,
                                  similarity_threshold, min_blocks, backend, within)
     n, m = q.shape[2], k.shape[2]
-    if resolve_auto(backend, q, "torch") == "triton":
+    if resolve_auto(backend, q, "reference") == "triton":
         from .triton_predict import triton_predict
 
         keep, count, index, kept_mass = triton_predict(q, k, **options)
         mask = SparseMask.from_dense(keep, n, m, block_q, block_k, kv_table=(count, index))
     else:
-        keep, kept_mass = _torch_predict(q, k, rule=rule, **options)
+        keep, kept_mass = _reference_predict(q, k, rule=rule, **options)
         mask = SparseMask.from_dense(keep, n, m, block_q, block_k)
     return mask, MaskStats(kept_mass=kept_mass, mask=mask)

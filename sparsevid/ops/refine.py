@@ -71,8 +71,8 @@ def select_from_mass(tile_mass: torch.Tensor, mask: SparseMask, rule: str = "top
         scores = scores * row_share.float().unsqueeze(-1)
     rule_topk = resolve_topk(topk, mask.num_kv_blocks, heads) if uses_topk(rule) else None
     rule_topp = resolve_topp(topp, heads) if uses_topp(rule) else None
-    # Skipped tiles have mass 0: never needed to reach a target, and the final "& mask.keep" drops them.
-    keep = threshold_keep(scores, rule, rule_topk, rule_topp, int(min_blocks))
+    # Skipped tiles hold no mass and are never kept.
+    keep = threshold_keep(scores, rule, rule_topk, rule_topp, int(min_blocks), candidates=mask.keep)
     diagonal = diagonal_blocks(mask.q_len, mask.kv_len, mask.block_q, mask.block_k, scores.device)
     keep = add_option_blocks(keep, keep_sink=keep_sink, diagonal=diagonal if keep_diagonal else None,
                              q_similarity=None, k_similarity=None, threshold=None)

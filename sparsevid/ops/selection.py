@@ -1,20 +1,28 @@
 """Selection rules: which key blocks each query-block row keeps, given its pooled attention scores.
 
-A row is a probability vector ``p`` over the KB key blocks. Every rule keeps the entries ``p_j >= tau``
-for one threshold ``tau`` per row, the largest value for which both hold:
+A row is a probability vector ``p`` over the KB key blocks. Each rule keeps the union of two sets:
 
-* count(p >= tau) >= k_eff, with ``k_eff = max(k, min_blocks)`` ("topk", "hybrid") or ``min_blocks``
-  ("topp"), capped at KB;
-* mass(p >= tau) >= p_target ("topp", "hybrid"; the sum of the kept entries).
+* the top-k set: exactly ``k_eff`` entries, the largest ones, ties broken by the lowest key index (as a
+  stable descending sort orders them); ``k_eff = max(k, min_blocks)`` ("topk", "hybrid") or ``min_blocks``
+  ("topp"), capped at KB (or at the row's candidates);
+* the top-p set ("topp", "hybrid"): every entry ``p_j >= tau_p``, where ``tau_p`` is the largest value whose
+  entries reach the mass ``p_target`` (the fewest largest entries, plus any tied with the last of them). A
+  row whose total falls short of the target (rounding), or a target of 1, keeps everything.
 
-So "topk" keeps the k largest entries, "topp" the fewest largest entries whose mass reaches p_target, and
-"hybrid" the longer of the two sorted prefixes (their union). Ties at the threshold are all kept, so a
-row may keep more than k entries. ``topp >= 1`` keeps the whole row. Options then add tiles: the sink
-column (key block 0), the diagonal (key blocks overlapping the query block's token range) and the whole
-row / column of a query / key block whose self-similarity is below the threshold.
+So "topk" keeps exactly k entries, "topp" the fewest largest entries whose mass reaches p_target, and
+"hybrid" the union of the two. Options then add tiles: the sink column (key block 0), the diagonal (key blocks
+overlapping the query block's token range) and the whole row / column of a query / key block whose
+self-similarity is below the threshold.
+
+Non-finite scores: a NaN or inf in q or k makes the pooled softmax of the affected rows NaN (a whole row at
+once: the NaN reaches the row's normalization). Such scores count as 0, so the row still keeps its ``k_eff``
+tiles (the lowest-index ones under "topk"); under "topp" and "hybrid" its mass falls short of any target, so
+it keeps every tile. The attention kernels then see the non-finite tokens themselves and give NaN where
+dense attention would (exactly so for rows kept in full). The rule never leaves a row with fewer than
+``min_blocks`` tiles.
 
 This module holds the parameter checks shared by every backend and the PyTorch (sort-based) rules; the
-Triton kernels find the same thresholds by bisection without sorting.
+Triton kernels find the same sets by bisection without sorting.
 """
 from __future__ import annotations
 
@@ -116,30 +124,34 @@ def _per_head(value, heads: int, dtype: torch.dtype, device) -> torch.Tensor:
 
 
 def threshold_keep(scores: torch.Tensor, rule: str, topk: int | torch.Tensor | None,
-                   topp: float | torch.Tensor | None, min_blocks: int) -> torch.Tensor:
-    """bool [B, H, QB, KB]: the tiles a rule keeps (module docstring), found by sorting each row.
+                   topp: float | torch.Tensor | None, min_blocks: int,
+                   candidates: torch.Tensor | None = None) -> torch.Tensor:
+    """bool [B, H, QB, KB]: the tiles a rule keeps (module docstring), found by a stable sort of each row.
 
-    scores: float32 [B, H, QB, KB], each row a probability vector. topk: resolved count (int or int32 [H]),
-    used by "topk" / "hybrid"; topp: resolved mass (float or float32 [H]), used by "topp" / "hybrid".
+    scores: float32 [B, H, QB, KB], each row a probability vector (NaN counts as 0). topk: resolved count
+    (int or int32 [H]), used by "topk" / "hybrid"; topp: resolved mass (float or float32 [H]), used by
+    "topp" / "hybrid". candidates: None or bool broadcastable to scores: only these tiles can be kept, and
+    they rank above every other tile (whose score should be 0).
     """
     heads, kb = scores.shape[1], scores.shape[-1]
     device = scores.device
-    ordered = torch.sort(scores, dim=-1, descending=True).values
-    tau = torch.full_like(scores[..., :1], float("inf"))
+    scores = torch.nan_to_num(scores, nan=0.0)
+    if candidates is not None:
+        scores = scores.where(candidates, -1.0)
+    ordered, order = torch.sort(scores, dim=-1, descending=True, stable=True)
     k_eff = _per_head(topk if uses_topk(rule) else 0, heads, torch.int64, device).clamp_min(min_blocks)
-    k_eff = k_eff.clamp_max(kb).expand_as(tau)
-    tau_k = torch.gather(ordered, -1, (k_eff - 1).clamp_min(0))
-    tau = torch.where(k_eff > 0, tau_k, tau)
+    keep_sorted = (torch.arange(kb, device=device) < k_eff).expand(ordered.shape)
     if uses_topp(rule):
         target = _per_head(topp, heads, torch.float32, device)
-        mass = torch.cumsum(ordered, dim=-1)
+        mass = torch.cumsum(ordered.clamp_min(0.0), dim=-1)
         # The threshold is the entry at which the cumulative mass first reaches the target; a row whose
         # rounded total falls short of it, or a target of 1, keeps everything.
         first = (mass < target).sum(dim=-1, keepdim=True).clamp_max(kb - 1)
         tau_p = torch.gather(ordered, -1, first)
-        tau_p = torch.where(target >= 1, torch.zeros_like(tau_p), tau_p)
-        tau = torch.minimum(tau, tau_p)
-    return scores >= tau
+        tau_p = torch.where(target >= 1, torch.full_like(tau_p, -1.0), tau_p)
+        keep_sorted = keep_sorted | (ordered >= tau_p)
+    keep = torch.zeros(ordered.shape, dtype=torch.bool, device=device).scatter_(-1, order, keep_sorted)
+    return keep if candidates is None else keep & candidates
 
 
 def diagonal_blocks(q_len: int, kv_len: int, block_q: int, block_k: int, device=None) -> torch.Tensor:

@@ -265,7 +265,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
         if WITH_MASS:
             tl.store(p_slots + (num_full + 1) * BLOCK_M + o_in_block, b_m + tl.math.log2(b_psum))
 
-    has_keys = b_l > 0.0
+    has_keys = b_l != 0.0  # NaN too (a non-finite input): the row gives NaN, as dense attention does
     b_out = b_acc / tl.where(has_keys, b_l, 1.0)[:, None]
     p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :] * stride_od
     tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_tile)

@@ -28,7 +28,11 @@ only those, with the count and mass above ``hi`` carried as constants (``COMPACT
 searched to the end, which saves the packing pass's memory round trips on short rows). The search stops
 once a single entry separates the bounds. The search is a long chain of dependent row reductions: one-warp
 programs keep those reductions inside a warp, and one row per program gives the GPU enough independent
-chains.
+chains. The bracket's final entries all equal ``tau`` (or are a single entry): every entry above it is kept,
+and of the bracket either all (the top-p part needs them) or, when only the top-k count binds, the
+lowest-index ``k_eff - count(p >= hi)``, counted by a running prefix sum as the outputs are written; so the
+top-k part keeps exactly ``k_eff`` entries, as the stable sort of ``selection.py`` does. NaN probabilities
+(rows made non-finite by NaN or inf inputs) count as 0, as there.
 
 The three stages run as three launches (:class:`PredictLaunch`), each autotuned on its own. Pooling is
 memory bound and, with one-warp programs, reads at the rate of a plain reduction over Q and K. A single
@@ -230,11 +234,12 @@ def _row_logits(p_rows, o_cols, m_rows, NUM_KV_BLOCKS, logits_stride):
 @triton.jit
 def _candidates(b_p, p_within, o_cols, m_rows, NUM_KV_BLOCKS, WITHIN: tl.constexpr):
     """Probabilities b_p [R, C] at columns o_cols [C] with -1 for columns past the row, rows outside m_rows [R]
-    and, with WITHIN, tiles outside the earlier mask (p_within: pointers [R, 1] to its rows)."""
+    and, with WITHIN, tiles outside the earlier mask (p_within: pointers [R, 1] to its rows); NaN becomes 0
+    (a row made non-finite by its inputs, see ``selection.py``)."""
     m_tile = m_rows[:, None] & (o_cols < NUM_KV_BLOCKS)[None, :]
     if WITHIN:
         m_tile &= tl.load(p_within + o_cols[None, :], mask=m_tile, other=0) != 0
-    return tl.where(m_tile, b_p, -1.0)
+    return tl.where(m_tile, tl.where(b_p == b_p, b_p, 0.0), -1.0)
 
 
 @triton.jit
@@ -250,7 +255,10 @@ def _chunk_probs(p_rows, o_cols, m_rows, row_max, inv_sum, p_within, NUM_KV_BLOC
 def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p_within, p_buffer,
                     NUM_KV_BLOCKS, logits_stride, TAILED: tl.constexpr, SEARCH_WHOLE: tl.constexpr,
                     COMPACT: tl.constexpr, OUT_CHUNK: tl.constexpr, WITHIN: tl.constexpr):
-    """int32 [R]: bit pattern of the largest tau with count(p >= tau) >= k_eff and mass(p >= tau) >= target.
+    """(lo, hi, fill), int32 [R] each: lo is the bit pattern of the largest tau with count(p >= tau) >= k_eff and
+    mass(p >= tau) >= target; every entry >= hi is kept, and of the entries in [lo, hi) (all equal to tau, or
+    a single one) the ``fill`` lowest-index ones: all of them where the mass above hi falls short of the
+    target, else the ``k_eff - count(p >= hi)`` the top-k count still needs.
 
     b_p: float32 [R, HEAD_KB], the row's columns [0, HEAD_KB), and with TAILED b_t [R, TAIL_KB], those after
     them: probabilities of the candidates, -1 elsewhere (padding, non-candidates), as ``_chunk_probs``
@@ -297,7 +305,8 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p
         b_w = tl.where(m_w, b_w, -1.0)
         lo, hi, cnt_lo, cnt_hi, mass_hi = _bisect(b_w, b_w, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_hi, mass_hi,
                                                   k_eff, target, 1, False)
-    return lo
+    fill = tl.where(mass_hi < target, cnt_lo - cnt_hi, k_eff - cnt_hi)
+    return lo, hi, fill
 
 
 @triton.autotune(configs=_configs(_LOGITS_CONFIGS), key=_LOGITS_KEY)
@@ -395,11 +404,14 @@ def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
         b_t = _candidates(b_et * inv_sum[:, None], p_within, o_t, m_s, NUM_KV_BLOCKS, WITHIN)
 
     p_index = Index + rows * NUM_KV_BLOCKS
-    tau = _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_s, row_max, inv_sum, p_within, p_index,
-                          NUM_KV_BLOCKS, logits_stride, TAIL_KB > 0, SEARCH_WHOLE, COMPACT, OUT_CHUNK,
-                          WITHIN).to(tl.float32, bitcast=True)
+    lo, hi, fill = _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_s, row_max, inv_sum, p_within, p_index,
+                                   NUM_KV_BLOCKS, logits_stride, TAIL_KB > 0, SEARCH_WHOLE, COMPACT, OUT_CHUNK,
+                                   WITHIN)
+    tau = lo.to(tl.float32, bitcast=True)
+    above = hi.to(tl.float32, bitcast=True)  # entries >= above are kept; of those in [tau, above), the first fill
     if USE_TOPP:
         tau = tl.where(target >= 1.0, 0.0, tau)
+        above = tl.where(target >= 1.0, 0.0, above)
     if WITH_SIM:
         q_loose = tl.load(SimQ + rows, mask=m_s, other=1.0, cache_modifier=".cg") < limit
     tl.debug_barrier()
@@ -407,13 +419,17 @@ def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
     # Outputs: keep row, then the kept columns in ascending order at their prefix-sum slots. The kept mass and
     # the last kept column are reduced over the row once, after the loop, from per-column accumulators.
     count = tl.zeros_like(o_s)
+    ties = tl.zeros_like(o_s)  # entries in [tau, above) met so far
     b_kept_mass = tl.zeros([SEL_ROWS, OUT_CHUNK], dtype=tl.float32)
     b_last = tl.zeros([SEL_ROWS, OUT_CHUNK], dtype=tl.int32)
     for c0 in range(0, NUM_KV_BLOCKS, OUT_CHUNK):
         o_c = c0 + tl.arange(0, OUT_CHUNK)
         m_c = m_s[:, None] & (o_c < NUM_KV_BLOCKS)[None, :]
         b_c = _chunk_probs(p_rows, o_c, m_s, row_max, inv_sum, p_within, NUM_KV_BLOCKS, logits_stride, WITHIN)
-        b_keep = b_c >= tau[:, None]
+        b_above = b_c >= above[:, None]
+        b_tied = ((b_c >= tau[:, None]) & ~b_above).to(tl.int32)
+        b_keep = b_above | ((b_tied != 0) & (ties[:, None] + tl.cumsum(b_tied, 1) <= fill[:, None]))
+        ties += tl.sum(b_tied, 1)
         if KEEP_SINK:
             b_keep = b_keep | (o_c == 0)[None, :]
         if KEEP_DIAGONAL:

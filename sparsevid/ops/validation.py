@@ -47,6 +47,14 @@ def check_choice(name: str, value, choices: tuple) -> None:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
+def check_backend(backend, choices: tuple) -> None:
+    """``backend`` is one of ``choices``; the error for "torch" names the plain-PyTorch backend's word."""
+    if backend == "torch" and "reference" in choices:
+        raise ValueError(f"backend must be one of {choices}, got 'torch': the plain-PyTorch backend is called "
+                         f"'reference'")
+    check_choice("backend", backend, choices)
+
+
 def triton_runs_on(t: torch.Tensor) -> bool:
     """Whether Triton kernels can run on t's device: CUDA, or the CPU under ``TRITON_INTERPRET=1``."""
     return t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1")

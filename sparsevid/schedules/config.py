@@ -24,8 +24,8 @@ REFRESH_SEARCHES = ("full", "within", "exact")
 PLAN_FIELDS = ("rule", "topk", "topp", "block_q", "block_k", "backend", "keep_sink", "keep_diagonal",
                "similarity_threshold", "min_blocks", "tile", "refresh_interval", "refresh_search")
 SCHEDULE_FIELDS = ("final_topk", "final_topp")
-# The mask predictor's backend for each attention backend (the predictor has a triton and a torch path).
-PREDICT_BACKENDS = {"auto": "auto", "triton": "triton", "flex": "auto", "reference": "torch"}
+# The mask predictor's backend for each attention backend (the predictor has a triton and a reference path).
+PREDICT_BACKENDS = {"auto": "auto", "triton": "triton", "flex": "auto", "reference": "reference"}
 
 
 def _is_int(value) -> bool:
@@ -75,7 +75,8 @@ def _check_plan_fields(values: dict[str, Any], where: str) -> None:
         if key in values and (not _is_int(values[key]) or values[key] not in BLOCK_SIZES):
             raise ValueError(f"{name(key)} must be one of {BLOCK_SIZES}, got {values[key]!r}")
     if "backend" in values and values["backend"] not in BACKENDS:
-        raise ValueError(f"{name('backend')} must be one of {BACKENDS}, got {values['backend']!r}")
+        hint = ": the plain-PyTorch backend is called 'reference'" if values["backend"] == "torch" else ""
+        raise ValueError(f"{name('backend')} must be one of {BACKENDS}, got {values['backend']!r}{hint}")
     for key in ("keep_sink", "keep_diagonal"):
         if key in values and not isinstance(values[key], bool):
             raise TypeError(f"{name(key)} must be a bool, got {values[key]!r}")
