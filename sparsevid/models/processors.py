@@ -204,7 +204,7 @@ class SparseAttnProcessor:
                 key_sets=self._key_sets(attn_mask, layout, query.shape[0]),
                 clock=None if record is None else record.clock, on_tile_mass=self._tile_mass_sink(query, plan))
             if record is not None:
-                record.sparsity = mask.sparsity_per_head().mean()
+                record.sparsity = mask.sparsity_per_head.mean()
         if record is not None:
             record.clock.mark("end")
         return out
