@@ -26,7 +26,6 @@ from benchmarks.run_info import run_metadata
 from sparsevid.eval.harness import DEFAULT_CAPTIONS, markdown_table, run_harness
 from sparsevid.models import load_builtin
 from sparsevid.models.processors import SDPAInterceptor
-from sparsevid.models.token_order import tile_order
 
 BLOCKS = dict(block_q=128, block_k=64)
 
@@ -37,7 +36,7 @@ class Recorder:
     def __init__(self, grid, steps):
         self.grid, self.steps, self.step, self.layer = grid, set(steps), 0, 0
         self.calls: list[tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self.order = tile_order(grid, "auto", torch.device("cpu"))
+        self.perm, _ = sv.tile_permutation(grid)
 
     def on_step(self, i: int, t: float) -> None:
         self.step, self.layer = i, 0
@@ -45,7 +44,7 @@ class Recorder:
     def __call__(self, query, key, value, **kwargs):
         out = torch.nn.functional.scaled_dot_product_attention(query, key, value, **kwargs)
         if self.step in self.steps and query.shape[2] == key.shape[2] == math.prod(self.grid):
-            q, k, v = (t.index_select(2, self.order.perm.to(t.device)) for t in (query, key, value))
+            q, k, v = (t.index_select(2, self.perm.to(t.device)) for t in (query, key, value))
             self.calls.append((self.step, self.layer, q, k, v))
             self.layer += 1
         return out
