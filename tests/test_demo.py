@@ -27,6 +27,7 @@ def test_eval_command_writes_table_and_json(tmp_path):
     assert (tmp_path / "first_clip.gif").is_file()
 
 
-def test_demo_rejects_bad_sparse_settings(tmp_path):
-    with pytest.raises(ValueError, match="topp"):
+def test_demo_rejects_bad_sparse_settings(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
         main(["demo", "--tiny", "--out", str(tmp_path), "--topp", "1.5"])
+    assert exit_info.value.code == 2 and "--topp" in capsys.readouterr().err

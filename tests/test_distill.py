@@ -173,7 +173,7 @@ def test_diffusion_baseline_cli_writes_a_loadable_student(tmp_path):
     results = json.loads((compared / "results.json").read_text())["candidates"]
     assert results["training-free rule=topk,topk=1.0,block_q=64,block_k=64"]["psnr"] > 60  # all kept: ~dense
     assert 10 < results["baseline"]["psnr"] < 60  # two steps of training changed the model
-    with pytest.raises(ValueError, match="LABEL=DIR"):
+    with pytest.raises(SystemExit):  # not LABEL=DIR (tests/test_cli.py checks the message)
         main(["compare", "--tiny", "--student", str(out)])
 
 
@@ -313,9 +313,6 @@ def test_bad_calls_name_the_argument(tmp_path):
     sv.apply_sparse_attention(model.transformer, SPARSE)
     with pytest.raises(ValueError, match="already has sparse attention"):
         distill(model, source, DistillConfig(), _loop(1))
-    with pytest.raises(ValueError, match="--data-dir"):
-        main(["distill", "--out", str(tmp_path), "--tiny", "--max-steps", "1", "--data", "dir"])
-    with pytest.raises(ValueError, match="--max-objects"):
-        main(["distill", "--out", str(tmp_path), "--tiny", "--max-steps", "1", "--max-objects", "9"])
-    with pytest.raises(ValueError, match="--minutes or --max-steps"):
-        main(["distill", "--out", str(tmp_path), "--tiny"])
+    assert main(["distill", "--out", str(tmp_path), "--tiny", "--max-steps", "1", "--data", "dir"]) == 2
+    assert main(["distill", "--out", str(tmp_path), "--tiny", "--max-steps", "1", "--max-objects", "9"]) == 2
+    assert main(["distill", "--out", str(tmp_path), "--tiny"]) == 2

@@ -3,27 +3,52 @@ configurations against the dense reference model, by PSNR / SSIM of clips sample
 and seeds (Markdown table + JSON)."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import torch
 
+from .args import (CommandError, config_spec_arg, default_device, device_arg, model_dir_arg,
+                   positive_int_arg)
+
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("compare", help="compare sparse students and training-free sparse attention "
-                                              "with the dense reference model")
-    p.add_argument("--student", action="append", default=[], metavar="LABEL=DIR",
-                   help="a distilled model directory (builtin.* + sparse_config.json); repeatable")
-    p.add_argument("--training-free", action="append", default=[], metavar="SPEC",
-                   help="a SparseConfig spec applied to the reference model without training; repeatable")
-    p.add_argument("--model", default=None, help="the dense reference (default: the shipped model)")
-    p.add_argument("--tiny", action="store_true", help="an untrained tiny reference (smoke test)")
-    p.add_argument("--captions", type=int, default=4, help="how many of the harness captions")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--steps", type=int, default=None, help="sampler steps (default: the model's)")
-    p.add_argument("--guidance", type=float, default=None)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", default="outputs/compare")
+    summary = ("Compare distilled sparse students (`sparsevid distill` outputs) and training-free sparse settings "
+               "with the dense model: PSNR and SSIM of clips sampled from the same captions and seeds, as a "
+               "Markdown table and JSON.")
+    p = subparsers.add_parser("compare", description=summary,
+                              help="Compare distilled students and training-free sparse settings with the dense model.")
+    p.add_argument("--student", type=student_arg, action="append", default=[], metavar="LABEL=DIR",
+                   help="a distilled model directory (builtin.* and sparse_config.json) and its label; repeatable")
+    p.add_argument("--training-free", type=config_spec_arg, action="append", default=[], metavar="SPEC",
+                   help="a sparse setting applied to the dense model without training, SparseConfig fields as "
+                        "'key=value,...' or a JSON file; repeatable")
+    p.add_argument("--model", type=model_dir_arg, default=None,
+                   help="the dense reference model's directory (without it: the shipped model)")
+    p.add_argument("--tiny", action="store_true", help="use an untrained tiny reference instead (a quick smoke test)")
+    p.add_argument("--captions", type=positive_int_arg, default=4, help="how many of the fixed captions to sample")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="noise seeds; every caption with every seed")
+    p.add_argument("--steps", type=positive_int_arg, default=None,
+                   help="sampler steps (without it: the model's own)")
+    p.add_argument("--guidance", type=float, default=None,
+                   help="classifier-free guidance scale (without it: the model's own)")
+    p.add_argument("--device", type=device_arg, default=default_device(), help="where to run: cpu, cuda or cuda:N")
+    p.add_argument("--out", default="outputs/compare", help="output directory")
     p.set_defaults(func=run)
+
+
+def student_arg(spec: str) -> str:
+    """``--student``: LABEL=DIR, DIR a `sparsevid distill` output."""
+    from ..training.distill import SPARSE_CONFIG_FILE
+
+    label, sep, directory = spec.partition("=")
+    if not sep or not label or not directory:
+        raise argparse.ArgumentTypeError(f"expected LABEL=DIR, got {spec!r}")
+    model_dir_arg(directory)
+    if not (Path(directory) / SPARSE_CONFIG_FILE).is_file():
+        raise argparse.ArgumentTypeError(f"{spec!r}: {SPARSE_CONFIG_FILE} not found in {directory} (a `sparsevid "
+                                         f"distill` output directory?)")
+    return spec
 
 
 def _student(spec: str, device):
@@ -31,14 +56,10 @@ def _student(spec: str, device):
     from ..schedules import SparseConfig
     from ..training.distill import SPARSE_CONFIG_FILE
 
-    label, sep, directory = spec.partition("=")
-    if not sep or not label or not directory:
-        raise ValueError(f"--student must look like LABEL=DIR, got {spec!r}")
-    config_path = Path(directory) / SPARSE_CONFIG_FILE
-    if not config_path.is_file():
-        raise ValueError(f"--student {spec!r}: {config_path} not found (a `sparsevid distill` output directory?)")
+    label, _, directory = spec.partition("=")  # checked by student_arg
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return label, (load_builtin(directory, device=device, dtype=dtype), SparseConfig.from_json(config_path.read_text()))
+    config = SparseConfig.from_json((Path(directory) / SPARSE_CONFIG_FILE).read_text())
+    return label, (load_builtin(directory, device=device, dtype=dtype), config)
 
 
 def run(args) -> int:
@@ -48,9 +69,9 @@ def run(args) -> int:
     from .reports import save_report
 
     if not args.student and not args.training_free:
-        raise ValueError("give at least one --student or --training-free configuration")
-    if not 1 <= args.captions <= len(DEFAULT_CAPTIONS):
-        raise ValueError(f"--captions must be in [1, {len(DEFAULT_CAPTIONS)}], got {args.captions}")
+        raise CommandError("give at least one --student or --training-free configuration to compare")
+    if args.captions > len(DEFAULT_CAPTIONS):
+        raise CommandError(f"--captions must be at most {len(DEFAULT_CAPTIONS)}, got {args.captions}")
     reference = load_model(args)
     device = next(reference.parameters()).device
     candidates = dict(_student(spec, device) for spec in args.student)

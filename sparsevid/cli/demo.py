@@ -8,22 +8,39 @@ from pathlib import Path
 
 import torch
 
+from .args import (check_caption_fits, check_caption_words, default_device, device_arg, fraction_arg,
+                   model_dir_arg, positive_int_arg, topk_arg)
+
 DEFAULT_CAPTION = "big green striped square moving left and small magenta plain circle moving up on a beige background"
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="generate a clip with dense and sparse attention and compare them")
-    p.add_argument("--caption", default=DEFAULT_CAPTION, help="caption in the built-in grammar")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None, help="sampler steps (default: the model's, 10)")
-    p.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale")
-    p.add_argument("--rule", default="hybrid", choices=("topk", "topp", "hybrid"))
-    p.add_argument("--topk", type=float, default=0.05, help="fraction of key blocks per query block")
-    p.add_argument("--topp", type=float, default=0.9, help="cumulative pooled attention mass per row")
-    p.add_argument("--model", default=None, help="directory with builtin.safetensors + builtin.json "
-                                                 "(default: the shipped model)")
-    p.add_argument("--tiny", action="store_true", help="an untrained tiny model instead (smoke test)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    summary = ("Generate one clip with dense and with sparse attention, print the sparsity, the time and how "
+               "close the two clips are, and write them side by side (GIF and PNG).")
+    p = subparsers.add_parser("demo", description=summary,
+                              help="Generate a clip with dense and with sparse attention and compare the two.")
+    p.add_argument("--caption", default=DEFAULT_CAPTION,
+                   help="what the clip shows, in the built-in caption grammar: '<size> <colour> <texture> <shape> "
+                        "<motion> [and <object>...] on a <background> background'")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
+    p.add_argument("--steps", type=positive_int_arg, default=None,
+                   help="sampler steps (without it: the model's own, 10 for the shipped model)")
+    p.add_argument("--guidance", type=float, default=None,
+                   help="classifier-free guidance scale (without it: the model's own)")
+    p.add_argument("--rule", default="hybrid", choices=("topk", "topp", "hybrid"),
+                   help="how each row of attention tiles is chosen: the top-k blocks, the blocks holding top-p "
+                        "of the pooled attention mass, or the union of both")
+    p.add_argument("--topk", type=topk_arg, default=0.05,
+                   help="key blocks kept per query block: a fraction in (0, 1] such as 0.05, or a whole count "
+                        "such as 2")
+    p.add_argument("--topp", type=fraction_arg, default=0.9,
+                   help="share of each row's pooled attention mass to keep, in (0, 1]")
+    p.add_argument("--model", type=model_dir_arg, default=None,
+                   help="directory with builtin.safetensors and builtin.json, as `sparsevid train` or "
+                        "`sparsevid distill` write (without it: the shipped model)")
+    p.add_argument("--tiny", action="store_true", help="use an untrained tiny model instead (a quick smoke test)")
+    p.add_argument("--device", type=device_arg, default=default_device(),
+                   help="where to run: cpu, cuda or cuda:N")
     p.add_argument("--out", default="outputs/demo", help="output directory")
     p.set_defaults(func=run)
 
@@ -46,8 +63,10 @@ def run(args) -> int:
     from ..eval.media import write_clips
     from ..schedules import SparseConfig
 
+    check_caption_words(args.caption)
     start = time.perf_counter()
     model = load_model(args)
+    check_caption_fits(model, args.caption)
     config = SparseConfig(rule=args.rule, topk=args.topk, topp=args.topp)
     label = f"{args.rule} topk={args.topk} topp={args.topp}"
     patch = model.transformer.config.patch_size

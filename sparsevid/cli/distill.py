@@ -5,51 +5,63 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+from .args import (CommandError, config_spec_arg, default_device, device_arg, model_dir_arg, positive_float_arg,
+                   positive_int_arg)
 
 DEFAULT_SPARSE = "rule=hybrid,topk=0.05,topp=0.9"
 DATA_KINDS = ("procedural", "dir", "teacher")
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("distill", help="train sparse attention by velocity distillation (or the "
-                                              "diffusion-loss baseline)")
+    summary = ("Fine-tune the built-in video model so that its sparse attention matches its dense self "
+               "(velocity distillation; --objective diffusion trains on the data instead, the baseline). Runs "
+               "on one process or under torchrun (data parallel).")
+    p = subparsers.add_parser("distill", description=summary,
+                              help="Fine-tune the model so that its sparse attention matches its dense self.")
     p.add_argument("--out", required=True, help="directory for the state, log, loss curve and the student")
-    p.add_argument("--objective", default="distill", choices=("distill", "diffusion"))
-    p.add_argument("--config", default=DEFAULT_SPARSE, metavar="SPEC",
-                   help=f"the student's SparseConfig, 'key=value,...' or a JSON file (default {DEFAULT_SPARSE})")
-    p.add_argument("--model", default=None, help="pretrained model directory (default: the shipped model)")
-    p.add_argument("--tiny", action="store_true", help="an untrained tiny model instead (smoke test)")
+    p.add_argument("--objective", default="distill", choices=("distill", "diffusion"),
+                   help="distill: match the dense teacher's velocity; diffusion: the flow-matching loss on the data")
+    p.add_argument("--config", type=config_spec_arg, default=DEFAULT_SPARSE, metavar="SPEC",
+                   help="the student's sparse attention: SparseConfig fields as 'key=value,...' or a JSON file")
+    p.add_argument("--model", type=model_dir_arg, default=None,
+                   help="pretrained model directory (without it: the shipped model)")
+    p.add_argument("--tiny", action="store_true", help="use an untrained tiny model instead (a quick smoke test)")
     p.add_argument("--data", default="procedural", choices=DATA_KINDS,
                    help="procedural clips, clip files in --data-dir, or clips sampled from the teacher")
-    p.add_argument("--data-dir", default=None, help="clip files (--data dir) or the teacher cache "
-                                                    "(--data teacher; default OUT/teacher_cache)")
+    p.add_argument("--data-dir", default=None, help="clip files (--data dir) or the teacher cache (--data teacher; "
+                                                    "without it: OUT/teacher_cache)")
     p.add_argument("--data-seed", type=int, default=1, help="seed of the procedural clips / file order")
-    p.add_argument("--max-objects", type=int, default=None, help="procedural clips with at most this many "
-                                                                 "objects (default: the model's)")
-    p.add_argument("--teacher-samples", type=int, default=64, help="clips in the teacher cache")
-    p.add_argument("--teacher-steps", type=int, default=None, help="sampler steps for the teacher cache")
-    p.add_argument("--batch-size", type=int, default=16, help="global batch (split over processes)")
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--minutes", type=float, default=None, help="wall-clock budget (with or instead of --max-steps)")
-    p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--warmup", type=int, default=20, help="warm-up steps")
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--ema", type=float, default=None, help="EMA decay (default: no EMA)")
-    p.add_argument("--trainable", default="all", choices=("all", "attention"))
-    p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--no-bf16", action="store_true", help="fp32 on CUDA (bf16 autocast otherwise)")
-    p.add_argument("--train-shift", type=float, default=None,
-                   help="shift of the logit-normal noise levels (default: the model's pre-training value)")
+    p.add_argument("--max-objects", type=positive_int_arg, default=None,
+                   help="procedural clips with at most this many objects (without it: the model's limit)")
+    p.add_argument("--teacher-samples", type=positive_int_arg, default=64, help="clips in the teacher cache")
+    p.add_argument("--teacher-steps", type=positive_int_arg, default=None,
+                   help="sampler steps for the teacher cache (without it: the model's own)")
+    p.add_argument("--batch-size", type=positive_int_arg, default=16, help="global batch (split over processes)")
+    p.add_argument("--max-steps", type=positive_int_arg, default=None,
+                   help="step budget (give it, --minutes or both)")
+    p.add_argument("--minutes", type=positive_float_arg, default=None,
+                   help="wall-clock budget (give it, --max-steps or both)")
+    p.add_argument("--lr", type=positive_float_arg, default=5e-5, help="peak learning rate (AdamW)")
+    p.add_argument("--warmup", type=int, default=20, help="steps of linear learning-rate warm-up")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="gradient-norm clipping threshold")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--ema", type=float, default=None,
+                   help="decay of an exponential moving average of the weights (without it: no average)")
+    p.add_argument("--trainable", default="all", choices=("all", "attention"),
+                   help="which weights are trained: all, or only the attention layers")
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="recompute activations in the backward pass (less memory, more time)")
+    p.add_argument("--no-bf16", action="store_true", help="train in fp32 on CUDA (bf16 autocast otherwise)")
+    p.add_argument("--train-shift", type=positive_float_arg, default=None,
+                   help="shift of the logit-normal noise levels (without it: the model's pre-training value)")
     p.add_argument("--null-prob", type=float, default=None,
-                   help="probability of the null caption (default: the model's pre-training value)")
+                   help="probability of the empty caption (without it: the model's pre-training value)")
     p.add_argument("--seed", type=int, default=0, help="seed of the noise and noise levels")
     p.add_argument("--resume", action="store_true", help="continue from OUT/state.safetensors if present")
-    p.add_argument("--checkpoint-every", type=int, default=100)
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--checkpoint-every", type=positive_int_arg, default=100, help="steps between saved states")
+    p.add_argument("--log-every", type=positive_int_arg, default=10, help="steps between log lines")
     p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=device_arg, default=default_device(), help="where to train: cpu, cuda or cuda:N")
     p.set_defaults(func=run)
 
 
@@ -59,17 +71,16 @@ def _source(args, model, job):
     from ..training.sources import DirectorySource, ProceduralSource
     from ..training.teacher_cache import teacher_cache
 
-    if args.data == "procedural" and args.data_dir is not None:
-        raise ValueError("--data-dir needs --data dir or --data teacher, got --data procedural")
     if args.data == "dir":
-        if args.data_dir is None:
-            raise ValueError("--data dir needs --data-dir")
-        return DirectorySource(args.data_dir, seed=args.data_seed)
+        try:
+            return DirectorySource(args.data_dir, seed=args.data_seed)
+        except ValueError as error:  # the user's clip files
+            raise CommandError(f"--data-dir {args.data_dir}: {error}") from None
     data = model.data
     if args.max_objects is not None:
-        if not 1 <= args.max_objects <= data.max_objects:
-            raise ValueError(f"--max-objects must be in [1, {data.max_objects}] (the model's captions), "
-                             f"got {args.max_objects}")
+        if args.max_objects > data.max_objects:
+            raise CommandError(f"--max-objects must be at most {data.max_objects} (the model's captions), "
+                               f"got {args.max_objects}")
         data = ProceduralVideos(**{**data.config(), "max_objects": args.max_objects})
     if args.data == "procedural":
         return ProceduralSource(data, seed=args.data_seed)
@@ -86,7 +97,11 @@ def run(args) -> int:
     from .demo import load_model
 
     if args.minutes is None and args.max_steps is None:
-        raise ValueError("give --minutes or --max-steps")
+        raise CommandError("give --minutes, --max-steps or both: how long to train")
+    if args.data == "procedural" and args.data_dir is not None:
+        raise CommandError("--data-dir needs --data dir or --data teacher, got --data procedural")
+    if args.data == "dir" and args.data_dir is None:
+        raise CommandError("--data dir needs --data-dir, the directory of clip files")
     job = setup(args.device)
     try:
         args.device = str(job.device)

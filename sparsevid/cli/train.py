@@ -7,6 +7,9 @@ from pathlib import Path
 
 import torch
 
+from .args import (CommandError, default_device, device_arg, model_dir_arg, positive_float_arg,
+                   positive_int_arg)
+
 SAMPLE_CAPTIONS = (
     "big red plain circle moving right on a black background",
     "small yellow striped square bouncing and big blue plain ring circling on a gray background",
@@ -16,31 +19,42 @@ SAMPLE_CAPTIONS = (
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train the built-in video DiT (rectified flow) on procedural clips")
-    p.add_argument("--out", required=True, help="directory for weights, config, loss curve, samples and log")
-    p.add_argument("--minutes", type=float, default=None, help="wall-clock training budget")
-    p.add_argument("--max-steps", type=int, default=None, help="step budget (with or instead of --minutes)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=4e-4)
-    p.add_argument("--warmup", type=int, default=200, help="warm-up steps")
-    p.add_argument("--ema", type=float, default=0.999, help="EMA decay")
-    p.add_argument("--train-shift", type=float, default=2.0, help="shift of the logit-normal noise levels")
-    p.add_argument("--null-prob", type=float, default=0.1, help="probability of the null caption (for CFG)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tiny", action="store_true", help="the tiny configuration (tests, smoke runs)")
-    p.add_argument("--init", default=None, metavar="DIR",
+    summary = ("Train the built-in video model with the rectified-flow objective on procedural clips (from "
+               "scratch, or from a model directory with --init), then write its weights, loss curve, sample clips "
+               "and log.")
+    p = subparsers.add_parser("train", description=summary,
+                              help="Train the built-in video model from scratch on procedural clips.")
+    p.add_argument("--out", required=True, help="directory for the weights, config, loss curve, samples and log")
+    p.add_argument("--minutes", type=positive_float_arg, default=None,
+                   help="wall-clock training budget (give it, --max-steps or both)")
+    p.add_argument("--max-steps", type=positive_int_arg, default=None,
+                   help="step budget (give it, --minutes or both)")
+    p.add_argument("--batch-size", type=positive_int_arg, default=64, help="clips per step")
+    p.add_argument("--lr", type=positive_float_arg, default=4e-4, help="peak learning rate (AdamW)")
+    p.add_argument("--warmup", type=int, default=200, help="steps of linear learning-rate warm-up")
+    p.add_argument("--ema", type=float, default=0.999, help="decay of the weights' exponential moving average")
+    p.add_argument("--train-shift", type=positive_float_arg, default=2.0,
+                   help="shift of the logit-normal noise levels (larger: noisier training steps)")
+    p.add_argument("--null-prob", type=float, default=0.1,
+                   help="probability in [0, 1) of training on the empty caption (for classifier-free guidance)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data, noise and initial weights")
+    p.add_argument("--tiny", action="store_true", help="train the tiny configuration instead (tests, smoke runs)")
+    p.add_argument("--init", type=model_dir_arg, default=None, metavar="DIR",
                    help="start from the model in DIR (weights and architecture; a warm restart: fresh optimiser)")
-    p.add_argument("--clip", default=None, metavar="T,H,W", help="clip frames, height, width (default: the model's)")
+    p.add_argument("--clip", default=None, metavar="T,H,W",
+                   help="clip frames, height, width (without it: the model's)")
     p.add_argument("--background-texture", type=float, default=None,
-                   help="strength of the procedural background texture in [0, 1] (default: the model's)")
-    p.add_argument("--pan", type=float, default=None, help="camera pan of the background texture (frame widths)")
+                   help="strength of the procedural background texture in [0, 1] (without it: the model's)")
+    p.add_argument("--pan", type=float, default=None,
+                   help="camera pan of the background texture, in frame widths (without it: the model's)")
     p.add_argument("--compile", action="store_true", help="torch.compile the transformer")
-    p.add_argument("--state", default=None, help="training-state file (default OUT/state.safetensors)")
-    p.add_argument("--resume", action="store_true", help="continue from --state if it exists")
-    p.add_argument("--checkpoint-every", type=int, default=500)
-    p.add_argument("--log-every", type=int, default=25)
-    p.add_argument("--sample-steps", type=int, default=None, help="sampler steps for the final samples")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--state", default=None, help="training-state file (without it: OUT/state.safetensors)")
+    p.add_argument("--resume", action="store_true", help="continue from the training state if it exists")
+    p.add_argument("--checkpoint-every", type=positive_int_arg, default=500, help="steps between saved states")
+    p.add_argument("--log-every", type=positive_int_arg, default=25, help="steps between log lines")
+    p.add_argument("--sample-steps", type=positive_int_arg, default=None,
+                   help="sampler steps for the final sample clips (without it: the model's own)")
+    p.add_argument("--device", type=device_arg, default=default_device(), help="where to train: cpu, cuda or cuda:N")
     p.set_defaults(func=run)
 
 
@@ -54,7 +68,7 @@ def initial_model(args):
     from ..models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT, load_builtin, tiny_config
 
     if args.init is not None and args.tiny:
-        raise ValueError("give --init or --tiny, not both")
+        raise CommandError("give --init or --tiny, not both")
     if args.init is not None:
         model = load_builtin(args.init)
         training = model.config.pop("training", None)
@@ -66,12 +80,15 @@ def initial_model(args):
         try:
             frames, height, width = (int(x) for x in args.clip.split(","))
         except ValueError:
-            raise ValueError(f"--clip must be three comma-separated ints T,H,W, got {args.clip!r}") from None
+            raise CommandError(f"--clip must be three comma-separated ints T,H,W, got {args.clip!r}") from None
         data.update(frames=frames, height=height, width=width)
     for key, value in (("background_texture", args.background_texture), ("pan", args.pan)):
         if value is not None:
             data[key] = value
-    model.data = ProceduralVideos(**data)  # the same weights, the clips of this phase
+    try:
+        model.data = ProceduralVideos(**data)  # the same weights, the clips of this phase
+    except ValueError as error:  # the clip shape or background given on the command line
+        raise CommandError(f"--clip / --background-texture / --pan: {error}") from None
     model.phases = phases
     return model
 
@@ -83,11 +100,11 @@ def run(args) -> int:
     from ..training.plots import plot_loss
 
     if args.minutes is None and args.max_steps is None:
-        raise ValueError("give --minutes or --max-steps")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be positive, got {args.batch_size}")
+        raise CommandError("give --minutes, --max-steps or both: how long to train")
     if not 0 <= args.null_prob < 1:
-        raise ValueError(f"--null-prob must be in [0, 1), got {args.null_prob}")
+        raise CommandError(f"--null-prob must lie in [0, 1), got {args.null_prob}")
+    if args.warmup < 0:
+        raise CommandError(f"--warmup must be >= 0, got {args.warmup}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log_file = (out / "train_log.txt").open("a")
@@ -127,7 +144,8 @@ def run(args) -> int:
     state = Path(args.state) if args.state else out / "state.safetensors"
     result = train_loop(model, loss_fn, config, state_path=state, resume=args.resume, log=log)
     if not result.history:
-        raise ValueError(f"nothing to train: the state at {state} is already at step {result.steps}")
+        raise CommandError(f"nothing to train: the state at {state} is already at step {result.steps} "
+                           f"(raise --max-steps or --minutes, or start without --resume)")
     final_loss = result.history[-1]["loss"]
     log(f"trained to step {result.steps} in {result.seconds:.0f}s, final loss {final_loss:.4f}")
 

@@ -1,0 +1,131 @@
+"""What the commands share about their arguments: parsing helpers that reject bad values with one clear
+line, and :class:`CommandError` for a user error found later (a missing file, a caption the model cannot
+draw), which ``sparsevid`` prints as ``error: ...`` and exits with status 2."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+class CommandError(Exception):
+    """A mistake in the command line or its inputs: printed as one line, without a traceback."""
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def device_arg(text: str) -> str:
+    """``--device``: a torch device name that exists on this machine."""
+    try:
+        parsed = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (use cpu, cuda or cuda:N)") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine (use --device cpu)")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {torch.cuda.device_count()} CUDA devices")
+    elif parsed.type != "cpu":
+        raise argparse.ArgumentTypeError(f"{text!r}: only cpu and cuda devices are supported")
+    return text
+
+
+def topk_arg(text: str) -> int | float:
+    """``--topk``: a whole number is a count of key blocks per row ("2"), anything else a fraction of them
+    in (0, 1] ("0.05")."""
+    try:
+        count = int(text)
+    except ValueError:
+        pass
+    else:
+        if count < 1:
+            raise argparse.ArgumentTypeError(f"a count of key blocks must be >= 1, got {text}")
+        return count
+    try:
+        fraction = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1] or a count >= 1, got {text!r}") from None
+    if not 0 < fraction <= 1:
+        raise argparse.ArgumentTypeError(f"a fraction of key blocks must lie in (0, 1] (or give a whole count), "
+                                         f"got {text}")
+    return fraction
+
+
+def fraction_arg(text: str) -> float:
+    """A float in (0, 1] (``--topp``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text}")
+    return value
+
+
+def positive_int_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text}")
+    return value
+
+
+def positive_float_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def check_caption_words(caption: str) -> None:
+    """CommandError unless every word of ``caption`` is in the built-in caption grammar; the message lists
+    the allowed words."""
+    from ..data import grammar
+
+    unknown = [w for w in caption.lower().split() if w not in grammar.WORD_TO_ID or w == grammar.PAD]
+    if not unknown:
+        return
+    groups = {"sizes": grammar.SIZES, "colours": grammar.COLOURS, "textures": grammar.TEXTURES,
+              "shapes": grammar.SHAPES, "motions": grammar.MOTIONS, "backgrounds": grammar.BACKGROUNDS}
+    allowed = "; ".join(f"{name}: {', '.join(words)}" for name, words in groups.items())
+    raise CommandError(f"the caption uses words the built-in model does not know: {', '.join(unknown)}. "
+                       f"A caption reads '<size> <colour> <texture> <shape> <motion> [and <object>...] on a "
+                       f"<background> background'; {allowed}")
+
+
+def check_caption_fits(model, caption: str) -> None:
+    """CommandError unless ``model`` (a BuiltinVideoDiT) can draw ``caption``: few enough objects and words."""
+    if not model.data.fits(caption):
+        raise CommandError(f"the caption has more objects or words than this model was trained on (at most "
+                           f"{model.data.max_objects} objects, {model.data.caption_length} words): {caption!r}")
+
+
+def model_dir_arg(text: str) -> str:
+    """``--model``: a directory holding a built-in model (its weights and config)."""
+    from pathlib import Path
+
+    from ..models.builtin import CONFIG_FILE, WEIGHTS_FILE
+
+    missing = [name for name in (WEIGHTS_FILE, CONFIG_FILE) if not (Path(text) / name).is_file()]
+    if missing:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a model directory: {' and '.join(missing)} not found "
+                                         f"(`sparsevid train` and `sparsevid distill` write them)")
+    return text
+
+
+def config_spec_arg(text: str) -> str:
+    """``--config``-like options: a SparseConfig as 'key=value,...' or a JSON file, checked here."""
+    from ..eval.harness import parse_config
+
+    try:
+        parse_config(text)
+    except (ValueError, TypeError, OSError) as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+    return text
