@@ -13,9 +13,9 @@
 
 Writes results.json and table.md under --out.
 
-    python3 benchmarks/bench_training_free.py --out results/training_free
+    python3 -m benchmarks.bench_training_free --out results/training_free
     # CPU check of the same code paths (Triton interpreted for the kernel part):
-    python3 benchmarks/bench_training_free.py --out /tmp/tf --device cpu --dtype float32 --heads 2 \
+    python3 -m benchmarks.bench_training_free --out /tmp/tf --device cpu --dtype float32 --heads 2 \
         --tokens 1000 --grid 3x8x8 --layers 2 --steps 8 --dense-steps 1 --refresh-interval 2 --iters 1
 """
 from __future__ import annotations
