@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.run_info import run_metadata
 from sparsevid.data import ProceduralVideos, grammar
 from sparsevid.eval.faithfulness import faithfulness, swap_attribute
 
@@ -115,8 +116,8 @@ def main() -> None:
     print(table)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps({"clips": args.clips, "seed": args.seed,
-                                                           "results": results}, indent=2))
+        meta = run_metadata("cpu", clips=args.clips, seed=args.seed)
+        (args.out / "results.json").write_text(json.dumps({**meta, "results": results}, indent=2))
         (args.out / "results.md").write_text(f"`python -m benchmarks.faithfulness_validation --clips {args.clips} "
                                              f"--seed {args.seed}`\n\n{table}\n")
 
