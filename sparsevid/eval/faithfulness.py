@@ -216,15 +216,14 @@ def _label_pixels(clip: torch.Tensor, background: torch.Tensor, usable: torch.Te
 
 
 def _dilate(mask: torch.Tensor, reach: int) -> torch.Tensor:
-    """``mask`` bool [..., H, W] grown by ``reach`` pixels (a square neighbourhood): a box count from
+    """``mask`` bool [..., H, W] grown by ``reach`` pixels (a square neighbourhood): window sums of
     cumulative sums, whose cost does not grow with ``reach``."""
     count = mask.to(torch.int32)
     for dim in (-1, -2):
-        length = count.shape[dim]
-        total = F.pad(count.cumsum(dim), (1, 0) if dim == -1 else (0, 0, 1, 0))  # [..., length + 1]
-        hi = torch.arange(length).add(reach + 1).clamp(max=length)
-        lo = torch.arange(length).sub(reach).clamp(min=0)
-        count = total.index_select(dim, hi) - total.index_select(dim, lo)
+        padding = (reach + 1, reach) if dim == -1 else (0, 0, reach + 1, reach)
+        total = F.pad(count, padding).cumsum(dim)
+        length = total.shape[dim]
+        count = total.narrow(dim, 2 * reach + 1, length - 2 * reach - 1) - total.narrow(dim, 0, length - 2 * reach - 1)
     return count > 0
 
 
@@ -324,6 +323,16 @@ def _track(mask: torch.Tensor, side: float, bright: torch.Tensor | None = None) 
     return track
 
 
+def _crop(mask: torch.Tensor, margin: int) -> torch.Tensor:
+    """``mask`` bool [T, H, W] cut to the box holding all its pixels in every frame, plus ``margin``."""
+    rows = torch.nonzero(mask.any(0).any(1)).flatten()
+    cols = torch.nonzero(mask.any(0).any(0)).flatten()
+    if len(rows) == 0:
+        return mask
+    top, left = max(0, int(rows[0]) - margin), max(0, int(cols[0]) - margin)
+    return mask[:, top:int(rows[-1]) + margin + 1, left:int(cols[-1]) + margin + 1]
+
+
 def _texture_reading(bright: torch.Tensor, radius_px: float) -> tuple[float, float] | None:
     """(dark fraction, across share) of an object from its bright pixels ``bright`` bool [T, H, W] and its
     radius in pixels, or None where too few pixels show. The object's inside is the bright pixels closed
@@ -332,6 +341,7 @@ def _texture_reading(bright: torch.Tensor, radius_px: float) -> tuple[float, flo
     inside which is not bright, the across share the fraction of bright/dark changes inside between
     horizontal neighbours (0 for stripes, which are horizontal; 0.5 for checks)."""
     reach = max(1, math.ceil(0.2 * radius_px))
+    bright = _crop(bright, reach + 2)
     inside = ~_dilate(~_dilate(bright, reach), reach + 1)
     pixels = inside.flatten(1).sum(1)
     readable = pixels >= TEXTURE_PIXELS
