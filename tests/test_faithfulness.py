@@ -72,7 +72,9 @@ def test_swapped_attribute_drops_its_score(plain64, attribute):
     video, captions, true = plain64
     video, captions, true = video[:16], captions[:16], true[:16]
     index = [0 if attribute == "background" else i % len(grammar.parse_caption(c)[0]) for i, c in enumerate(captions)]
-    swapped = [swap_attribute(c, attribute, shift=1 + i % (2 if attribute == "texture" else 3) if attribute != "size" else 1, index=j) for i, (c, j) in enumerate(zip(captions, index))]
+    values = {"background": 4, "colour": 8, "size": 2, "motion": 6, "texture": 3}[attribute]
+    swapped = [swap_attribute(c, attribute, shift=1 + i % (values - 1), index=j)
+               for i, (c, j) in enumerate(zip(captions, index))]
     wrong = faithfulness(video, swapped)
 
     def read(scores, i):

@@ -143,7 +143,7 @@ def swap_attribute(caption: str, attribute: str, shift: int = 1, index: int = 0)
 
 def _score_clip(clip: torch.Tensor, objects: list[tuple[int, int, int, int, int]], background: int) -> dict:
     """Scores of one clip float32 [3, T, H, W] in [0, 1] against its parsed caption."""
-    _, frames, height, width = clip.shape
+    height, width = clip.shape[-2:]
     shade = 1.15 - 0.3 * (torch.arange(height, dtype=torch.float32) + 0.5) / height  # the renderer's
     base = _background_colour(clip, shade)
     scores = {"background": _palette_posterior(base, BACKGROUND_RGB, background)}
