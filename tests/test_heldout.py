@@ -6,7 +6,7 @@ import torch
 
 import sparsevid as sv
 from sparsevid.data import ProceduralVideos
-from sparsevid.eval.heldout import flow_matching_loss, heldout_set, predict_velocities, sampler_step, velocity_error
+from sparsevid.eval.heldout import flow_matching_loss, heldout_set, predict_velocities, sampler_steps, velocity_error
 from sparsevid.models.builtin import BuiltinVideoDiT, tiny_config
 from sparsevid.training.flow import flow_matching_loss as training_loss
 
@@ -70,7 +70,7 @@ def test_velocity_error_of_another_model(model, heldout):
 
 def test_dense_steps_follow_the_sampler_step_of_each_noise_level(model, heldout):
     """A config dense for the first two sampler steps leaves the triples at those noise levels exact."""
-    steps = [sampler_step(model, float(t)) for t in heldout.t]
+    steps = sampler_steps(model, heldout.t)
     dense = predict_velocities(model, heldout)
     late = predict_velocities(model, heldout, sv.SparseConfig(rule="topk", topk=1, dense_steps=2))
     early = torch.tensor([s < 2 for s in steps])

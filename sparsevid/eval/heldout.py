@@ -66,16 +66,16 @@ def heldout_set(data, per_bin: int = 8, num_bins: int = 5, seed: int = HELDOUT_S
     return HeldOutSet(clips.float().cpu(), torch.stack(noise), torch.cat(t).float(), bins, captions, num_bins, seed)
 
 
-def sampler_step(model, t: float) -> int:
-    """The step of the model's default sampler whose noise level is nearest ``t`` (the step a sparse
-    configuration's schedule sees at that noise level)."""
+def sampler_steps(model, t: torch.Tensor) -> list[int]:
+    """For noise levels ``t`` [n], the step of the model's default sampler whose noise level is nearest each
+    (the step a sparse configuration's schedule sees at that noise level)."""
     from ..models.sampling import make_scheduler
 
     sampling = model.config["sampling"]
     scheduler = make_scheduler(sampling.get("scheduler", "euler"), sampling["shift"])
     scheduler.set_timesteps(sampling["steps"])
-    levels = scheduler.timesteps.double() / 1000.0
-    return int((levels - t).abs().argmin())
+    levels = scheduler.timesteps.double().cpu() / 1000.0
+    return (levels.view(1, -1) - t.double().view(-1, 1)).abs().argmin(dim=1).tolist()
 
 
 @torch.no_grad()
@@ -84,7 +84,7 @@ def predict_velocities(model, heldout: HeldOutSet, config=None, batch_size: int 
     """The model's caption-conditioned velocity on every triple: float32 [n, 3, T, H, W] on the CPU.
 
     config: None (the model as it is) or a SparseConfig applied for each forward and removed after; each
-    forward is a fresh generation pinned to the sampler step nearest its noise level (:func:`sampler_step`), so
+    forward is a fresh generation pinned to the sampler step nearest its noise level (:func:`sampler_steps`), so
     dense steps and schedules act as in sampling and no mask is reused across clips. Triples sharing a step
     are batched (``batch_size`` at most). ``on_batch()`` is called after each forward.
     """
@@ -93,7 +93,7 @@ def predict_velocities(model, heldout: HeldOutSet, config=None, batch_size: int 
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     param = next(model.parameters())
-    steps = [sampler_step(model, float(t)) if config is not None else 0 for t in heldout.t]
+    steps = sampler_steps(model, heldout.t) if config is not None else [0] * len(heldout)
     out = torch.empty_like(heldout.noise)
     for step in sorted(set(steps)):
         members = [i for i, s in enumerate(steps) if s == step]

@@ -47,7 +47,7 @@ def run_suite(model, configs: dict, captions: Sequence[str], seeds: Sequence[int
     jobs = [(c, s) for c in captions for s in seeds]
     probe_steps = sorted({0, steps // 2, steps - 1}) if probe_steps is None else sorted(set(probe_steps))
     probe_jobs = jobs[:probe_clips]
-    passes = len(configs) + 2 + (reference is not None)
+    passes = 1 + (reference is not None) + 1 + len(configs)  # reference, dense unless it is the reference, the rest
     bar = tqdm(total=len(jobs) * (len(configs) + 2) + len(probe_jobs) * len(probe_steps) + passes,
                desc="eval", unit="clip", disable=not progress)
     try:
@@ -70,11 +70,13 @@ def run_suite(model, configs: dict, captions: Sequence[str], seeds: Sequence[int
         entries = {DENSE_LABEL: (results["dense"], None), EVERY_TILE_LABEL: (results["noise_floor"], every_tile_config()),
                    **{name: (results["configs"][name], config) for name, config in configs.items()}}
         for label, (entry, config) in entries.items():
-            velocity = (reference_velocity if config is None and reference is None
-                        else predict_velocities(model, heldout, config))
+            if config is None and reference is None:
+                velocity = reference_velocity
+            else:
+                velocity = predict_velocities(model, heldout, config)
+                bar.update()
             entry["velocity_error"] = velocity_error(velocity, reference_velocity, heldout)
             entry["heldout_loss"] = flow_matching_loss(velocity, heldout)
-            bar.update()
 
         bar.set_postfix_str("oracle recall")
         oracle = oracle_study_of_model(model, [c for c, _ in probe_jobs], [s for _, s in probe_jobs], steps=steps,
