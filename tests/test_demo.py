@@ -36,7 +36,10 @@ def test_eval_command_writes_table_json_and_plots(tmp_path, capsys):
     one = results["configs"]["rule=topk,topk=1,tile=none"]
     assert one["predicted_recall"] <= one["oracle_recall"] + 1e-9
     table = (tmp_path / "results.md").read_text()
+    assert all(0 <= entry["faithfulness"]["overall"] <= 1 and "motion" in entry["faithfulness"]["per_attribute"]
+               for entry in [results["dense"], results["noise_floor"], *results["configs"].values()])
     assert "Smoke test" in table and "| setting | sparsity | PSNR (dB) | SSIM | faithfulness | velocity error |" in table
+    assert "Caption faithfulness per attribute" in table
     assert "every tile kept (noise floor)" in table
     for name in ("first_clip.gif", "quality_vs_sparsity.png", "recall_vs_sparsity.png", "recall_per_layer.png"):
         assert (tmp_path / name).stat().st_size > 0, name

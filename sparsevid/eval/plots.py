@@ -38,12 +38,11 @@ def plot_quality(results: dict, path: str | Path) -> Path:
     """PSNR against dense (with the noise floor), velocity error and caption faithfulness (with dense's)
     against achieved sparsity, one line per rule."""
     plt = _pyplot()
-    faith = lambda e: (e.get("faithfulness") or {}).get("overall")  # noqa: E731
+    faith = lambda e: e["faithfulness"]["overall"]  # noqa: E731
     panels = [("PSNR vs dense (dB)", lambda e: e["psnr"], results["noise_floor_psnr"], "noise floor"),
               ("velocity error (rel. L2)", lambda e: e["velocity_error"]["overall"],
-               results["noise_floor"]["velocity_error"]["overall"], "every tile kept")]
-    if faith(results["dense"]) is not None:
-        panels.append(("caption faithfulness", faith, faith(results["dense"]), "dense"))
+               results["noise_floor"]["velocity_error"]["overall"], "every tile kept"),
+              ("caption faithfulness", faith, faith(results["dense"]), "dense")]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), dpi=120)
     for ax, (ylabel, value, level, level_label) in zip(axes, panels):
         for rule, points in _by_rule(results, value).items():

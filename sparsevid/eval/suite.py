@@ -9,7 +9,8 @@ dense, time) it measures, for the dense model, the "every tile kept" path and ev
   noise-level bin, on fixed held-out triples (:mod:`~sparsevid.eval.heldout`), no sampling involved;
 * **oracle recall** per layer and probed step (:mod:`~sparsevid.eval.oracle`): the mass of the exact top tiles
   over a sparsity grid, with each configuration's predicted recall and its ceiling beside it;
-* **caption faithfulness** of the sampled clips (:mod:`~sparsevid.eval.faithfulness_summary`).
+* **caption faithfulness** of the sampled clips (:mod:`~sparsevid.eval.faithfulness`: what the pixels show
+  against what the caption says, from the procedural ground truth).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def run_suite(model, configs: dict, captions: Sequence[str], seeds: Sequence[int
     """Run the harness and every yardstick (see the module docstring); returns the harness's results with
     "noise_floor" (an entry like a configuration's), "noise_floor_psnr" / "noise_floor_ssim", "oracle" (the
     :meth:`~sparsevid.eval.oracle.OracleStudy.summary`), and in the dense, noise-floor and configuration
-    entries "velocity_error", "heldout_loss" ({"overall", "per_bin"}), "faithfulness" (or None) and, for
+    entries "velocity_error", "heldout_loss" ({"overall", "per_bin"}), "faithfulness" ({"overall",
+    "per_attribute", "per_clip"}) and, for
     configurations, "predicted_recall" / "oracle_recall" (means over probed layers and steps).
 
     model: a dense BuiltinVideoDiT; configs: {label: SparseConfig}; reference: the model whose dense velocity
@@ -127,7 +129,7 @@ def suite_table(results: dict, smoke_test: bool = False) -> str:
               "recall (predicted / oracle) | rel. L1 | time (s) | vs dense |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, r, sparse in _entries(results):
-        faith = (r.get("faithfulness") or {}).get("overall")
+        faith = r["faithfulness"]["overall"]
         recall = (f"{r['predicted_recall']:.3f} / {r['oracle_recall']:.3f}"
                   if r.get("predicted_recall") is not None else "-")
         lines.append(f"| {label} | {r['sparsity'] if sparse else 0.0:.3f} | {_fmt(r.get('psnr'), '.2f')} | "
@@ -147,10 +149,7 @@ def suite_table(results: dict, smoke_test: bool = False) -> str:
 
 
 def _faithfulness_lines(results: dict) -> list[str]:
-    faith = results["dense"].get("faithfulness")
-    if faith is None:
-        return ["", "Caption faithfulness: not measured (the module `sparsevid.eval.faithfulness` is not installed)."]
-    names = list(faith["per_attribute"])
+    names = sorted({n for _, r, _ in _entries(results) for n in r["faithfulness"]["per_attribute"]})
     lines = ["", "Caption faithfulness per attribute (mean over clips):", "",
              "| setting | overall | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for label, r, _ in _entries(results):
