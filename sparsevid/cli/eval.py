@@ -5,7 +5,8 @@ per noise level, predicted and oracle attention recall per layer, and wall time 
 plots)."""
 from __future__ import annotations
 
-import torch
+from .args import (config_spec_arg, default_device, device_arg, model_dir_arg, positive_int_arg,
+                   sparsity_arg)
 
 DEFAULT_CONFIGS = ("rule=hybrid,topk=0.05,topp=0.9", "rule=topk,topk=0.1", "rule=topk,topk=0.25")
 SMOKE_TEST_NOTE = ("NOTE: --tiny evaluates an untrained tiny model: this is a smoke test of the pipeline and its "
@@ -16,32 +17,32 @@ def add_parser(subparsers) -> None:
     from ..eval.oracle import ORACLE_SPARSITIES
 
     p = subparsers.add_parser("eval", help="compare sparse attention configurations with dense sampling")
-    p.add_argument("--config", action="append", default=None, metavar="SPEC",
+    p.add_argument("--config", type=config_spec_arg, action="append", default=None, metavar="SPEC",
                    help="a sparse configuration, 'key=value,...' of SparseConfig fields (e.g. "
                         "'rule=hybrid,topk=0.05,topp=0.9,dense_steps=2') or a JSON file; repeatable "
                         f"(default: {'; '.join(DEFAULT_CONFIGS)} unless --rules-at is given)")
-    p.add_argument("--rules-at", type=float, nargs="+", default=None, metavar="SPARSITY",
+    p.add_argument("--rules-at", type=sparsity_arg, nargs="+", default=None, metavar="SPARSITY",
                    help="also evaluate top-k, top-p and hybrid calibrated to reach these sparsities on the "
                         "model's own attention (e.g. 0.75 0.9 0.95)")
-    p.add_argument("--captions", type=int, default=4, help="how many of the fixed captions to use")
+    p.add_argument("--captions", type=positive_int_arg, default=4, help="how many of the fixed captions to use")
     p.add_argument("--caption", action="append", default=None, help="use this caption instead (repeatable)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--steps", type=int, default=None, help="sampler steps (default: the model's)")
+    p.add_argument("--steps", type=positive_int_arg, default=None, help="sampler steps (default: the model's)")
     p.add_argument("--guidance", type=float, default=None)
     p.add_argument("--probe-steps", type=int, nargs="*", default=None,
                    help="denoising steps probed for recall / relative L1 (default: first, middle, last)")
     p.add_argument("--probe-clips", type=int, default=1, help="how many clips are probed")
-    p.add_argument("--oracle-sparsity", type=float, nargs="+", default=list(ORACLE_SPARSITIES),
+    p.add_argument("--oracle-sparsity", type=sparsity_arg, nargs="+", default=list(ORACLE_SPARSITIES),
                    help="the sparsity grid of the oracle recall")
-    p.add_argument("--heldout-per-bin", type=int, default=8,
+    p.add_argument("--heldout-per-bin", type=positive_int_arg, default=8,
                    help="held-out (clip, noise, t) triples per noise-level bin (velocity error, held-out loss)")
-    p.add_argument("--noise-bins", type=int, default=5, help="noise-level bins of [0, 1]")
-    p.add_argument("--model", default=None, help="model directory (default: the shipped model)")
-    p.add_argument("--reference", default=None,
+    p.add_argument("--noise-bins", type=positive_int_arg, default=5, help="noise-level bins of [0, 1]")
+    p.add_argument("--model", type=model_dir_arg, default=None, help="model directory (default: the shipped model)")
+    p.add_argument("--reference", type=model_dir_arg, default=None,
                    help="model directory whose dense velocity the velocity error is measured against "
                         "(default: the evaluated model itself)")
     p.add_argument("--tiny", action="store_true", help="an untrained tiny model instead (smoke test)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=device_arg, default=default_device(), help="where to run: cpu, cuda or cuda:N")
     p.add_argument("--out", default="outputs/eval")
     p.set_defaults(func=run)
 
