@@ -17,14 +17,32 @@ def test_demo_runs_and_writes_its_files(tmp_path, capsys):
     assert summary["settings"]["steps"] == 2
 
 
-def test_eval_command_writes_table_and_json(tmp_path):
-    assert main(["eval", "--tiny", "--out", str(tmp_path), "--steps", "2", "--captions", "1",
+def test_eval_command_writes_table_json_and_plots(tmp_path, capsys):
+    assert main(["eval", "--tiny", "--out", str(tmp_path), "--steps", "2", "--captions", "1", "--heldout-per-bin", "1",
+                 "--noise-bins", "3", "--oracle-sparsity", "0.5", "0.75", "--probe-steps", "1",
                  "--config", "rule=topk,topk=1,tile=none", "--config", "rule=topk,topk=1.0"]) == 0
+    assert "smoke test" in capsys.readouterr().out
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["configs"]) == {"rule=topk,topk=1,tile=none", "rule=topk,topk=1.0"}
     assert results["configs"]["rule=topk,topk=1.0"]["sparsity"] == 0.0
-    assert "| config | sparsity |" in (tmp_path / "results.md").read_text()
-    assert (tmp_path / "first_clip.gif").is_file()
+    assert results["settings"]["smoke_test"] is True
+    assert results["noise_floor_psnr"] > 60 and results["noise_floor_ssim"] == pytest.approx(1.0, abs=1e-6)
+    for entry in [results["dense"], results["noise_floor"], *results["configs"].values()]:
+        assert {"faithfulness", "velocity_error", "heldout_loss"} <= set(entry)
+        assert len(entry["velocity_error"]["per_bin"]) == 3 and len(entry["heldout_loss"]["per_bin"]) == 3
+    assert results["dense"]["velocity_error"]["overall"] == 0.0
+    assert results["configs"]["rule=topk,topk=1,tile=none"]["velocity_error"]["overall"] > 1e-3
+    assert results["oracle"]["sparsities"] == [0.5, 0.75]
+    one = results["configs"]["rule=topk,topk=1,tile=none"]
+    assert one["predicted_recall"] <= one["oracle_recall"] + 1e-9
+    table = (tmp_path / "results.md").read_text()
+    assert all(0 <= entry["faithfulness"]["overall"] <= 1 and "motion" in entry["faithfulness"]["per_attribute"]
+               for entry in [results["dense"], results["noise_floor"], *results["configs"].values()])
+    assert "Smoke test" in table and "| setting | sparsity | PSNR (dB) | SSIM | faithfulness | velocity error |" in table
+    assert "Caption faithfulness per attribute" in table
+    assert "every tile kept (noise floor)" in table
+    for name in ("first_clip.gif", "quality_vs_sparsity.png", "recall_vs_sparsity.png", "recall_per_layer.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
 
 
 def test_demo_rejects_bad_sparse_settings(tmp_path, capsys):

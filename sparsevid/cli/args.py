@@ -74,6 +74,17 @@ def positive_int_arg(text: str) -> int:
     return value
 
 
+def sparsity_arg(text: str) -> float:
+    """A sparsity: the share of attention tiles skipped, a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a sparsity in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a sparsity in [0, 1), got {text}")
+    return value
+
+
 def positive_float_arg(text: str) -> float:
     try:
         value = float(text)

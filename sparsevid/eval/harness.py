@@ -196,12 +196,13 @@ def summarize_calls(calls: list[dict]) -> dict:
 
 def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS[:4], seeds: Sequence[int] = (0,),
                 steps: int = 10, guidance: float | None = None, probe_steps: Sequence[int] | None = None,
-                probe_clips: int = 1, progress: bool = True) -> dict:
+                probe_clips: int = 1, progress: bool = True, bar=None) -> dict:
     """Compare sparse configurations against dense sampling (see the module docstring).
 
     model: a BuiltinVideoDiT; configs: {label: SparseConfig}. Every caption is sampled with every seed.
     probe_steps: denoising steps whose attention inputs are probed (default: first, middle, last);
-    probe_clips: how many of the clips are probed. Returns a JSON-compatible dict with "settings",
+    probe_clips: how many of the clips are probed. bar: a tqdm bar to advance once per sampled clip (then
+    ``progress`` is ignored and the bar left open), else the harness draws its own. Returns a JSON-compatible dict with "settings",
     "dense" and one entry per configuration under "configs"; "clips" holds the sampled videos
     (label -> float32 [n_clips, 3, T, H, W]) and is not JSON.
     """
@@ -226,7 +227,9 @@ def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS
     grid = (frames // p_t, height // p_h, width // p_w)
     jobs = [(c, s) for c in captions for s in seeds]
     probes = {name: _Probe() for name in configs}
-    bar = tqdm(total=len(jobs) * (1 + len(configs)), desc="harness", disable=not progress)
+    own_bar = bar is None
+    if own_bar:
+        bar = tqdm(total=len(jobs) * (1 + len(configs)), desc="harness", disable=not progress)
 
     dense_clips, dense_seconds = [], 0.0
     for index, (caption, seed) in enumerate(jobs):
@@ -255,7 +258,8 @@ def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS
             "config": config.to_dict(), **summarize_calls(calls), "seconds": seconds,
             "speedup": dense_seconds / seconds, "psnr": float(p.mean()), "ssim": float(s.mean()),
             "psnr_per_clip": p.tolist(), "ssim_per_clip": s.tolist(), **probes[name].summary()}
-    bar.close()
+    if own_bar:
+        bar.close()
     results["clips"] = clips
     return results
 

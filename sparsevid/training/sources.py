@@ -63,8 +63,9 @@ class ProceduralSource:
     def _scenes(self, indices: Sequence[int]):
         _check_indices(indices)
         parts = [self.data.sample_scenes(1, sample_generator(self.seed, i, STREAM_DATA)) for i in indices]
-        return type(parts[0])(**{f.name: torch.cat([getattr(p, f.name) for p in parts])
-                                 for f in dataclasses.fields(parts[0])})
+        fields = [f.name for f in dataclasses.fields(parts[0])]  # optional fields are None in every part or none
+        return type(parts[0])(**{name: None if getattr(parts[0], name) is None
+                                 else torch.cat([getattr(p, name) for p in parts]) for name in fields})
 
     def describe(self) -> dict:
         return {"kind": "procedural", "seed": self.seed, **self.data.config()}

@@ -1,0 +1,93 @@
+"""Rule settings that reach a target sparsity on a model's own attention.
+
+Top-k reaches a sparsity by construction (it keeps the fraction 1 - s of the key blocks, rounded up); top-p
+and the hybrid rule reach one only through the attention they see. :func:`rules_at_sparsity` records the video
+self-attention q, k of one dense generation at the probe steps (3D-tiled token order, as the sparse processors
+see them) and finds, by bisection on p, the top-p threshold (and the hybrid's, with top-k (1 - s) / 2) whose
+predicted masks have mean sparsity s over those calls.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+BISECTION_STEPS = 14
+
+
+class _Recorder:
+    """SDPA handler that keeps q, k [B, H, N, D] of video self-attention calls, in 3D-tile order, at given steps."""
+
+    def __init__(self, grid: tuple[int, int, int], steps: Sequence[int]):
+        self.grid, self.steps, self.step = grid, set(steps), 0
+        self.calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def on_step(self, i: int, t: float) -> None:
+        self.step = i
+
+    def __call__(self, query, key, value, **kwargs):
+        from ..models.token_order import tile_order
+
+        if self.step in self.steps and query.shape[2] == key.shape[2] == math.prod(self.grid):
+            perm = tile_order(self.grid, "auto", query.device).perm
+            self.calls.append((query.index_select(2, perm), key.index_select(2, perm)))
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, **kwargs)
+
+
+def record_video_attention(model, caption: str, seed: int, steps: int | None = None, guidance: float | None = None,
+                           probe_steps: Sequence[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(q, k) of every video self-attention of ``model``'s dense generation of ``caption`` at ``probe_steps``
+    (default first, middle, last), in 3D-tile order."""
+    from ..models.processors import SDPAInterceptor
+    from ..models.sampling import generate
+
+    steps = model.config["sampling"]["steps"] if steps is None else steps
+    probe_steps = sorted({0, steps // 2, steps - 1}) if probe_steps is None else probe_steps
+    grid = tuple(s // p for s, p in zip(model.clip_shape[1:], model.transformer.config.patch_size))
+    recorder = _Recorder(grid, probe_steps)
+    with SDPAInterceptor(recorder):
+        generate(model, [caption], [seed], steps=steps, guidance=guidance, on_step=recorder.on_step)
+    return recorder.calls
+
+
+def mean_sparsity(calls, block_q: int = 128, block_k: int = 64, **rule) -> float:
+    """Mean sparsity of the masks ``sparsevid.predict_mask(q, k, **rule)`` predicts over recorded ``calls``."""
+    from ..ops import predict_mask
+
+    return sum(predict_mask(q, k, block_q=block_q, block_k=block_k, **rule)[0].sparsity for q, k in calls) / len(calls)
+
+
+def calibrate_topp(calls, target: float, topk: float | None = None, **blocks) -> float:
+    """p in (0, 1] whose mean predicted sparsity over ``calls`` is closest to ``target`` (bisection); the top-p
+    rule, or the hybrid rule with ``topk``."""
+    rule = dict(rule="topp") if topk is None else dict(rule="hybrid", topk=topk)
+    low, high = 1e-4, 1.0
+    for _ in range(BISECTION_STEPS):
+        mid = (low + high) / 2
+        if mean_sparsity(calls, topp=mid, **rule, **blocks) > target:
+            low = mid  # too sparse: keep more mass
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def rules_at_sparsity(model, targets: Sequence[float], caption: str, seed: int = 0, steps: int | None = None,
+                      guidance: float | None = None, block_q: int = 128, block_k: int = 64) -> dict:
+    """{label: SparseConfig}: top-k, top-p and hybrid at every target sparsity in ``targets`` (each in (0, 1)),
+    calibrated on ``model``'s attention for ``caption`` and ``seed``; labels like "topp 90%"."""
+    from ..schedules import SparseConfig
+
+    if not targets or not all(isinstance(s, (int, float)) and 0 < s < 1 for s in targets):
+        raise ValueError(f"targets must be sparsities in (0, 1), got {targets!r}")
+    calls = record_video_attention(model, caption, seed, steps, guidance)
+    blocks = dict(block_q=block_q, block_k=block_k)
+    configs = {}
+    for target in targets:
+        keep = round(1.0 - target, 4)
+        configs[f"topk {target:.0%}"] = SparseConfig(rule="topk", topk=keep, **blocks)
+        configs[f"topp {target:.0%}"] = SparseConfig(rule="topp", topp=round(calibrate_topp(calls, target, **blocks), 5),
+                                                     **blocks)
+        configs[f"hybrid {target:.0%}"] = SparseConfig(
+            rule="hybrid", topk=keep / 2, topp=round(calibrate_topp(calls, target, keep / 2, **blocks), 5), **blocks)
+    return configs
