@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-import sparsevid as sv
 from benchmarks.run_info import run_metadata
 from sparsevid.data import ProceduralVideos
+from sparsevid.eval.oracle import ExactTiles
 from sparsevid.models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT
 from sparsevid.models.processors import SDPAInterceptor
 from sparsevid.models.token_order import tile_order
@@ -38,7 +38,8 @@ from sparsevid.training import LoopConfig, flow_matching_loss, sample_t, train_l
 from sparsevid.training.flow import noisy
 
 BLOCKS = dict(block_q=128, block_k=64)
-SPARSITIES = (0.5, 0.75, 0.9, 0.95, 0.97)
+SPARSITIES = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.97)
+WAN_RECALL = 0.85  # oracle recall at 95% sparsity that counts as Wan-like (see docs/builtin_model.md)
 ERROR_SPARSITIES = (0.9, 0.95, 0.97)
 NOISE_LEVELS = (0.95, 0.85, 0.7, 0.5, 0.25)
 SHORT, LONG = (16, 64, 64), (32, 128, 128)
@@ -105,7 +106,8 @@ class QKVRecorder:
 
 
 def recall_at(sorted_cumsum: torch.Tensor, sparsity: float) -> float:
-    """Mean exact mass of the top (1 - sparsity) tiles per query block, interpolating between whole tiles.
+    """Mean exact mass of the top (1 - sparsity) tiles per query block, interpolating between whole tiles (so
+    models with different key-block counts are read at exactly ``sparsity``).
 
     sorted_cumsum: float32 [..., KB], the cumulative sum of each query block's tile masses sorted descending.
     """
@@ -117,21 +119,25 @@ def recall_at(sorted_cumsum: torch.Tensor, sparsity: float) -> float:
     return float((low + (count - whole) * (high - low)).mean())
 
 
+def sparsity_at_recall(sorted_cumsum: torch.Tensor, target: float = WAN_RECALL) -> float:
+    """The sparsity at which the mean oracle recall equals ``target`` (bisection on :func:`recall_at`)."""
+    low, high = 0.0, 1.0 - 1.0 / sorted_cumsum.shape[-1]
+    for _ in range(30):
+        mid = (low + high) / 2
+        low, high = (mid, high) if recall_at(sorted_cumsum, mid) >= target else (low, mid)
+    return low
+
+
 def oracle_metrics(q, k, v) -> dict:
-    """Oracle recall at SPARSITIES and oracle output error at ERROR_SPARSITIES for one attention call."""
-    full = sv.SparseMask.full(q.shape[2], k.shape[2], device=q.device, **BLOCKS)
-    dense, mass = sv.block_sparse_attention(q, k, v, full, return_tile_mass=True)
-    ordered = mass.float().sort(dim=-1, descending=True)
-    cumsum = ordered.values.cumsum(-1)
-    result = {"recall": {str(s): recall_at(cumsum, s) for s in SPARSITIES}, "output_error": {}}
-    blocks = mass.shape[-1]
-    for s in ERROR_SPARSITIES:
-        count = max(1, round((1 - s) * blocks))
-        keep = torch.zeros_like(mass, dtype=torch.bool).scatter_(-1, ordered.indices[..., :count], True)
-        sparse = sv.block_sparse_attention(q, k, v, sv.SparseMask.from_dense(keep, q.shape[2], k.shape[2], **BLOCKS))
-        error = (sparse.float() - dense.float()).abs().sum() / dense.float().abs().sum()
-        result["output_error"][str(s)] = float(error)
-    return result
+    """Oracle recall at SPARSITIES, the sparsity of recall WAN_RECALL, and the oracle output error at
+    ERROR_SPARSITIES (the nearest whole count of tiles per row) for one attention call."""
+    tiles = ExactTiles.measure(q, k, v, **BLOCKS)
+    cumsum = tiles.mass.float().sort(dim=-1, descending=True).values.cumsum(-1)
+    blocks = tiles.mass.shape[-1]
+    return {"recall": {str(s): recall_at(cumsum, s) for s in SPARSITIES},
+            "sparsity_at_recall": sparsity_at_recall(cumsum),
+            "output_error": {str(s): tiles.output_error(q, k, v, tiles.top_tiles(max(1, round((1 - s) * blocks))))
+                             for s in ERROR_SPARSITIES}}
 
 
 @torch.no_grad()
@@ -168,6 +174,7 @@ def summarise(per_level: dict) -> dict:
                                            for i in range(layers)]
     out["recall_95_per_level"] = {level: mean([c["recall"]["0.95"] for c in calls])
                                   for level, calls in per_level.items()}
+    out["sparsity_at_recall"] = mean([c["sparsity_at_recall"] for calls in per_level.values() for c in calls])
     return out
 
 
