@@ -4,8 +4,9 @@ Backends:
     "triton"     fused Triton kernels (CUDA; on the CPU only under ``TRITON_INTERPRET=1``),
                  registered as ``torch.ops.sparsevid.block_sparse_attn`` so ``torch.compile`` traces it;
     "flex"       the same mask through PyTorch's FlexAttention;
-    "reference"  plain PyTorch, chunked over query blocks, on any device;
-    "auto"       "triton" on CUDA, "reference" elsewhere.
+    "gather"     plain PyTorch over the kept tiles only (gathered key/value blocks), on any device;
+    "reference"  plain PyTorch, dense masked scores chunked over query blocks, on any device: the oracle;
+    "auto"       "triton" on CUDA, "gather" elsewhere.
 """
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import functools
 
 import torch
 
+from .gather_attention import gather_block_sparse_attention
 from .mask import SparseMask
 from .reference import reference_block_sparse_attention
 from .validation import (check_backend, check_head_tensors, check_scale, check_triton_inputs, grad_requested,
                          resolve_auto)
 
-BACKENDS = ("auto", "triton", "flex", "reference")
+BACKENDS = ("auto", "triton", "flex", "gather", "reference")
+TILE_MASS_BACKENDS = ("triton", "gather", "reference")  # those that can emit exact tile masses
 
 
 # --------------------------------------------------------------------------- triton op (custom op + autograd)
@@ -182,7 +185,7 @@ def _check_inputs(q, k, v, mask, scale, backend) -> None:
 
 def resolve_backend(backend: str, q: torch.Tensor) -> str:
     """The backend "auto" stands for on q's device (others unchanged)."""
-    return resolve_auto(backend, q, "reference")
+    return resolve_auto(backend, q, "gather")
 
 
 def _check_flags(return_lse, return_tile_mass) -> None:
@@ -194,8 +197,9 @@ def _check_flags(return_lse, return_tile_mass) -> None:
 def _check_tile_mass_request(return_tile_mass: bool, backend: str, q, k, v) -> None:
     if not return_tile_mass:
         return
-    if backend not in ("triton", "reference"):
-        raise ValueError(f"return_tile_mass=True needs backend 'triton' or 'reference' (or 'auto'), got {backend!r}")
+    if backend not in TILE_MASS_BACKENDS:
+        raise ValueError(f"return_tile_mass=True needs one of the backends {TILE_MASS_BACKENDS} (or 'auto'), "
+                         f"got {backend!r}")
     if grad_requested(q, k, v):
         raise ValueError("return_tile_mass=True is inference only (no backward): call it under torch.no_grad() "
                          "or with inputs that do not require grad")
@@ -212,10 +216,10 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
         mask: a :class:`SparseMask` for lengths (N, M), broadcastable over B and H.
         scale: softmax scale, default ``D ** -0.5``.
         return_lse: also return the row log-sum-exp (natural log), float32 [B, H, N].
-        backend: "auto" | "triton" | "flex" | "reference".
+        backend: "auto" | "triton" | "flex" | "gather" | "reference".
         return_tile_mass: also return the exact softmax mass of every tile, float32 [B, H, QB, KB]: the mean
             over query block i's rows of the probability the row gives key block j (0 for skipped tiles; each
-            row-block sums to 1 over its kept tiles, or 0 if it keeps none). Triton and reference backends,
+            row-block sums to 1 over its kept tiles, or 0 if it keeps none). Triton, gather and reference backends,
             inference only (ValueError if gradients are requested). The Triton variant is a separate custom op
             (``torch.ops.sparsevid.block_sparse_attn_tile_mass``) that sizes its scratch by ``mask.max_kept_blocks``
             (read from the device once per mask).
@@ -239,6 +243,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
         out, lse, *mass = _triton_backend(q, k, v, mask, scale, return_tile_mass)
     elif backend == "flex":
         (out, lse), mass = _flex_backend(q, k, v, mask, scale), []
+    elif backend == "gather":
+        out, lse, *mass = gather_block_sparse_attention(q, k, v, mask, scale, return_tile_mass)
     else:
         out, lse, *mass = reference_block_sparse_attention(q, k, v, mask, scale, return_tile_mass)
     if not (return_lse or return_tile_mass):
