@@ -213,11 +213,11 @@ def test_torch_compile_traces_through_the_op():
     assert rel_err(compiled(q, k, v), layer(q, k, v)) < 1e-6
 
 
-def test_auto_backend_is_reference_on_cpu():
+def test_auto_backend_is_gather_on_cpu():
     from sparsevid.ops import attention
 
     q = torch.randn(1, 1, 10, 16)
-    assert attention.resolve_backend("auto", q) == "reference"
+    assert attention.resolve_backend("auto", q) == "gather"
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -1,6 +1,8 @@
 """The demo command end to end on the tiny configuration."""
 import json
 
+import numpy as np
+
 import pytest
 
 from sparsevid.cli import main
@@ -9,12 +11,29 @@ from sparsevid.cli import main
 def test_demo_runs_and_writes_its_files(tmp_path, capsys):
     assert main(["demo", "--tiny", "--out", str(tmp_path), "--steps", "2", "--rule", "topk", "--topk", "0.25"]) == 0
     printed = capsys.readouterr().out
-    assert "sparsity" in printed and "PSNR" in printed and "SSIM" in printed
+    assert "sparsity" in printed and "PSNR" in printed and "SSIM" in printed and "attention s" in printed
     for name in ("dense_vs_sparse.gif", "dense_vs_sparse.png", "demo.json"):
         assert (tmp_path / name).stat().st_size > 0, name
     summary = json.loads((tmp_path / "demo.json").read_text())
-    assert summary["sparse"]["sparsity"] == pytest.approx(0.75)  # one of four key blocks per query block
+    assert list(summary["runs"]) == ["dense", "sparse topk"]
+    dense, sparse = summary["runs"]["dense"], summary["runs"]["sparse topk"]
+    assert sparse["sparsity"] == pytest.approx(0.75)  # one of four key blocks per query block
+    assert dense["sparsity"] == 0.0 and dense["speedup"] == 1.0 and dense["ssim"] == pytest.approx(1.0)
+    assert sparse["seconds"] > 0 and sparse["attention_s"] > 0
+    assert sparse["speedup"] == pytest.approx(dense["seconds"] / sparse["seconds"])
     assert summary["settings"]["steps"] == 2
+
+
+def test_clip_header_names_each_clip_and_fits_the_caption():
+    """The header band is white with dark text over each clip and one caption wider than the clips wraps."""
+    from sparsevid.eval.media import header
+
+    band = header(200, 99, 2, labels=["dense", "sparse hybrid 90%"], caption="big red plain circle " * 6)
+    assert band.dtype == np.uint8 and band.shape[1] == 200 and band.shape[0] > 30  # caption lines + labels
+    dark = band.min(axis=-1) < 128
+    label_row = dark[-15:]  # the last line holds the labels, one over each clip
+    assert label_row[:, :99].any() and label_row[:, 101:].any()
+    assert dark.any(axis=1).sum() > 20 and (band[0] == 255).all()
 
 
 def test_eval_command_writes_table_json_and_plots(tmp_path, capsys):

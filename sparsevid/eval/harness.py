@@ -143,25 +143,27 @@ class _SelfAttentionProbe:
 
 
 def timed_generate(model, captions: Sequence[str], seeds: Sequence[int], steps: int | None, guidance: float | None,
-                   on_step=None) -> tuple[torch.Tensor, float]:
-    """Clips float32 [B, 3, T, H, W] sampled by :func:`~sparsevid.models.sampling.generate`, and the wall time
-    in seconds (the device is synchronised before the clock starts; ``generate`` returns CPU tensors)."""
+                   on_step=None, progress: bool | str = False) -> tuple[torch.Tensor, float]:
+    """Clips float32 [B, 3, T, H, W] sampled by :func:`~sparsevid.models.sampling.generate` (``progress``: its
+    per-step progress bar), and the wall time in seconds (the device is synchronised before the clock starts;
+    ``generate`` returns CPU tensors)."""
     from ..models.sampling import generate
 
     device = next(model.parameters()).device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    video = generate(model, list(captions), list(seeds), steps=steps, guidance=guidance, on_step=on_step)
+    video = generate(model, list(captions), list(seeds), steps=steps, guidance=guidance, on_step=on_step,
+                     progress=progress)
     return video, time.perf_counter() - start
 
 
 def sample_with_stats(model, config, jobs: Sequence[tuple[str, int]], steps: int | None, guidance: float | None,
-                      on_clip=None) -> tuple[torch.Tensor, float, list[dict]]:
+                      on_clip=None, progress: bool | str = False) -> tuple[torch.Tensor, float, list[dict]]:
     """Sample each (caption, seed) of ``jobs``, one clip at a time, under ``config``'s sparse attention (removed
     after). Returns the clips float32 [len(jobs), 3, T, H, W], the sampling wall time in seconds and the stats
     of every self-attention call (:func:`~sparsevid.attention_stats` dicts, read from the device after the
-    timed sampling). ``on_clip()`` is called after each clip."""
+    timed sampling). ``on_clip()`` is called after each clip; ``progress`` shows a bar over each clip's steps."""
     from ..models import apply_sparse_attention, remove_sparse_attention, reset_denoising_step
     from ..models.integration import attention_records
 
@@ -173,7 +175,7 @@ def sample_with_stats(model, config, jobs: Sequence[tuple[str, int]], steps: int
         videos, seconds = [], 0.0
         for caption, seed in jobs:
             reset_denoising_step(transformer)
-            video, dt = timed_generate(model, [caption], [seed], steps, guidance)
+            video, dt = timed_generate(model, [caption], [seed], steps, guidance, progress=progress)
             videos.append(video)
             seconds += dt
             if on_clip is not None:

@@ -65,15 +65,58 @@ def write_strip(frames: np.ndarray, path: str | Path, every: int = 1) -> Path:
     return path
 
 
+def _wrap(draw, text: str, font, width: int) -> list[str]:
+    """``text`` broken at spaces into lines no wider than ``width`` pixels (a longer single word stays whole)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and draw.textlength(f"{lines[-1]} {word}", font=font) <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return lines
+
+
+def header(width: int, clip_width: int, gap: int, labels: Sequence[str] = (), caption: str | None = None,
+           margin: int = 4) -> np.ndarray:
+    """A white band uint8 [h, width, 3]: ``caption`` (wrapped, centred), then each clip's label centred over
+    its clip (clip i spans ``i * (clip_width + gap)`` ... ``+ clip_width``). Pillow's default font."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default()
+    draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    line_height = font.getbbox("Ag")[3] + margin
+    lines = _wrap(draw, caption, font, width - 2 * margin) if caption else []
+    image = Image.new("RGB", (width, margin + line_height * (len(lines) + bool(labels))), "white")
+    draw = ImageDraw.Draw(image)
+    y = margin
+    for line in lines:
+        draw.text(((width - draw.textlength(line, font=font)) / 2, y), line, fill="black", font=font)
+        y += line_height
+    for i, label in enumerate(labels):
+        centre = i * (clip_width + gap) + clip_width / 2
+        draw.text((centre - draw.textlength(label, font=font) / 2, y), label, fill="black", font=font)
+    return np.asarray(image)
+
+
 def write_clips(videos: Sequence[torch.Tensor], stem: str | Path, scale: int = 4, fps: int = 8,
-                strip_every: int = 2) -> list[Path]:
+                strip_every: int = 2, labels: Sequence[str] | None = None, caption: str | None = None,
+                gap: int = 2) -> list[Path]:
     """Write clips [3, T, H, W] side by side as ``stem.gif`` (+ ``stem.mp4`` where supported) and
-    every ``strip_every``-th frame as the PNG strip ``stem.png``. Returns the written paths."""
+    every ``strip_every``-th frame as the PNG strip ``stem.png``. With ``labels`` (one per clip) and/or a
+    ``caption``, a header above the clips names them (on every GIF frame, once on top of the strip).
+    Returns the written paths."""
+    if labels is not None and len(labels) != len(videos):
+        raise ValueError(f"labels must name each of the {len(videos)} clips, got {len(labels)}")
     stem = Path(stem)
     named = lambda suffix: stem.with_name(stem.name + suffix)  # noqa: E731  (stems may contain dots)
-    frames = upscale(side_by_side(videos), scale)
+    frames = upscale(side_by_side(videos, gap), scale)
+    strip = np.concatenate(list(frames[::strip_every]), axis=0)[None]  # one image [1, rows * H, W, 3]
+    if labels or caption:
+        band = header(frames.shape[2], videos[0].shape[-1] * scale, gap * scale, labels or (), caption)
+        frames = np.concatenate([np.broadcast_to(band, (len(frames),) + band.shape), frames], axis=1)
+        strip = np.concatenate([band[None], strip], axis=1)
     paths = [write_animation(frames, named(".gif"), fps)]
     if mp4_supported():
         paths.append(write_animation(frames, named(".mp4"), fps))
-    paths.append(write_strip(frames, named(".png"), strip_every))
+    paths.append(write_strip(strip, named(".png")))
     return paths

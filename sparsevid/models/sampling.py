@@ -34,13 +34,14 @@ def initial_noise(shape: Sequence[int], seeds: Sequence[int]) -> torch.Tensor:
 @torch.no_grad()
 def generate(model, captions: Sequence[str], seeds: Sequence[int], steps: int | None = None,
              guidance: float | None = None, shift: float | None = None, scheduler: str | None = None,
-             on_step: Callable[[int, float], None] | None = None, progress: bool = False) -> torch.Tensor:
+             on_step: Callable[[int, float], None] | None = None, progress: bool | str = False) -> torch.Tensor:
     """Clips for ``captions`` from the noise of ``seeds``: float32 [B, 3, T, H, W] in [-1, 1] on the CPU.
 
     model: a :class:`~sparsevid.models.builtin.BuiltinVideoDiT` (its device and dtype are used).
     steps, guidance, shift, scheduler: sampler steps, CFG scale (1 = no guidance), the time shift and
     the scheduler (see :func:`make_scheduler`); None takes the model config's ``sampling`` defaults.
     ``on_step(i, t)`` is called before step ``i`` runs the model at noise level ``t`` in [0, 1].
+    ``progress``: show a progress bar over the denoising steps (a string names the bar).
     """
     from tqdm.auto import tqdm
 
@@ -65,7 +66,8 @@ def generate(model, captions: Sequence[str], seeds: Sequence[int], steps: int | 
     tokens = model.tokenize(list(captions)).to(device)
     if guidance != 1:
         tokens = torch.cat([model.tokenize([""] * len(captions)).to(device), tokens])
-    for i, timestep in enumerate(tqdm(scheduler.timesteps, desc="sampling", disable=not progress, leave=False)):
+    for i, timestep in enumerate(tqdm(scheduler.timesteps, desc=progress if isinstance(progress, str) else "sampling",
+                                         unit="step", disable=not progress, leave=False)):
         t = float(timestep) / 1000.0
         if on_step is not None:
             on_step(i, t)

@@ -5,7 +5,9 @@ slab ``[kept * block_k, D]`` and the softmax runs over that slab only, so work a
 tiles, not N * M. Query blocks (over all batch entries and heads) are sorted by their number of kept blocks
 and processed in chunks of similar counts with batched matrix products; inside a chunk each query block is
 padded to the chunk's largest count, the padding columns (and the columns past ``kv_len`` of a short last
-key block) get a score of -inf. A chunk holds at most ``_CHUNK_SCORE_ELEMENTS`` scores.
+key block) get a score of -inf. A chunk's tensors hold at most about ``_CHUNK_ELEMENTS`` elements each. On
+the CPU each chunk runs PyTorch's fused attention kernel (the one ``scaled_dot_product_attention`` uses);
+elsewhere batched matrix products and an explicit softmax.
 
 The backward pass recomputes each chunk's scores from q, k, v and the saved row log-sum-exp (nothing of
 size N * M, and no probabilities, are kept between the passes) and scatters the key/value gradients back
@@ -23,9 +25,10 @@ import torch.nn.functional as F
 from .mask import SparseMask
 from .validation import grad_requested
 
-# Scores materialised at once, per chunk of query blocks (float32: 4 MiB); measured fastest on a 2-core CPU
-# at the demo's shape among 2**18 ... 2**23 (benchmarks/bench_attention_cpu.py).
-_CHUNK_SCORE_ELEMENTS = 1 << 20
+# Elements of the largest tensor a chunk of query blocks materialises (its scores [r, bq, kept * bk] or its
+# gathered keys [r, kept * bk, D]); 2**20 (4 MiB in float32) was the fastest of 2**18 ... 2**23 on a 2-core
+# CPU at the demo's shape (benchmarks/bench_attention_cpu.py).
+_CHUNK_ELEMENTS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class _Plan:
     scale: float
     compute: torch.dtype
     chunks: tuple[_Chunk, ...]
+    empty_rows: torch.Tensor  # int64 [e]: query-block rows that keep no key block
 
     @property
     def q_blocks(self) -> int:
@@ -68,7 +72,7 @@ class _Plan:
         return -(-self.kv_len // self.block_k)
 
 
-def _make_plan(mask: SparseMask, batch: int, heads: int, scale: float, compute: torch.dtype,
+def _make_plan(mask: SparseMask, batch: int, heads: int, head_dim: int, scale: float, compute: torch.dtype,
                device: torch.device) -> _Plan:
     qb, kb, block_q, block_k = mask.num_q_blocks, mask.num_kv_blocks, mask.block_q, mask.block_k
     count = mask.kv_count.expand(batch, heads, qb).reshape(-1).long()
@@ -77,11 +81,11 @@ def _make_plan(mask: SparseMask, batch: int, heads: int, scale: float, compute: 
     sorted_count, order = torch.sort(count, stable=True)
     counts = sorted_count.tolist()
     first = next((i for i, c in enumerate(counts) if c > 0), len(counts))
-    chunks = []
+    empty_rows, chunks = order[:first], []
     while first < len(counts):
         last = len(counts)
-        while True:  # shrink until the chunk (padded to its largest count) fits the score budget
-            fit = max(1, _CHUNK_SCORE_ELEMENTS // (block_q * block_k * counts[last - 1]))
+        while True:  # shrink until the chunk (padded to its largest count) fits the budget
+            fit = max(1, _CHUNK_ELEMENTS // (max(block_q, head_dim) * block_k * counts[last - 1]))
             if last - first <= fit:
                 break
             last = first + fit
@@ -91,7 +95,7 @@ def _make_plan(mask: SparseMask, batch: int, heads: int, scale: float, compute: 
         chunks.append(_Chunk(rows, (kept + head_offset[rows, None]).reshape(-1),
                              _padding_bias(kept, count[rows], slots, mask.kv_len, block_k, compute), kept, slots))
         first = last
-    return _Plan(batch, heads, mask.q_len, mask.kv_len, block_q, block_k, scale, compute, tuple(chunks))
+    return _Plan(batch, heads, mask.q_len, mask.kv_len, block_q, block_k, scale, compute, tuple(chunks), empty_rows)
 
 
 def _padding_bias(kept: torch.Tensor, count: torch.Tensor, slots: int, kv_len: int, block_k: int,
@@ -121,6 +125,11 @@ def _from_blocks(t: torch.Tensor, plan: _Plan, length: int, dtype: torch.dtype) 
     """[B * H * nblocks, block, D] -> [B, H, length, D] in ``dtype``."""
     out = t.reshape(plan.batch, plan.heads, -1, t.shape[-1])[:, :, :length]
     return out.to(dtype).contiguous()
+
+
+def _alloc(shape, like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor like ``like`` (the outputs every element of which the passes write)."""
+    return like.new_empty(shape)
 
 
 def _gather(blocks: torch.Tensor, chunk: _Chunk, plan: _Plan, buffer: torch.Tensor) -> torch.Tensor:
@@ -181,10 +190,9 @@ def _attend_backward(d_out, d_lse, q, k, v, bias, out, lse, scale: float):
 def _forward(q_blocks, k_blocks, v_blocks, plan: _Plan, with_tile_mass: bool = False):
     """out [R, bq, D] and lse [R, bq] in the compute dtype (R = B * H * QB; rows without kept tiles: 0 and
     -inf), and with ``with_tile_mass`` the tile masses float32 [B, H, QB, KB]."""
-    rows_total = q_blocks.shape[0]
-    out = torch.zeros_like(q_blocks)
-    lse = q_blocks.new_full((rows_total, plan.block_q), float("-inf"))
-    mass = q_blocks.new_zeros((rows_total, plan.kv_blocks)) if with_tile_mass else None
+    out = _alloc(q_blocks.shape, q_blocks).index_fill_(0, plan.empty_rows, 0.0)
+    lse = _alloc(q_blocks.shape[:2], q_blocks).index_fill_(0, plan.empty_rows, float("-inf"))
+    mass = q_blocks.new_zeros((q_blocks.shape[0], plan.kv_blocks)) if with_tile_mass else None
     k_buffer, v_buffer = (_gather_buffer(k_blocks, plan), _gather_buffer(v_blocks, plan)) if plan.chunks else (0, 0)
     for chunk in plan.chunks:
         q, k = q_blocks.index_select(0, chunk.rows), _gather(k_blocks, chunk, plan, k_buffer)
@@ -214,7 +222,7 @@ def _chunk_tile_mass(probs: torch.Tensor, chunk: _Chunk, plan: _Plan) -> torch.T
 
 def _backward(grad_out, grad_lse, q_blocks, k_blocks, v_blocks, out, lse, plan: _Plan):
     """dq [R, bq, D] and dk, dv [B * H * KB, bk, D] in the compute dtype, chunk by chunk."""
-    dq = torch.zeros_like(q_blocks)
+    dq = _alloc(q_blocks.shape, q_blocks).index_fill_(0, plan.empty_rows, 0.0)
     dk = torch.zeros_like(k_blocks)
     dv = torch.zeros_like(v_blocks)
     k_buffer, v_buffer = (_gather_buffer(k_blocks, plan), _gather_buffer(v_blocks, plan)) if plan.chunks else (0, 0)
@@ -280,7 +288,7 @@ def gather_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     ``torch.compile`` runs it eagerly (it reads the mask's block counts on the host).
     """
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    plan = _make_plan(mask, q.shape[0], q.shape[1], scale, compute, q.device)
+    plan = _make_plan(mask, q.shape[0], q.shape[1], q.shape[3], scale, compute, q.device)
     if return_tile_mass or not grad_requested(q, k, v):
         with torch.no_grad():
             q_blocks = _to_blocks(q, plan.block_q, compute)

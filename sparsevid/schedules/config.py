@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 RULES = ("topk", "topp", "hybrid")
-BACKENDS = ("auto", "triton", "flex", "reference")
+BACKENDS = ("auto", "triton", "flex", "gather", "reference")
 BLOCK_SIZES = (64, 128)
 SCHEDULES = ("constant", "linear", "cosine", "snr")
 REFRESH_SEARCHES = ("full", "within", "exact")
@@ -25,7 +25,7 @@ PLAN_FIELDS = ("rule", "topk", "topp", "block_q", "block_k", "backend", "keep_si
                "similarity_threshold", "min_blocks", "tile", "refresh_interval", "refresh_search")
 SCHEDULE_FIELDS = ("final_topk", "final_topp")
 # The mask predictor's backend for each attention backend (the predictor has a triton and a reference path).
-PREDICT_BACKENDS = {"auto": "auto", "triton": "triton", "flex": "auto", "reference": "reference"}
+PREDICT_BACKENDS = {"auto": "auto", "triton": "triton", "flex": "auto", "gather": "reference", "reference": "reference"}
 
 
 def _is_int(value) -> bool:
@@ -166,7 +166,7 @@ class SparseConfig:
         rule, topk, topp: mask-prediction rule ("topk" | "topp" | "hybrid"); topk a fraction of key blocks
             per query block (float in (0, 1]) or a count (int); topp a cumulative pooled-attention mass.
         block_q, block_k: tile sizes in tokens (64 or 128).
-        backend: block-sparse attention backend ("auto" | "triton" | "flex" | "reference").
+        backend: block-sparse attention backend ("auto" | "triton" | "flex" | "gather" | "reference").
         keep_sink, keep_diagonal, similarity_threshold, min_blocks: passed to ``predict_mask``.
         dense_layers: layer indices (in the order ``apply_sparse_attention`` enumerates self-attentions)
             that stay dense.
@@ -188,7 +188,7 @@ class SparseConfig:
         refresh_search: how a due refresh searches: "full" (predict over all tiles), "within" (only the tiles
             of the previous mask are candidates, ``predict_mask(within=...)``) or "exact" (choose among the
             previous mask's tiles by the exact tile masses its attention produced on the step before the
-            refresh; Triton / reference backends, inference only; otherwise as "within").
+            refresh; Triton / gather / reference backends, inference only; otherwise as "within").
     """
 
     rule: str = "hybrid"

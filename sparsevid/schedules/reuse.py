@@ -91,7 +91,7 @@ class MaskReuse:
         """Whether the attention of the call about to get its mask from :meth:`mask` should emit exact tile
         masses: the "exact" search is on, the next step refreshes the mask, the backend can emit them and no
         gradient is requested. (Asked before :meth:`mask`; a mask made at this step is due at step + interval.)"""
-        if plan.refresh_search != "exact" or step is None or plan.backend not in ("auto", "triton", "reference"):
+        if plan.refresh_search != "exact" or step is None or plan.backend not in ("auto", "triton", "gather", "reference"):
             return False
         if torch.is_grad_enabled() and q.requires_grad:
             return False
