@@ -141,7 +141,7 @@ def _gather(blocks: torch.Tensor, chunk: _Chunk, plan: _Plan, buffer: torch.Tens
 
 def _gather_buffer(blocks: torch.Tensor, plan: _Plan) -> torch.Tensor:
     """Room for the largest chunk's gathered blocks, like ``blocks`` [*, bk, D]."""
-    return blocks.new_empty((max(len(c.blocks) for c in plan.chunks),) + blocks.shape[1:])
+    return blocks.new_empty((max((len(c.blocks) for c in plan.chunks), default=0),) + blocks.shape[1:])
 
 
 def _fused_kernel_runs_on(t: torch.Tensor) -> bool:
@@ -193,7 +193,7 @@ def _forward(q_blocks, k_blocks, v_blocks, plan: _Plan, with_tile_mass: bool = F
     out = _alloc(q_blocks.shape, q_blocks).index_fill_(0, plan.empty_rows, 0.0)
     lse = _alloc(q_blocks.shape[:2], q_blocks).index_fill_(0, plan.empty_rows, float("-inf"))
     mass = q_blocks.new_zeros((q_blocks.shape[0], plan.kv_blocks)) if with_tile_mass else None
-    k_buffer, v_buffer = (_gather_buffer(k_blocks, plan), _gather_buffer(v_blocks, plan)) if plan.chunks else (0, 0)
+    k_buffer, v_buffer = _gather_buffer(k_blocks, plan), _gather_buffer(v_blocks, plan)
     for chunk in plan.chunks:
         q, k = q_blocks.index_select(0, chunk.rows), _gather(k_blocks, chunk, plan, k_buffer)
         chunk_out, chunk_lse = _attend(q, k, _gather(v_blocks, chunk, plan, v_buffer), chunk.bias, plan.scale)
@@ -225,7 +225,7 @@ def _backward(grad_out, grad_lse, q_blocks, k_blocks, v_blocks, out, lse, plan: 
     dq = _alloc(q_blocks.shape, q_blocks).index_fill_(0, plan.empty_rows, 0.0)
     dk = torch.zeros_like(k_blocks)
     dv = torch.zeros_like(v_blocks)
-    k_buffer, v_buffer = (_gather_buffer(k_blocks, plan), _gather_buffer(v_blocks, plan)) if plan.chunks else (0, 0)
+    k_buffer, v_buffer = _gather_buffer(k_blocks, plan), _gather_buffer(v_blocks, plan)
     for chunk in plan.chunks:
         rows = chunk.rows
         d_lse = None if grad_lse is None else grad_lse.index_select(0, rows)
