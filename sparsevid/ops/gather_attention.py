@@ -26,9 +26,10 @@ from .mask import SparseMask
 from .validation import grad_requested
 
 # Elements of the largest tensor a chunk of query blocks materialises (its scores [r, bq, kept * bk] or its
-# gathered keys [r, kept * bk, D]); 2**20 (4 MiB in float32) was the fastest of 2**18 ... 2**23 on a 2-core
-# CPU at the demo's shape (benchmarks/bench_attention_cpu.py).
-_CHUNK_ELEMENTS = 1 << 20
+# gathered keys [r, kept * bk, D]). At the demo's shape on a 2-core CPU, 2**22 (16 MiB in float32) was within
+# 10% of the fastest (2**20) when the machine was idle and twice as fast as 2**20 when it was shared (fewer
+# chunks, fewer parallel regions waiting for a descheduled thread); see benchmarks/NOTES.md.
+_CHUNK_ELEMENTS = 1 << 22
 
 
 @dataclass(frozen=True)
