@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -26,23 +24,13 @@ import torch
 import torch.nn.functional as F
 
 import sparsevid as sv
+from benchmarks.run_info import run_metadata
 from sparsevid.ops.mask import random_block_mask
 
 SPARSITIES = (0.5, 0.75, 0.9, 0.95)
 COMPETITORS = ("sdpa", "gather", "reference")
 # Relative error vs float64 allowed for fp32 outputs and gradients (DESIGN.md section 3: "well under 1e-4").
 ERROR_BUDGET = 1e-4
-
-
-def git_commit() -> str:
-    """Short commit hash: $GIT_COMMIT when set, else ``git rev-parse``, else "unknown"."""
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       cwd=Path(__file__).parent, stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def structured_qk(batch: int, heads: int, n: int, d: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -59,7 +47,7 @@ def predicted_mask(q: torch.Tensor, k: torch.Tensor, sparsity: float, block_q: i
     for _ in range(14):
         topp = (low + high) / 2
         mask, _ = sv.predict_mask(q, k, rule="hybrid", topk=(1 - sparsity) / 2, topp=topp, block_q=block_q,
-                                  block_k=block_k, backend="torch")
+                                  block_k=block_k, backend="reference")
         if best is None or abs(mask.sparsity - sparsity) < abs(best.sparsity - sparsity):
             best = mask
         low, high = (topp, high) if mask.sparsity > sparsity else (low, topp)
@@ -182,12 +170,12 @@ def main(argv=None) -> int:
     for kind, target, mask in make_masks(args, generator):
         rows.append(measure(args, kind, target, mask, generator))
         print(json.dumps(rows[-1]), flush=True)
-    commit = git_commit()
-    result = {"shape": f"B={args.batch} H={args.heads} N=M={args.tokens} D={args.head_dim} "
+    result = {**run_metadata("cpu", threads=torch.get_num_threads(), rounds=args.rounds),
+              "shape": f"B={args.batch} H={args.heads} N=M={args.tokens} D={args.head_dim} "
                        f"blocks {args.block_q}x{args.block_k}",
-              "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor()
-              or platform.machine(), "load_before": [round(x, 2) for x in load_before],
-              "load_after": [round(x, 2) for x in os.getloadavg()], "commit": commit, "rows": rows}
+              "load_before": [round(x, 2) for x in load_before],
+              "load_after": [round(x, 2) for x in os.getloadavg()], "rows": rows}
+    commit = result["commit"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"attention_cpu_{commit}.json").write_text(json.dumps(result, indent=2))

@@ -231,7 +231,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
         Non-finite inputs give what dense attention gives on the kept tiles: a NaN in q makes its row NaN.
 
     Gradients (q, k and v; not with tile masses): "triton" (CUDA, or the CPU under the Triton interpreter)
-    and "reference" (any device) differentiate everywhere; "flex" only on CUDA and only for 128x128 blocks
+    "gather" and "reference" (any device) differentiate everywhere; "flex" only on CUDA and only for 128x128 blocks
     (ValueError otherwise, before any kernel runs).
     """
     _check_inputs(q, k, v, mask, scale, backend)
