@@ -9,7 +9,7 @@ import sparsevid as sv
 from oracles import DEVICE
 
 PREDICT_BACKENDS = ["reference", "triton"]
-ATTENTION_BACKENDS = ["reference", "triton"]
+ATTENTION_BACKENDS = ["reference", "gather", "triton"]
 B, H, N, M, D, BLOCK = 1, 2, 256, 512, 32, 64
 KB = M // BLOCK
 
