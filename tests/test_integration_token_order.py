@@ -37,10 +37,9 @@ def _record_masks(monkeypatch) -> list:
     """Record every video mask the sparse processors use (as a dense block map) from now on."""
     masks = []
 
-    def attend(*args, **kwargs):
-        out, mask = joint_sparse_attention(*args, **kwargs)
+    def attend(q, k, v, layout, mask, *args, **kwargs):
         masks.append(mask.to_dense())
-        return out, mask
+        return joint_sparse_attention(q, k, v, layout, mask, *args, **kwargs)
 
     joint_sparse_attention = processors.joint_sparse_attention
     monkeypatch.setattr(processors, "joint_sparse_attention", attend)

@@ -2,42 +2,59 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 
 import torch
 
-from ..schedules import SparseConfig
+from ..schedules import LayerRuntime, SparseConfig
 from .adapters import ModelAdapter, adapter_for, forward_argument
 from .processors import SparseAttnProcessor
-from .step_context import StepContext
+from .step_context import StepContext, fresh_counter
 from .token_order import forward_tile, install_reordering, tile_order
 
 _STATE_ATTR = "_sparsevid_state"
+_COUNTER_BUFFER = "_sparsevid_step_counter"
 
 
 @dataclass
 class SparseState:
-    """What ``apply_sparse_attention`` installed on a transformer (kept to undo it exactly)."""
+    """What ``apply_sparse_attention`` installed on a transformer (kept to undo it exactly).
+
+    runtimes: one LayerRuntime per self-attention (the mask decisions); fixed_tile: the forward's token order
+    when the configuration does not vary with the step (decided once, at apply time).
+    """
 
     context: StepContext
     attentions: list
     originals: list
+    processors: list
+    runtimes: list[LayerRuntime]
     hooks: list[torch.utils.hooks.RemovableHandle]
+    varies_with_step: bool
+    fixed_tile: tuple[int, int, int] | None
 
 
-def _begin_forward(adapter: ModelAdapter, config: SparseConfig, num_layers: int, context: StepContext, module,
-                   args, kwargs):
-    """Forward pre-hook: advance the denoising step from ``timestep``, record the latent grid and choose the
-    video token order of this forward (the tile most sparse layers of this step use; raster if none). The
-    per-layer plans of this forward are decided here once (``context.forward_cache["plans"]``)."""
+@torch.compiler.disable
+def _begin_step(state: SparseState) -> tuple[int, int, int] | None:
+    """Host-side bookkeeping of a forward whose plans vary with the step: read where the denoising is (one
+    device read), hand it to every layer's runtime, and return the tile most sparse layers of this step use."""
+    position = state.context.position()
+    return forward_tile([runtime.begin(position) for runtime in state.runtimes])
+
+
+def _begin_forward(adapter: ModelAdapter, state: SparseState, module, args, kwargs):
+    """Forward pre-hook: advance the denoising step from ``timestep`` (on the device), record the latent grid,
+    start the layers' runtimes at this step (only when the plans vary with the step) and choose the video token
+    order of this forward (the tile most sparse layers of this step use; raster if none)."""
+    context = state.context
     hidden_states = forward_argument(module, "hidden_states", args, kwargs)
     grid = adapter.grid(hidden_states, module.config)
+    context.counter = getattr(module, _COUNTER_BUFFER)  # the buffer follows transformer.to(device)
     context.begin_forward(forward_argument(module, "timestep", args, kwargs), grid)
-    plans = [config.plan(layer, context.step, context.timestep) for layer in range(num_layers)]
-    context.forward_cache["plans"] = plans
-    tile = None
-    if grid is not None and adapter.reorders_forward(module.config):
-        tile = forward_tile(plans)
+    tile = _begin_step(state) if state.varies_with_step else state.fixed_tile
+    if grid is None or not adapter.reorders_forward(module.config):
+        tile = None
     order = None if tile is None else tile_order(grid, tile, hidden_states.device)
     context.begin_order(tile, order, hidden_states.device)
 
@@ -66,6 +83,11 @@ def _stats_context(transformer) -> StepContext:
     return context
 
 
+def _device_of(transformer: torch.nn.Module) -> torch.device:
+    parameter = next(transformer.parameters(), None)
+    return torch.device("cpu") if parameter is None else parameter.device
+
+
 def apply_sparse_attention(transformer: torch.nn.Module, config: SparseConfig | None = None, *,
                            collect_stats: bool = False) -> torch.nn.Module:
     """Make every video self-attention of a diffusers video transformer block-sparse, in place.
@@ -76,7 +98,8 @@ def apply_sparse_attention(transformer: torch.nn.Module, config: SparseConfig | 
             attention are left alone. Applying again replaces the previous configuration.
         config: a :class:`SparseConfig` (default ``SparseConfig()``).
         collect_stats: record per-layer sparsity and timings for :func:`attention_stats`.
-    Returns the same transformer.
+    Returns the same transformer. It may then be compiled (``torch.compile`` or diffusers'
+    ``compile_repeated_blocks``); see docs/integration.md.
     """
     config = SparseConfig() if config is None else config
     if not isinstance(config, SparseConfig):
@@ -89,31 +112,52 @@ def apply_sparse_attention(transformer: torch.nn.Module, config: SparseConfig | 
     attentions = adapter.self_attentions(transformer)
     _check_layers(config, len(attentions))
     context = StepContext(collect_stats=collect_stats)
+    transformer.register_buffer(_COUNTER_BUFFER, fresh_counter(_device_of(transformer)), persistent=False)
     originals = [attn.processor for attn in attentions]
-    processors = [SparseAttnProcessor(proc, i, config, context, adapter) for i, proc in enumerate(originals)]
+    runtimes = [LayerRuntime(i, config) for i in range(len(attentions))]
+    processors = [SparseAttnProcessor(proc, runtime, context, adapter) for proc, runtime in zip(originals, runtimes)]
     for attn, processor in zip(attentions, processors):
         attn.set_processor(processor)
-    begin = functools.partial(_begin_forward, adapter, config, len(attentions), context)
-    hooks = [transformer.register_forward_pre_hook(begin, with_kwargs=True)]
-    hooks += install_reordering(transformer, adapter.token_sites, adapter.output_module, context)
-    setattr(transformer, _STATE_ATTR, SparseState(context, attentions, originals, hooks))
+    state = SparseState(context, attentions, originals, processors, runtimes, [], config.varies_with_step,
+                        forward_tile([runtime.plan for runtime in runtimes]))
+    state.hooks.append(transformer.register_forward_pre_hook(functools.partial(_begin_forward, adapter, state),
+                                                             with_kwargs=True))
+    state.hooks += install_reordering(transformer, adapter.token_sites, adapter.output_module, context)
+    setattr(transformer, _STATE_ATTR, state)
     return transformer
 
 
 def remove_sparse_attention(transformer: torch.nn.Module) -> torch.nn.Module:
-    """Put back the exact processor objects ``apply_sparse_attention`` replaced and remove its hooks."""
+    """Undo :func:`apply_sparse_attention`: remove its hooks and put the original processors back in the layers
+    that still hold the sparse processors it installed. A layer whose processor was replaced since (e.g. by
+    ``set_attn_processor``) keeps that processor; a warning names such layers. Returns the same transformer.
+    """
     state = _state(transformer)
-    for attn, original in zip(state.attentions, state.originals):
-        attn.set_processor(original)
+    restored, kept = 0, []
+    for layer, (attn, original, processor) in enumerate(zip(state.attentions, state.originals, state.processors)):
+        if attn.processor is processor:
+            attn.set_processor(original)
+            restored += 1
+        else:
+            kept.append(layer)
+    if kept:
+        warnings.warn(f"remove_sparse_attention: self-attention layers {kept} had their processor replaced after "
+                      f"apply_sparse_attention; they keep it (restored {restored} of {len(state.attentions)})",
+                      stacklevel=2)
     for hook in state.hooks:
         hook.remove()
+    transformer._buffers.pop(_COUNTER_BUFFER, None)
     delattr(transformer, _STATE_ATTR)
     return transformer
 
 
 def is_sparse(transformer: torch.nn.Module) -> bool:
-    """Whether ``apply_sparse_attention`` is in effect on ``transformer``."""
-    return getattr(transformer, _STATE_ATTR, None) is not None
+    """Whether ``apply_sparse_attention`` is in effect on ``transformer`` and at least one of its self-attentions
+    still runs a sparsevid processor (not replaced since by another processor)."""
+    state = getattr(transformer, _STATE_ATTR, None)
+    if state is None:
+        return False
+    return any(attn.processor is processor for attn, processor in zip(state.attentions, state.processors))
 
 
 def attention_stats(transformer: torch.nn.Module) -> list[dict]:

@@ -7,14 +7,12 @@ are merged exactly through their log-sum-exps. Text query rows attend every key 
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ..ops import SparseMask, block_sparse_attention
-from ..schedules import LayerPlan
 
 
 @dataclass(frozen=True)
@@ -88,11 +86,11 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
 
 
 def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch.Tensor,
-                      key_sets: list[torch.Tensor] | None, plan: LayerPlan, scale: float | None):
+                      key_sets: list[torch.Tensor] | None, mask: SparseMask, scale: float | None, backend: str):
     """Dense attention of video rows [B, H, Nv, D] over the valid text keys: (out [B, H, Nv, D], lse [B, H, Nv])."""
     def attend(q, k, v):
-        full = SparseMask.full(q.shape[2], k.shape[2], plan.block_q, plan.block_k, device=q.device)
-        return block_sparse_attention(q, k, v, full, scale=scale, return_lse=True, backend=plan.backend)
+        full = SparseMask.full(q.shape[2], k.shape[2], mask.block_q, mask.block_k, device=q.device)
+        return block_sparse_attention(q, k, v, full, scale=scale, return_lse=True, backend=backend)
 
     if key_sets is None:
         return attend(q_video, k_text, v_text)
@@ -104,60 +102,66 @@ def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch
     return torch.cat(outs), torch.cat(lses)
 
 
-def _attend_with_mass(on_tile_mass, q, k, v, mask, scale=None, return_lse=False, backend="auto"):
-    """``block_sparse_attention`` that also hands the exact tile masses of the call to ``on_tile_mass``."""
-    out, lse, mass = block_sparse_attention(q, k, v, mask, scale=scale, return_lse=True, backend=backend,
-                                            return_tile_mass=True)
-    on_tile_mass(mass)
-    return (out, lse) if return_lse else out
-
-
 def _mark(clock, name: str) -> None:
     if clock is not None:
         clock.mark(name)
 
 
-def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout, plan: LayerPlan,
-                           predict, scale: float | None = None, order: TokenOrder | None = None,
-                           attn_mask: torch.Tensor | None = None, key_sets: list[torch.Tensor] | None = None,
-                           clock=None, on_tile_mass=None):
-    """Attention with sparse video-to-video tiles and dense text rows and columns.
-
-    q, k, v: [B, H, N, D] (any strides), N = layout.total. predict: ``(q_video, k_video, plan, scale) -> SparseMask``
-    over the (tiled) video tokens. on_tile_mass: None, or a callable that receives the exact tile masses
-    float32 [B, H, QB, KB] of the video-to-video attention (``return_tile_mass``; inference only).
-    attn_mask: the key-padding mask the text rows use (as in SDPA);
-    key_sets: its valid text keys per batch entry (see :func:`text_key_sets`), None if all are valid.
-    clock: optional ``stats.Clock``; marks "reordered", "predicted" and "attended" (before the output is
-    put back in the original token order and the text rows are computed). order: the token order the
-    sparse part runs in, relative to q's (None: as given). No copies of q, k, v or the output are made
-    beyond ``order``'s gathers and scatter: the video-to-video output lands in q's layout, merged joint rows
-    go straight into the output buffer.
-    Returns out [B, H, N, D] and the video mask.
-    """
-    batch, heads, total, dim = q.shape
-    if total != layout.total or k.shape[2] != layout.total:
-        raise ValueError(f"q and k must have {layout.total} tokens (video + text), got {total} and {k.shape[2]}")
+def video_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
+                 order: TokenOrder | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The video part of q, k, v [B, H, N, D] in the order the sparse attention runs in: views when ``order`` is
+    None, else gathered [B, H, Nv, D] copies. The mask of :func:`joint_sparse_attention` is over these."""
+    if q.shape[2] != layout.total or k.shape[2] != layout.total:
+        raise ValueError(f"q and k must have {layout.total} tokens (video + text), got {q.shape[2]} and {k.shape[2]}")
     video = layout.video
     q_v, k_v, v_v = q[:, :, video], k[:, :, video], v[:, :, video]
     if order is not None:
         q_v, k_v, v_v = (t.index_select(2, order.perm) for t in (q_v, k_v, v_v))
-    _mark(clock, "reordered")
-    attend = block_sparse_attention if on_tile_mass is None else functools.partial(_attend_with_mass, on_tile_mass)
-    mask = predict(q_v, k_v, plan, scale)
-    _mark(clock, "predicted")
+    return q_v, k_v, v_v
+
+
+def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout, mask: SparseMask,
+                           order: TokenOrder | None = None, *, video=None, scale: float | None = None,
+                           backend: str = "auto", attn_mask: torch.Tensor | None = None,
+                           key_sets: list[torch.Tensor] | None = None, tile_mass: bool = False, clock=None):
+    """Attention with sparse video-to-video tiles (under ``mask``) and dense text rows and columns.
+
+    q, k, v: [B, H, N, D] (any strides), N = layout.total. mask: over the video tokens in ``order`` (the order
+    the sparse part runs in, relative to q's; None: as given), e.g. predicted from :func:`video_tokens`.
+    video: the ``video_tokens(q, k, v, layout, order)`` the caller already has (else gathered here).
+    backend: the block-sparse attention backend. tile_mass: also return the exact tile masses float32
+    [B, H, QB, KB] of the video-to-video attention (``return_tile_mass``; inference only), else None.
+    attn_mask: the key-padding mask the text rows use (as in SDPA);
+    key_sets: its valid text keys per batch entry (see :func:`text_key_sets`), None if all are valid.
+    clock: optional ``stats.Clock``; marks "attended" (before the output is put back in the original token order
+    and the text rows are computed). No copies of q, k, v or the output are made beyond ``order``'s gathers and
+    scatter: the video-to-video output lands in q's layout, merged joint rows go straight into the output buffer.
+    Returns (out [B, H, N, D], tile masses or None).
+    """
+    batch, heads, total, dim = q.shape
+    q_v, k_v, v_v = video_tokens(q, k, v, layout, order) if video is None else video
+
+    def attend(return_lse: bool) -> tuple:
+        """(out, lse if return_lse, tile masses or None) of the video-to-video part."""
+        result = block_sparse_attention(q_v, k_v, v_v, mask, scale=scale, return_lse=return_lse, backend=backend,
+                                        return_tile_mass=tile_mass)
+        if tile_mass:
+            return result
+        return (*(result if return_lse else (result,)), None)
+
     if layout.text_len == 0 and order is None:
         # The triton kernels write q's layout: for diffusers' transposed [B, N, H, D] view, where diffusers reads.
-        out_v = attend(q_v, k_v, v_v, mask, scale=scale, backend=plan.backend)
+        out_v, mass = attend(return_lse=False)
         _mark(clock, "attended")
-        return out_v, mask
+        return out_v, mass
     out = q.new_empty(batch, total, heads, dim).transpose(1, 2)
-    out_video = out[:, :, video]
+    out_video = out[:, :, layout.video]
     if layout.text_len == 0:
-        out_v = attend(q_v, k_v, v_v, mask, scale=scale, backend=plan.backend)
+        out_v, mass = attend(return_lse=False)
     else:
-        out_vv, lse_vv = attend(q_v, k_v, v_v, mask, scale=scale, return_lse=True, backend=plan.backend)
-        out_vt, lse_vt = _attend_text_keys(q_v, k[:, :, layout.text], v[:, :, layout.text], key_sets, plan, scale)
+        out_vv, lse_vv, mass = attend(return_lse=True)
+        out_vt, lse_vt = _attend_text_keys(q_v, k[:, :, layout.text], v[:, :, layout.text], key_sets, mask, scale,
+                                           backend)
         out_v = merge_partials(out_vv, lse_vv, out_vt, lse_vt, out=out_video if order is None else None)
     _mark(clock, "attended")
     if order is not None:
@@ -165,4 +169,4 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     if layout.text_len:
         text = layout.text
         out[:, :, text] = F.scaled_dot_product_attention(q[:, :, text], k, v, attn_mask=attn_mask, scale=scale)
-    return out, mask
+    return out, mass

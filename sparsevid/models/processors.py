@@ -2,31 +2,37 @@
 
 :class:`SparseAttnProcessor` wraps the model's original processor. Dense decisions call the original
 unchanged. Sparse decisions run a copy of it (pinned to diffusers' native attention backend) while a
-torch-function mode routes its one ``scaled_dot_product_attention`` call to
-:func:`~sparsevid.models.joint_attention.joint_sparse_attention`. Projections, norms, RoPE and output
-layers therefore stay diffusers' code, whatever the model or diffusers version.
+torch-function mode routes its one ``scaled_dot_product_attention`` call to :meth:`SparseAttnProcessor._attend`,
+which runs in a straight line: the layer's runtime (``sparsevid.schedules.runtime``) gives the mask, the
+joint core (:func:`~sparsevid.models.joint_attention.joint_sparse_attention`) attends under it, the runtime
+records what the next step's mask needs. Projections, norms, RoPE and output layers therefore stay diffusers'
+code, whatever the model or diffusers version.
 """
 from __future__ import annotations
 
 import copy
 import functools
-import inspect
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..schedules import LayerPlan, MaskReuse, SparseConfig
+from ..schedules.runtime import LayerRuntime
 from .adapters import ModelAdapter
 from .context_parallel import check_parallel_config, check_video_only, local_heads
-from .joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets
+from .joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets, video_tokens
 from .stats import AttentionRecord, Clock
 from .step_context import StepContext
 from .token_order import plan_tile, relative_order, tile_order
 
 
 class SDPAInterceptor(TorchFunctionMode):
-    """Inside ``with``, calls of ``F.scaled_dot_product_attention`` go to ``handler`` (same signature)."""
+    """Inside ``with``, calls of ``F.scaled_dot_product_attention`` go to ``handler`` (same signature).
+
+    Tensor methods that torch implements in Python (``Tensor.unflatten``, ...) are called as methods of the
+    tensor rather than as the function the mode receives: their Python body calls ``super()``, which
+    torch.compile cannot trace inside a mode.
+    """
 
     def __init__(self, handler):
         super().__init__()
@@ -38,6 +44,9 @@ class SDPAInterceptor(TorchFunctionMode):
         if func is F.scaled_dot_product_attention:
             self.calls += 1
             return self.handler(*args, **kwargs)
+        if getattr(func, "__module__", None) == "torch._tensor":
+            # A Tensor method written in Python: call it on the tensor (inside __torch_function__ the mode is off).
+            return getattr(args[0], func.__name__)(*args[1:], **kwargs)
         return func(*args, **kwargs)
 
 
@@ -54,31 +63,36 @@ def _native_copy(processor):
 class SparseAttnProcessor:
     """Replaces the processor of one video self-attention module (see module docstring).
 
+    Its ``__call__`` declares the arguments of diffusers' video attention processors (diffusers passes a
+    processor only the keyword arguments its signature names, also under ``torch.compile``) and hands them to
+    the original in the original's order: the fifth positional argument is the rotary embedding, named
+    ``rotary_emb`` by Wan and ``image_rotary_emb`` by HunyuanVideo and CogVideoX.
+
     Under diffusers' Ulysses context parallelism (``enable_parallelism``, before or after applying) the
     sparse core runs between diffusers' all-to-alls on the whole sequence of this rank's heads
-    (``context_parallel``).
+    (``context_parallel``). ``set_attention_backend`` reaches the original (the dense path) through
+    ``_attention_backend``; the sparse path always runs diffusers' native backend.
 
     Args:
-        original: the processor it replaces (kept unmodified but for the ``_parallel_config`` that
-            ``enable_parallelism`` sets through this processor; ``remove_sparse_attention`` puts it back).
-        layer: index of this self-attention in the transformer.
-        config: the SparseConfig deciding dense/sparse per (layer, step).
+        original: the processor it replaces (kept unmodified but for the ``_parallel_config`` and
+            ``_attention_backend`` that diffusers sets through this processor; ``remove_sparse_attention`` puts
+            it back).
+        runtime: the layer's mask decision (plan and mask reuse).
         context: the transformer's shared StepContext.
         adapter: model-family facts (where text tokens sit).
     """
 
-    def __init__(self, original, layer: int, config: SparseConfig, context: StepContext, adapter: ModelAdapter):
+    def __init__(self, original, runtime: LayerRuntime, context: StepContext, adapter: ModelAdapter):
         check_parallel_config(getattr(original, "_parallel_config", None))
         self.original = original
-        self.layer = layer
-        self.config = config
+        self.runtime = runtime
         self.context = context
         self.adapter = adapter
         self._native = _native_copy(original)
-        self._masks = MaskReuse()
-        self._signature = inspect.signature(original.__call__)
-        # diffusers' Attention.forward filters keyword arguments by the processor's signature: expose the original's.
-        self.__call__ = functools.wraps(original.__call__)(functools.partial(type(self).__call__, self))
+
+    @property
+    def layer(self) -> int:
+        return self.runtime.layer
 
     @property
     def _parallel_config(self):
@@ -91,17 +105,25 @@ class SparseAttnProcessor:
         self.original._parallel_config = config
         self._native._parallel_config = config
 
-    def __call__(self, attn, *args, **kwargs):
-        context = self.context
-        plans = context.forward_cache.get("plans")  # decided once per forward by the transformer's pre-hook
-        plan = plans[self.layer] if plans is not None else self.config.plan(self.layer, context.step,
-                                                                             context.timestep)
+    @property
+    def _attention_backend(self):
+        """The original's diffusers attention backend (AttributeError where it has none, so that
+        ``set_attention_backend`` treats this processor as it would the original); dense calls use it."""
+        return self.original._attention_backend
+
+    @_attention_backend.setter
+    def _attention_backend(self, backend) -> None:
+        self.original._attention_backend = backend
+
+    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, image_rotary_emb=None, **kwargs) -> torch.Tensor:
+        args = (attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        context, plan = self.context, self.runtime.plan
         parallel = getattr(self.original, "_parallel_config", None)
         check_parallel_config(parallel, attn.heads)
         if plan is None and not context.collect_stats:
-            return self.original(attn, *args, **kwargs)
-        bound = self._signature.bind(attn, *args, **kwargs).arguments
-        layout = self._layout(bound["hidden_states"], bound.get("encoder_hidden_states"))
+            return self.original(*args, **kwargs)
+        layout = self._layout(hidden_states, encoder_hidden_states)
         heads = None
         if parallel is not None:
             check_video_only(layout)
@@ -109,11 +131,11 @@ class SparseAttnProcessor:
         record = None
         if context.collect_stats:
             record = AttentionRecord(self.layer, context.step, plan is None, layout.video_len, layout.text_len,
-                                     Clock(bound["hidden_states"].device))
+                                     Clock(hidden_states.device))
             context.records.append(record)
-        handler = functools.partial(self._attend, plan=plan, layout=layout, record=record, heads=heads)
-        with SDPAInterceptor(handler) as interceptor:
-            out = self._native(attn, *args, **kwargs)
+        interceptor = SDPAInterceptor(functools.partial(self._attend, layout=layout, record=record, heads=heads))
+        with interceptor:
+            out = self._native(*args, **kwargs)
         if interceptor.calls != 1:
             raise RuntimeError(f"expected the {type(self.original).__name__} processor to make exactly one "
                                f"scaled_dot_product_attention call, saw {interceptor.calls}")
@@ -125,58 +147,39 @@ class SparseAttnProcessor:
         start = text if self.adapter.text_first else 0
         return TokenLayout(start, video, video + text)
 
-    def _token_order(self, plan: LayerPlan, layout: TokenLayout, device: torch.device) -> TokenOrder | None:
-        """How this layer reorders its video tokens: from the forward's order to the plan's (None: already so)."""
-        context, wanted = self.context, plan_tile(plan.tile)
+    def _token_order(self, tile, layout: TokenLayout, device: torch.device) -> TokenOrder | None:
+        """How this layer reorders its video tokens: from the forward's order to the plan's ``tile`` (None:
+        already so). Computed once per forward and tile, shared by the layers."""
+        context, wanted = self.context, plan_tile(tile)
         if context.grid is None or wanted == context.tile:
             return None
         grid = context.grid
         if grid[0] * grid[1] * grid[2] != layout.video_len:
             raise ValueError(f"the latent grid {grid} has {grid[0] * grid[1] * grid[2]} tokens but the attention "
                              f"sees {layout.video_len} video tokens")
-        key = ("token_order", wanted)
-        if key not in context.forward_cache:
-            target = None if wanted is None else tile_order(grid, wanted, device)
-            context.forward_cache[key] = relative_order(context.order, target)
-        return context.forward_cache[key]
+        orders = context.values.token_orders
+        if wanted not in orders:
+            orders[wanted] = relative_order(context.order, None if wanted is None else tile_order(grid, wanted, device))
+        return orders[wanted]
 
     def _key_sets(self, attn_mask, layout: TokenLayout, batch: int):
+        """The valid text keys per batch entry (read once per forward and attention mask)."""
         if attn_mask is None or layout.text_len == 0:
             return None
-        cached = self.context.forward_cache.get("key_sets")
-        if cached is None or cached[0] is not attn_mask:
-            cached = (attn_mask, text_key_sets(attn_mask, layout, batch))
-            self.context.forward_cache["key_sets"] = cached
-        return cached[1]
-
-    def _mask_source(self, record: AttentionRecord | None):
-        """The ``predict`` callable of this call: the layer's mask reuse state (``schedules.reuse``) decides
-        whether the mask is predicted, reused or refreshed; stats record which (``mask_source``)."""
-        context = self.context
-
-        def video_mask(q, k, plan, scale):
-            mask, source = self._masks.mask(q, k, plan, scale, step=context.step, branch=context.branch,
-                                            generation=context.generation)
-            if record is not None:
-                record.extra["mask_source"] = source
-            return mask
-        return video_mask
-
-    def _tile_mass_sink(self, query: torch.Tensor, plan: LayerPlan):
-        """Where this call's exact tile masses go when the next step's refresh wants them, else None."""
-        where = {"step": self.context.step, "branch": self.context.branch}
-        if not self._masks.wants_tile_mass(query, plan, **where):
-            return None
-        return functools.partial(self._masks.record_tile_mass, **where)
+        values = self.context.values
+        if values.key_sets is None or values.key_sets[0] is not attn_mask:
+            values.key_sets = (attn_mask, text_key_sets(attn_mask, layout, batch))
+        return values.key_sets[1]
 
     def _attend(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                enable_gqa=False, *, plan: LayerPlan | None, layout: TokenLayout, record: AttentionRecord | None,
-                heads: range | None):
+                enable_gqa=False, *, layout: TokenLayout, record: AttentionRecord | None, heads: range | None):
         """Stands in for ``F.scaled_dot_product_attention`` (q, k, v [B, H, N, D]) inside the processor.
 
         heads: under Ulysses context parallelism, the global heads of q's H local heads; q, k, v then hold the
         whole sequence (N tokens) while ``layout`` counted this rank's share of it.
         """
+        runtime = self.runtime
+        plan = runtime.plan
         if heads is not None:
             if query.shape[1] != len(heads):
                 raise RuntimeError(f"expected the {len(heads)} heads {heads.start}..{heads.stop - 1} on this rank, "
@@ -185,26 +188,38 @@ class SparseAttnProcessor:
             if record is not None:
                 record.video_tokens = layout.video_len
                 record.extra["heads"] = (heads.start, heads.stop)
-        if record is not None:
-            record.clock.mark("start")
+        clock = None if record is None else record.clock
+        _mark(clock, "start")
         if plan is None:
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-        else:
-            if dropout_p or is_causal:
-                raise ValueError("sparse attention supports dropout_p=0 and is_causal=False only")
-            if key.shape[1] != query.shape[1]:
-                raise ValueError(f"sparse attention needs as many key heads as query heads, got {key.shape[1]} "
-                                 f"and {query.shape[1]}")
-            if attn_mask is not None and layout.text_len == 0:
-                raise ValueError("sparse attention does not support an attention mask over video tokens")
-            out, mask = joint_sparse_attention(
-                query, key, value, layout, plan, self._mask_source(record), scale=scale,
-                order=self._token_order(plan, layout, query.device), attn_mask=attn_mask,
-                key_sets=self._key_sets(attn_mask, layout, query.shape[0]),
-                clock=None if record is None else record.clock, on_tile_mass=self._tile_mass_sink(query, plan))
-            if record is not None:
-                record.sparsity = mask.sparsity_per_head.mean()
+            _mark(clock, "end")
+            return out
+        if dropout_p or is_causal:
+            raise ValueError("sparse attention supports dropout_p=0 and is_causal=False only")
+        if key.shape[1] != query.shape[1]:
+            raise ValueError(f"sparse attention needs as many key heads as query heads, got {key.shape[1]} "
+                             f"and {query.shape[1]}")
+        if attn_mask is not None and layout.text_len == 0:
+            raise ValueError("sparse attention does not support an attention mask over video tokens")
+        order = self._token_order(plan.tile, layout, query.device)
+        video = video_tokens(query, key, value, layout, order)
+        _mark(clock, "reordered")
+        wants_tile_mass = runtime.wants_tile_mass(query)
+        mask = runtime.mask(video[0], video[1], scale)
+        _mark(clock, "predicted")
+        out, tile_mass = joint_sparse_attention(
+            query, key, value, layout, mask, order, video=video, scale=scale, backend=plan.backend,
+            attn_mask=attn_mask, key_sets=self._key_sets(attn_mask, layout, query.shape[0]),
+            tile_mass=wants_tile_mass, clock=clock)
+        runtime.record(tile_mass)
         if record is not None:
-            record.clock.mark("end")
+            record.extra["mask_source"] = runtime.source
+            record.sparsity = mask.sparsity_per_head.mean()
+        _mark(clock, "end")
         return out
+
+
+def _mark(clock: Clock | None, name: str) -> None:
+    if clock is not None:
+        clock.mark(name)

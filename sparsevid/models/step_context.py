@@ -1,4 +1,4 @@
-"""Per-transformer runtime state: the denoising step, the latent grid and per-forward caches.
+"""Per-transformer runtime state: the denoising step, the latent grid and per-forward values.
 
 A forward pre-hook on the transformer (installed by ``apply_sparse_attention``) calls
 :meth:`StepContext.begin_forward` with the ``timestep`` argument and the latent grid. The step index
@@ -6,6 +6,10 @@ counts distinct timesteps of one generation: a timestep equal to the previous on
 (e.g. the unconditional pass of classifier-free guidance), a smaller one the next step, a larger one
 the start of a new generation (step 0). :meth:`reset` or :meth:`set_step` override the counting.
 :meth:`begin_order` then sets the video token order the forward runs in (see ``token_order``).
+
+The counting runs on the timestep's device (a :class:`StepCounter`), so a forward never waits for the
+device: :attr:`StepContext.step` and the other positions read it back only when asked (the integration
+asks only when the configuration varies with the step, or stats are on).
 """
 from __future__ import annotations
 
@@ -17,21 +21,56 @@ import torch
 from .joint_attention import TokenOrder
 from .stats import Clock, ForwardRecord
 
+# StepCounter slots: the last timestep (float64 bits), step, branch, generation.
+_TIMESTEP, _STEP, _BRANCH, _GENERATION = range(4)
+
+
+def fresh_counter(device: torch.device | str | None = None) -> torch.Tensor:
+    """A counter before any forward: int64 [4] (int64 so that ``module.to(dtype)`` leaves it alone)."""
+    counter = torch.zeros(4, dtype=torch.int64, device=device)
+    counter[_TIMESTEP] = torch.tensor(float("-inf"), dtype=torch.float64).view(torch.int64)
+    return counter
+
+
+def advance_counter(counter: torch.Tensor, value: torch.Tensor, pinned_step: int | None) -> torch.Tensor:
+    """The counter after a forward at timestep ``value`` (float64 scalar on the counter's device), without a
+    host read: a larger timestep starts a new generation at step 0, a smaller one is the next step, an equal
+    one the next guidance branch of the same step. ``pinned_step`` replaces the counted step."""
+    last = counter[_TIMESTEP:_TIMESTEP + 1].view(torch.float64)[0]
+    step, branch, generation = counter[_STEP], counter[_BRANCH], counter[_GENERATION]
+    new_generation = value > last
+    new_step = torch.where(new_generation, 0, torch.where(value < last, step + 1, step))
+    if pinned_step is not None:
+        new_step = torch.full_like(step, pinned_step)
+    same_step = (value == last) & (new_step == step)
+    return torch.stack([value.reshape(1).view(torch.int64)[0], new_step,
+                        torch.where(same_step, branch + 1, 0), generation + new_generation.long()])
+
+
+@dataclass
+class ForwardValues:
+    """Values the sparse layers of one forward share, computed by the first layer that needs them.
+
+    Attributes:
+        token_orders: {tile: TokenOrder or None}, the reordering from the forward's token order to a tile's.
+        key_sets: (the attention mask, its valid text keys per batch entry) or None.
+    """
+
+    token_orders: dict = field(default_factory=dict)
+    key_sets: tuple | None = None
+
 
 @dataclass
 class StepContext:
     """Mutable state shared by the sparse processors of one transformer.
 
     Attributes:
-        step: denoising step of the current forward (None before the first forward).
-        timestep: the timestep value of the current forward (largest entry of the ``timestep`` tensor).
+        counter: int64 [4] on the timestep's device (see :func:`advance_counter`); the integration keeps it as a
+            non-persistent buffer of the transformer so that it follows ``transformer.to(device)``.
+        has_timestep: whether the current forward had a timestep (else the step is unknown).
         grid: (T, H, W) latent token grid of the current forward after patching, or None.
-        forward_cache: values computed once per forward (the valid text keys, per-layer token orders), cleared by
-            every forward.
+        values: per-forward shared values (:class:`ForwardValues`), fresh every forward.
         collect_stats: record per-layer stats (see ``attention_stats``).
-        branch: index of the current forward among the forwards of its step (0, then 1 for the second pass of
-            classifier-free guidance when the pipeline makes two calls).
-        generation: incremented when a new generation starts (per-layer mask caches drop their masks).
         records: the stats records of the last forward.
         tile: the 3D tile the video tokens of the current forward are ordered in, None for raster order.
         order: that order as a permutation of the raster tokens (None for raster order).
@@ -39,12 +78,10 @@ class StepContext:
         forward_record: the per-forward stats record of the last forward (with stats on).
     """
 
-    step: int | None = None
-    timestep: float | None = None
-    branch: int = 0
-    generation: int = 0
+    counter: torch.Tensor = field(default_factory=fresh_counter)
+    has_timestep: bool = False
     grid: tuple[int, int, int] | None = None
-    forward_cache: dict = field(default_factory=dict)
+    values: ForwardValues = field(default_factory=ForwardValues)
     collect_stats: bool = False
     records: list = field(default_factory=list)
     tile: tuple[int, int, int] | None = None
@@ -54,29 +91,52 @@ class StepContext:
     _pinned_step: int | None = None
 
     def begin_forward(self, timestep, grid: tuple[int, int, int] | None) -> None:
-        """Advance the step counter from ``timestep`` (tensor or number; one host read) and set the grid."""
-        if isinstance(timestep, torch.Tensor):
-            value = float(timestep.detach().max()) if timestep.numel() else None
-        elif timestep is not None:
-            value = float(timestep)
-        else:
-            value = None
-        previous_step = self.step
-        if self._pinned_step is not None:
-            self.step = self._pinned_step
-        elif value is None:
-            self.step = None
-        elif self.timestep is None or self.step is None or value > self.timestep:
-            self.step = 0
-            self.generation += 1
-        elif value < self.timestep:
-            self.step += 1
-        same_step = value is not None and value == self.timestep and self.step == previous_step
-        self.branch = self.branch + 1 if same_step else 0
-        self.timestep = value
+        """Advance the step counter from ``timestep`` (tensor or number; its largest entry; no host read) and
+        set the grid."""
+        if isinstance(timestep, torch.Tensor) and timestep.numel() == 0:
+            timestep = None
+        self.has_timestep = timestep is not None
+        if timestep is not None:
+            if isinstance(timestep, torch.Tensor):
+                value = timestep.detach().max().to(device=self.counter.device, dtype=torch.float64)
+            else:
+                value = torch.tensor(float(timestep), dtype=torch.float64, device=self.counter.device)
+            self.counter.copy_(advance_counter(self.counter, value, self._pinned_step))
         self.grid = grid
-        self.forward_cache.clear()
+        self.values = ForwardValues()
         self.records = []
+
+    # Positions of the last forward: each reads the device.
+    @property
+    def step(self) -> int | None:
+        """Denoising step of the current forward (None before the first forward or without a timestep)."""
+        return int(self.counter[_STEP]) if self.has_timestep else None
+
+    @property
+    def timestep(self) -> float | None:
+        """The timestep value of the current forward (largest entry of the ``timestep`` tensor)."""
+        return float(self.counter[_TIMESTEP:_TIMESTEP + 1].view(torch.float64)[0]) if self.has_timestep else None
+
+    @property
+    def branch(self) -> int:
+        """Index of the current forward among the forwards of its step (0, then 1 for the second pass of
+        classifier-free guidance when the pipeline makes two calls)."""
+        return int(self.counter[_BRANCH]) if self.has_timestep else 0
+
+    @property
+    def generation(self) -> int:
+        """Incremented when a new generation starts (per-layer mask reuse then drops its masks)."""
+        return int(self.counter[_GENERATION])
+
+    def position(self):
+        """The (step, timestep, branch, generation) of the current forward as a ``StepPosition`` (one host read)."""
+        from ..schedules.runtime import StepPosition
+
+        if not self.has_timestep:
+            return StepPosition(None, None, 0, self.generation)
+        timestep_bits, step, branch, generation = self.counter.tolist()
+        timestep = torch.tensor(timestep_bits, dtype=torch.int64).view(torch.float64).item()
+        return StepPosition(step, timestep, branch, generation)
 
     def begin_order(self, tile: tuple[int, int, int] | None, order: TokenOrder | None, device: torch.device) -> None:
         """Set the video token order of the current forward (after :meth:`begin_forward`); starts its stats record."""
@@ -88,9 +148,9 @@ class StepContext:
         return contextlib.nullcontext() if self.forward_record is None else self.forward_record.span(kind)
 
     def reset(self) -> None:
-        """Forget the step count: the next forward is step 0 of a new generation."""
-        self.step = None
-        self.timestep = None
+        """Forget the step count: the next forward is step 0 of a new generation (no host read)."""
+        self.counter[_TIMESTEP] = fresh_counter(self.counter.device)[_TIMESTEP]
+        self.has_timestep = False
         self._pinned_step = None
 
     def set_step(self, step: int | None) -> None:
@@ -99,4 +159,4 @@ class StepContext:
             raise ValueError(f"step must be None or an int >= 0, got {step!r}")
         self._pinned_step = step
         if step is not None:
-            self.step = step
+            self.counter[_STEP] = step

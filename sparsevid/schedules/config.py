@@ -12,18 +12,13 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 RULES = ("topk", "topp", "hybrid")
 BACKENDS = ("auto", "triton", "flex", "gather", "reference")
 BLOCK_SIZES = (64, 128)
 SCHEDULES = ("constant", "linear", "cosine", "snr")
 REFRESH_SEARCHES = ("full", "within", "exact")
-# Fields of SparseConfig that a LayerPlan carries; a per-layer override may change them, the schedule's
-# final budgets (SCHEDULE_FIELDS) and "dense": True.
-PLAN_FIELDS = ("rule", "topk", "topp", "block_q", "block_k", "backend", "keep_sink", "keep_diagonal",
-               "similarity_threshold", "min_blocks", "tile", "refresh_interval", "refresh_search")
-SCHEDULE_FIELDS = ("final_topk", "final_topp")
 # The mask predictor's backend for each attention backend (the predictor has a triton and a reference path).
 PREDICT_BACKENDS = {"auto": "auto", "triton": "triton", "flex": "auto", "gather": "reference", "reference": "reference"}
 
@@ -50,53 +45,118 @@ def _check_topp(name: str, topp) -> None:
         raise ValueError(f"{name} must be in (0, 1], got {topp!r}")
 
 
-def _check_plan_fields(values: dict[str, Any], where: str) -> None:
-    """Raise ValueError/TypeError naming the first bad field of ``values`` (a subset of PLAN_FIELDS and
-    SCHEDULE_FIELDS)."""
-    def name(key):
-        return f"{where}{key}"
+def _check_optional(check):
+    def check_unless_none(name: str, value) -> None:
+        if value is not None:
+            check(name, value)
+    return check_unless_none
 
-    if "rule" in values and values["rule"] not in RULES:
-        raise ValueError(f"{name('rule')} must be one of {RULES}, got {values['rule']!r}")
-    if "topk" in values:
-        _check_topk(name("topk"), values["topk"])
-    if "topp" in values:
-        _check_topp(name("topp"), values["topp"])
-    if values.get("final_topk") is not None:
-        _check_topk(name("final_topk"), values["final_topk"])
-    if values.get("final_topp") is not None:
-        _check_topp(name("final_topp"), values["final_topp"])
-    if "refresh_interval" in values and (not _is_int(values["refresh_interval"]) or values["refresh_interval"] < 1):
-        raise ValueError(f"{name('refresh_interval')} must be an int >= 1, got {values['refresh_interval']!r}")
-    if "refresh_search" in values and values["refresh_search"] not in REFRESH_SEARCHES:
-        raise ValueError(f"{name('refresh_search')} must be one of {REFRESH_SEARCHES}, "
-                         f"got {values['refresh_search']!r}")
-    for key in ("block_q", "block_k"):
-        if key in values and (not _is_int(values[key]) or values[key] not in BLOCK_SIZES):
-            raise ValueError(f"{name(key)} must be one of {BLOCK_SIZES}, got {values[key]!r}")
-    if "backend" in values and values["backend"] not in BACKENDS:
-        hint = ": the plain-PyTorch backend is called 'reference'" if values["backend"] == "torch" else ""
-        raise ValueError(f"{name('backend')} must be one of {BACKENDS}, got {values['backend']!r}{hint}")
-    for key in ("keep_sink", "keep_diagonal"):
-        if key in values and not isinstance(values[key], bool):
-            raise TypeError(f"{name(key)} must be a bool, got {values[key]!r}")
-    if "similarity_threshold" in values:
-        sim = values["similarity_threshold"]
-        if sim is not None and (not _is_number(sim) or not -1.0 <= sim <= 1.0):
-            raise ValueError(f"{name('similarity_threshold')} must be None or a number in [-1, 1], got {sim!r}")
-    if "min_blocks" in values and (not _is_int(values["min_blocks"]) or values["min_blocks"] < 0):
-        raise ValueError(f"{name('min_blocks')} must be an int >= 0, got {values['min_blocks']!r}")
-    if "tile" in values:
-        tile = values["tile"]
-        ok = tile in ("auto", "none") or (
-            isinstance(tile, tuple) and len(tile) == 3 and all(_is_int(t) and t >= 1 for t in tile))
-        if not ok:
-            raise ValueError(f"{name('tile')} must be 'auto', 'none' or a (t, h, w) tuple of ints >= 1, got {tile!r}")
+
+def _check_choice(choices: tuple):
+    def check(name: str, value) -> None:
+        if value not in choices or isinstance(value, bool):
+            raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return check
+
+
+def _check_backend(name: str, value) -> None:
+    if value not in BACKENDS:
+        hint = ": the plain-PyTorch backend is called 'reference'" if value == "torch" else ""
+        raise ValueError(f"{name} must be one of {BACKENDS}, got {value!r}{hint}")
+
+
+def _check_block(name: str, value) -> None:
+    if not _is_int(value) or value not in BLOCK_SIZES:
+        raise ValueError(f"{name} must be one of {BLOCK_SIZES}, got {value!r}")
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def _check_int_at_least(low: int):
+    def check(name: str, value) -> None:
+        if not _is_int(value) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return check
+
+
+def _check_similarity(name: str, sim) -> None:
+    if sim is not None and (not _is_number(sim) or not -1.0 <= sim <= 1.0):
+        raise ValueError(f"{name} must be None or a number in [-1, 1], got {sim!r}")
+
+
+def _check_tile(name: str, tile) -> None:
+    ok = tile in ("auto", "none") or (
+        isinstance(tile, tuple) and len(tile) == 3 and all(_is_int(t) and t >= 1 for t in tile))
+    if not ok:
+        raise ValueError(f"{name} must be 'auto', 'none' or a (t, h, w) tuple of ints >= 1, got {tile!r}")
 
 
 @dataclass(frozen=True)
+class MaskSetting:
+    """One setting of how a sparse layer makes its mask: declared once, it becomes a field of
+    :class:`SparseConfig` (with this default), a field of :class:`LayerPlan`, a key ``layer_overrides`` accepts
+    and, where ``uses`` says so, an argument of ``predict_mask`` ("predict") and of ``select_from_mass``
+    ("select").
+
+    check: ``check(name, value)`` raises ValueError/TypeError naming ``name`` when ``value`` is not valid.
+    """
+
+    name: str
+    type: str
+    default: Any
+    check: Callable[[str, Any], None]
+    uses: frozenset[str] = frozenset()
+
+
+_PREDICT, _SELECT = frozenset({"predict"}), frozenset({"predict", "select"})
+MASK_SETTINGS = (
+    MaskSetting("rule", "str", "hybrid", _check_choice(RULES), _SELECT),
+    MaskSetting("topk", "float | int", 0.05, _check_topk, _SELECT),
+    MaskSetting("topp", "float", 0.9, _check_topp, _SELECT),
+    MaskSetting("block_q", "int", 128, _check_block, _PREDICT),
+    MaskSetting("block_k", "int", 64, _check_block, _PREDICT),
+    MaskSetting("backend", "str", "auto", _check_backend),
+    MaskSetting("keep_sink", "bool", False, _check_bool, _SELECT),
+    MaskSetting("keep_diagonal", "bool", False, _check_bool, _SELECT),
+    MaskSetting("similarity_threshold", "float | None", None, _check_similarity, _PREDICT),
+    MaskSetting("min_blocks", "int", 1, _check_int_at_least(0), _SELECT),
+    MaskSetting("tile", "str | tuple[int, int, int]", "auto", _check_tile),
+    MaskSetting("refresh_interval", "int", 1, _check_int_at_least(1)),
+    MaskSetting("refresh_search", "str", "full", _check_choice(REFRESH_SEARCHES)),
+)
+# Fields of SparseConfig that a LayerPlan carries; a per-layer override may change them, the schedule's
+# final budgets (SCHEDULE_FIELDS) and "dense": True.
+PLAN_FIELDS = tuple(setting.name for setting in MASK_SETTINGS)
+SCHEDULE_FIELDS = ("final_topk", "final_topp")
+_SCHEDULE_CHECKS = {"final_topk": _check_optional(_check_topk), "final_topp": _check_optional(_check_topp)}
+_CHECKS = {**{setting.name: setting.check for setting in MASK_SETTINGS}, **_SCHEDULE_CHECKS}
+
+
+def _check_plan_fields(values: dict[str, Any], where: str) -> None:
+    """Raise ValueError/TypeError naming the first bad field of ``values`` (a subset of PLAN_FIELDS and
+    SCHEDULE_FIELDS; other keys are the caller's to check)."""
+    for key, value in values.items():
+        if key in _CHECKS:
+            _CHECKS[key](f"{where}{key}", value)
+
+
+def _with_mask_settings(cls):
+    """Class decorator (below ``@dataclass``): the MASK_SETTINGS become ``cls``'s first fields."""
+    own = dict(cls.__dict__.get("__annotations__", {}))
+    cls.__annotations__ = {**{setting.name: setting.type for setting in MASK_SETTINGS}, **own}
+    for setting in MASK_SETTINGS:
+        if setting.name not in own:
+            setattr(cls, setting.name, setting.default)
+    return cls
+
+
+@dataclass(frozen=True)
+@_with_mask_settings
 class LayerPlan:
-    """How one sparse attention call is made: mask-prediction settings, block sizes, backend, tiling.
+    """How one sparse attention call is made: the MASK_SETTINGS of one layer at one step.
 
     ``tile``: "auto" (the default 3D tile of ``tile_permutation``), "none" (raster token order) or (t, h, w).
     ``topk`` / ``topp`` are the budget of this step (the schedule already applied). ``refresh_interval``: a
@@ -105,20 +165,6 @@ class LayerPlan:
     the step before, see ``sparsevid.schedules.reuse``).
     """
 
-    rule: str
-    topk: float | int
-    topp: float
-    block_q: int
-    block_k: int
-    backend: str
-    keep_sink: bool
-    keep_diagonal: bool
-    similarity_threshold: float | None
-    min_blocks: int
-    tile: str | tuple[int, int, int]
-    refresh_interval: int = 1
-    refresh_search: str = "full"
-
     @property
     def predict_backend(self) -> str:
         """The ``predict_mask`` backend that goes with this plan's attention backend."""
@@ -126,9 +172,19 @@ class LayerPlan:
 
     def predict_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``sparsevid.predict_mask`` (everything but q, k, scale and backend)."""
-        return {"rule": self.rule, "topk": self.topk, "topp": self.topp, "block_q": self.block_q,
-                "block_k": self.block_k, "keep_sink": self.keep_sink, "keep_diagonal": self.keep_diagonal,
-                "similarity_threshold": self.similarity_threshold, "min_blocks": self.min_blocks}
+        return self._arguments("predict")
+
+    def select_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``sparsevid.ops.select_from_mass`` (everything but the masses and the mask)."""
+        return self._arguments("select")
+
+    @property
+    def reuses_masks(self) -> bool:
+        """Whether masks are kept across steps (reused or refreshed from the previous one)."""
+        return self.refresh_interval > 1 or self.refresh_search != "full"
+
+    def _arguments(self, use: str) -> dict[str, Any]:
+        return {setting.name: getattr(self, setting.name) for setting in MASK_SETTINGS if use in setting.uses}
 
 
 def _as_tile(tile):
@@ -159,6 +215,7 @@ def _interpolate(start, final, progress: float):
 
 
 @dataclass
+@_with_mask_settings
 class SparseConfig:
     """Sparse-attention settings for a video DiT (see ``apply_sparse_attention``).
 
@@ -189,29 +246,19 @@ class SparseConfig:
             of the previous mask are candidates, ``predict_mask(within=...)``) or "exact" (choose among the
             previous mask's tiles by the exact tile masses its attention produced on the step before the
             refresh; Triton / gather / reference backends, inference only; otherwise as "within").
+
+    The mask settings (``rule`` ... ``refresh_search``, the first fields) are declared once, in
+    ``MASK_SETTINGS``; the rest say where and when they apply.
     """
 
-    rule: str = "hybrid"
-    topk: float | int = 0.05
-    topp: float = 0.9
-    block_q: int = 128
-    block_k: int = 64
-    backend: str = "auto"
-    keep_sink: bool = False
-    keep_diagonal: bool = False
-    similarity_threshold: float | None = None
-    min_blocks: int = 1
     dense_layers: tuple[int, ...] = ()
     dense_steps: int = 0
     layer_overrides: dict[int, dict[str, Any]] = field(default_factory=dict)
-    tile: str | tuple[int, int, int] = "auto"
     schedule: str = "constant"
     final_topk: float | int | None = None
     final_topp: float | None = None
     num_steps: int | None = None
     num_train_timesteps: float = 1000.0
-    refresh_interval: int = 1
-    refresh_search: str = "full"
 
     def __post_init__(self) -> None:
         self.tile = _as_tile(self.tile)
@@ -272,6 +319,16 @@ class SparseConfig:
         return values
 
     # ------------------------------------------------------------------ the decision
+    @property
+    def varies_with_step(self) -> bool:
+        """Whether a layer's plan or mask depends on the denoising step: dense steps, a growing schedule or
+        mask reuse. When not, every layer's plan is ``plan(layer, None)`` and the step need not be known."""
+        if self.dense_steps > 0 or self.schedule != "constant":
+            return True
+        layers = [{}] + list(self.layer_overrides.values())
+        return any(values["refresh_interval"] > 1 or values["refresh_search"] != "full"
+                   for values in map(self._layer_values, layers))
+
     def progress(self, step: int | None, timestep: float | None = None) -> float:
         """How far the schedule is at ``step`` (with that step's ``timestep``), in [0, 1]: 0 at the first
         sparse step, 1 at the last ("linear", "cosine") or at sigma = 0 ("snr"); 0 for "constant" and

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from ..ops import SparseMask, predict_mask, select_from_mass
+from ..ops.predict_op import predict_mask_traced
 from .config import LayerPlan
+
 
 @dataclass
 class _Entry:
@@ -46,7 +48,10 @@ class _Entry:
 
 def predict_plan_mask(q, k, plan: LayerPlan, scale, within: SparseMask | None = None):
     """The mask a layer's plan predicts for video q, k [B, H, Nv, D] (``within``: search only its tiles), and
-    the pooled mass each query-block row keeps, float32 [B, H, QB]."""
+    the pooled mass each query-block row keeps, float32 [B, H, QB]. Without ``within`` torch.compile traces
+    it (a custom op)."""
+    if within is None:
+        return predict_mask_traced(q, k, scale=scale, backend=plan.predict_backend, **plan.predict_kwargs())
     mask, stats = predict_mask(q, k, scale=scale, backend=plan.predict_backend, within=within,
                                **plan.predict_kwargs())
     return mask, stats.kept_mass
@@ -81,9 +86,8 @@ class MaskReuse:
         if plan.refresh_search == "full":
             return self._keep(branch, step, plan, *predict_plan_mask(q, k, plan, scale), "predicted")
         if plan.refresh_search == "exact" and entry.tile_mass is not None and entry.mass_step == step - 1:
-            mask, stats = select_from_mass(entry.tile_mass, entry.mask, rule=plan.rule, topk=plan.topk,
-                                           topp=plan.topp, min_blocks=plan.min_blocks, keep_sink=plan.keep_sink,
-                                           keep_diagonal=plan.keep_diagonal, row_share=entry.share)
+            mask, stats = select_from_mass(entry.tile_mass, entry.mask, row_share=entry.share,
+                                           **plan.select_kwargs())
             return self._keep(branch, step, plan, mask, stats.kept_mass, "exact")
         return self._keep(branch, step, plan, *predict_plan_mask(q, k, plan, scale, within=entry.mask), "within")
 

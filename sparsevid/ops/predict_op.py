@@ -1,0 +1,62 @@
+"""Mask prediction as a custom op (``torch.ops.sparsevid.predict_mask``), so that ``torch.compile`` traces it.
+
+:func:`predict_mask_traced` is what code inside a compiled model calls: eagerly it is
+:func:`~sparsevid.ops.predict.predict_mask` itself (no custom-op dispatch on the host); while ``torch.compile``
+traces, the op with its fake (output shapes from the input shapes and block sizes) stands in, so the
+prediction neither breaks the graph nor reads the device. The op takes scalar budgets (no per-head tensors,
+no ``within``): what a layer's plan holds.
+"""
+from __future__ import annotations
+
+import torch
+
+from .mask import SparseMask, num_blocks
+from .predict import predict_mask
+
+
+@torch.library.custom_op("sparsevid::predict_mask", mutates_args=())
+def _predict_mask_op(q: torch.Tensor, k: torch.Tensor, rule: str, topk: float, topk_is_count: bool, topp: float,
+                     block_q: int, block_k: int, scale: float | None, keep_sink: bool, keep_diagonal: bool,
+                     similarity_threshold: float | None, min_blocks: int,
+                     backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    mask, stats = predict_mask(q, k, rule=rule, topk=int(topk) if topk_is_count else topk, topp=topp,
+                               block_q=block_q, block_k=block_k, scale=scale, keep_sink=keep_sink,
+                               keep_diagonal=keep_diagonal, similarity_threshold=similarity_threshold,
+                               min_blocks=min_blocks, backend=backend)
+    return mask.keep, mask.kv_count, mask.kv_index, stats.kept_mass
+
+
+@_predict_mask_op.register_fake
+def _(q, k, rule, topk, topk_is_count, topp, block_q, block_k, scale, keep_sink, keep_diagonal,
+      similarity_threshold, min_blocks, backend):
+    batch, heads = q.shape[:2]
+    qb, kb = num_blocks(q.shape[2], block_q), num_blocks(k.shape[2], block_k)
+    return (q.new_empty((batch, heads, qb, kb), dtype=torch.bool),
+            q.new_empty((batch, heads, qb), dtype=torch.int32),
+            q.new_empty((batch, heads, qb, kb), dtype=torch.int32),
+            q.new_empty((batch, heads, qb), dtype=torch.float32))
+
+
+def predict_mask_traced(q: torch.Tensor, k: torch.Tensor, *, rule: str, topk: float | int, topp: float,
+                        block_q: int, block_k: int, keep_sink: bool, keep_diagonal: bool,
+                        similarity_threshold: float | None, min_blocks: int, scale: float | None = None,
+                        backend: str = "auto") -> tuple[SparseMask, torch.Tensor]:
+    """``predict_mask`` for q [B, H, N, D], k [B, H, M, D] with scalar settings, traceable by torch.compile.
+
+    Returns the mask (with its kv index tables) and the pooled mass each query-block row keeps, float32
+    [B, H, QB]. Same checks and results as :func:`~sparsevid.ops.predict.predict_mask`.
+    """
+    if not torch.compiler.is_compiling():
+        mask, stats = predict_mask(q, k, rule=rule, topk=topk, topp=topp, block_q=block_q, block_k=block_k,
+                                   scale=scale, keep_sink=keep_sink, keep_diagonal=keep_diagonal,
+                                   similarity_threshold=similarity_threshold, min_blocks=min_blocks, backend=backend)
+        return mask, stats.kept_mass
+    if isinstance(topk, torch.Tensor) or isinstance(topp, torch.Tensor):
+        raise TypeError("predict_mask_traced takes scalar topk and topp (per-head budgets need predict_mask)")
+    topk_is_count = isinstance(topk, int) and not isinstance(topk, bool)
+    keep, count, index, kept_mass = _predict_mask_op(
+        q, k, rule, float(topk), topk_is_count, float(topp), block_q, block_k,
+        None if scale is None else float(scale), keep_sink, keep_diagonal,
+        None if similarity_threshold is None else float(similarity_threshold), min_blocks, backend)
+    mask = SparseMask.from_dense(keep, q.shape[2], k.shape[2], block_q, block_k, kv_table=(count, index))
+    return mask, kept_mass
