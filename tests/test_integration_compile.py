@@ -1,0 +1,109 @@
+"""torch.compile of diffusers video transformers with sparse attention applied: same outputs as eager (RoPE
+kept), one graph for Wan under ``fullgraph=True`` with no recompilation across denoising steps, and diffusers'
+``compile_repeated_blocks``.
+
+On the CPU the tests compile with the ``aot_eager`` backend (dynamo capture, fake-tensor tracing of the custom
+ops and AOT autograd, without inductor's C++ build); the attention backend is "reference" (Triton needs CUDA).
+The GPU test compiles with inductor and the Triton kernels.
+"""
+import pytest
+import torch
+
+import sparsevid as sv
+
+pytest.importorskip("diffusers")
+from tiny_models import build  # noqa: E402
+
+pytestmark = pytest.mark.slow  # compiling takes 20-90 s per model on a CPU
+
+SPARSE = dict(rule="topk", topk=0.5, block_q=64, block_k=64, backend="reference")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs, return_dict=False)[0]
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("name", ["wan", "hunyuan_video", "cogvideox"])
+def test_compiled_sparse_model_matches_eager(name):
+    model, inputs = build(name)
+    sv.apply_sparse_attention(model, sv.SparseConfig(**SPARSE))
+    eager = _run(model, inputs)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=name == "wan")
+    out = _run(compiled, inputs)
+    assert _rel(out, eager) < 1e-5
+    # Without RoPE the model gives another output: the compiled one kept it.
+    if name == "cogvideox":
+        no_rope = _run(model, {**inputs, "image_rotary_emb": None})
+        assert _rel(no_rope, eager) > 1e-3
+
+
+def test_wan_compiles_into_one_graph_that_serves_every_denoising_step():
+    model, inputs = build("wan")
+    sv.apply_sparse_attention(model, sv.SparseConfig(**SPARSE))
+    timesteps = (999, 999, 800, 800, 600, 999)  # guidance passes, steps and a new generation
+    eager = [_run(model, {**inputs, "timestep": torch.tensor([t])}) for t in timesteps]
+    sv.reset_denoising_step(model)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        outs = [_run(compiled, {**inputs, "timestep": torch.tensor([t])}) for t in timesteps]
+    for out, ref in zip(outs, eager):
+        assert _rel(out, ref) < 1e-5
+    assert sv.denoising_step(model) == 0  # counted on the device, read here
+
+
+def test_a_schedule_recompiles_once_per_distinct_plan_and_follows_the_steps():
+    model, inputs = build("wan")
+    config = sv.SparseConfig(**{**SPARSE, "topk": 0.75}, dense_steps=1, schedule="linear", final_topk=0.25,
+                             num_steps=3)
+    sv.apply_sparse_attention(model, config)
+    timesteps = (999, 700, 400)
+    eager = [_run(model, {**inputs, "timestep": torch.tensor([t])}) for t in timesteps]
+    assert _rel(eager[1], eager[0]) > 1e-3 and _rel(eager[2], eager[1]) > 1e-3  # the plans did differ
+    compiled = torch.compile(model, backend="aot_eager")
+    for generation in range(2):  # the second generation meets only plans compiled for in the first
+        sv.reset_denoising_step(model)
+        with torch._dynamo.config.patch(error_on_recompile=generation == 1):
+            outs = [_run(compiled, {**inputs, "timestep": torch.tensor([t])}) for t in timesteps]
+        for out, ref in zip(outs, eager):
+            assert _rel(out, ref) < 1e-5
+
+
+def test_compile_repeated_blocks_matches_eager():
+    model, inputs = build("hunyuan_video")
+    sv.apply_sparse_attention(model, sv.SparseConfig(**SPARSE))
+    eager = _run(model, inputs)
+    model.compile_repeated_blocks(backend="aot_eager")
+    assert _rel(_run(model, inputs), eager) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs"])
+@pytest.mark.parametrize("name", ["wan", "hunyuan_video", "cogvideox"])
+def test_inductor_compiled_triton_model_matches_eager_on_cuda(name, mode):
+    model, inputs = build(name)
+    model = model.to("cuda", torch.float16)
+
+    def to_cuda(value):
+        if isinstance(value, tuple):
+            return tuple(map(to_cuda, value))
+        return value.to("cuda", torch.float16) if value.is_floating_point() else value.to("cuda")
+
+    inputs = {k: to_cuda(v) for k, v in inputs.items()}
+    sv.apply_sparse_attention(model, sv.SparseConfig(**{**SPARSE, "backend": "triton"}))
+    eager = _run(model, inputs)
+    compiled = torch.compile(model, mode=mode, fullgraph=name == "wan")
+    with torch._dynamo.config.patch(error_on_recompile=name == "wan"):
+        outs = [_run(compiled, {**inputs, "timestep": torch.tensor([t], device="cuda")}) for t in (700, 700, 500)]
+    assert _rel(outs[0].float(), eager.float()) < 1e-2  # fp16: inductor fuses the projections differently
