@@ -187,3 +187,47 @@ def test_gradients_with_every_tile_kept_match_the_original(name):
     got = grads()
     # One relative error over all parameters: some (e.g. key biases) have gradients that are rounding noise.
     assert got.shape == ref.shape and _rel(got, ref) < 1e-5
+
+
+def test_set_attention_backend_after_apply_reaches_the_dense_attentions(monkeypatch):
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    model, inputs = _build("wan")  # 3 blocks: each a self-attention and a (dense) cross-attention
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.5, dense_layers=(0,), **SMALL_BLOCKS))
+    backends = _AttentionBackendRegistry._backends
+    math = backends[AttentionBackendName._NATIVE_MATH]
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["query"].shape)
+        return math(*args, **kwargs)
+
+    monkeypatch.setitem(backends, AttentionBackendName._NATIVE_MATH, counted)
+    monkeypatch.setattr(_AttentionBackendRegistry, "_active_backend", _AttentionBackendRegistry._active_backend)
+    model.set_attention_backend("_native_math")
+    assert all(p.original._attention_backend == AttentionBackendName._NATIVE_MATH for p in _processors(model))
+    _run(model, inputs)
+    # The dense self-attention of layer 0 and the three cross-attentions; the sparse layers run sparse.
+    assert len(calls) == 4
+    assert sum(shape[1] == VIDEO_TOKENS["wan"] for shape in calls) == 1 + 3  # queries: video tokens
+
+
+def test_remove_keeps_processors_set_after_apply_and_says_so():
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    model, inputs = _build("wan")
+    attentions = adapter_for(model).self_attentions(model)
+    originals = _processors(model)
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.5, **SMALL_BLOCKS))
+    mine = WanAttnProcessor()
+    attentions[1].set_processor(mine)
+    assert sv.is_sparse(model)
+    with pytest.warns(UserWarning, match=r"layers \[1\].*restored 2 of 3"):
+        sv.remove_sparse_attention(model)
+    assert _processors(model) == [originals[0], mine, originals[2]]
+    assert not sv.is_sparse(model)
+    # A transformer whose sparse processors were all replaced is not sparse any more.
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.5, **SMALL_BLOCKS))
+    for attn in attentions:
+        attn.set_processor(WanAttnProcessor())
+    assert not sv.is_sparse(model)

@@ -38,8 +38,9 @@ class SparseState:
 @torch.compiler.disable
 def _begin_step(state: SparseState) -> tuple[int, int, int] | None:
     """Host-side bookkeeping of a forward whose plans vary with the step: read where the denoising is (one
-    device read), hand it to every layer's runtime, and return the tile most sparse layers of this step use."""
-    position = state.context.position()
+    device read, none after ``reset_denoising_step`` unless the schedule follows the timestep), hand it to every
+    layer's runtime, and return the tile most sparse layers of this step use."""
+    position = state.context.position(with_timestep=state.runtimes[0].config.schedule == "snr")
     return forward_tile([runtime.begin(position) for runtime in state.runtimes])
 
 

@@ -14,6 +14,7 @@ asks only when the configuration varies with the step, or stats are on).
 from __future__ import annotations
 
 import contextlib
+import struct
 from dataclasses import dataclass, field
 
 import torch
@@ -21,14 +22,15 @@ import torch
 from .joint_attention import TokenOrder
 from .stats import Clock, ForwardRecord
 
-# StepCounter slots: the last timestep (float64 bits), step, branch, generation.
+# Counter slots: the last timestep (float64 bits), step, branch, generation.
 _TIMESTEP, _STEP, _BRANCH, _GENERATION = range(4)
+_NO_TIMESTEP = struct.unpack("<q", struct.pack("<d", float("-inf")))[0]  # -inf as float64 bits: any timestep is larger
 
 
 def fresh_counter(device: torch.device | str | None = None) -> torch.Tensor:
     """A counter before any forward: int64 [4] (int64 so that ``module.to(dtype)`` leaves it alone)."""
     counter = torch.zeros(4, dtype=torch.int64, device=device)
-    counter[_TIMESTEP] = torch.tensor(float("-inf"), dtype=torch.float64).view(torch.int64)
+    counter[_TIMESTEP] = _NO_TIMESTEP
     return counter
 
 
@@ -89,6 +91,11 @@ class StepContext:
     reordering: bool = False
     forward_record: ForwardRecord | None = None
     _pinned_step: int | None = None
+    # The host knows the position of a forward that follows reset() (or is the first): step 0 (or the pinned
+    # step), branch 0, the next generation. _generation is the generation the host last knew.
+    _fresh: bool = True
+    _fresh_forward: bool = False
+    _generation: int = 0
 
     def begin_forward(self, timestep, grid: tuple[int, int, int] | None) -> None:
         """Advance the step counter from ``timestep`` (tensor or number; its largest entry; no host read) and
@@ -96,6 +103,10 @@ class StepContext:
         if isinstance(timestep, torch.Tensor) and timestep.numel() == 0:
             timestep = None
         self.has_timestep = timestep is not None
+        self._fresh_forward = self._fresh and self.has_timestep
+        if self._fresh_forward:
+            self._fresh = False
+            self._generation += 1
         if timestep is not None:
             if isinstance(timestep, torch.Tensor):
                 value = timestep.detach().max().to(device=self.counter.device, dtype=torch.float64)
@@ -128,15 +139,18 @@ class StepContext:
         """Incremented when a new generation starts (per-layer mask reuse then drops its masks)."""
         return int(self.counter[_GENERATION])
 
-    def position(self):
-        """The (step, timestep, branch, generation) of the current forward as a ``StepPosition`` (one host read)."""
+    def position(self, with_timestep: bool = True):
+        """The (step, timestep, branch, generation) of the current forward as a ``StepPosition``: one host read,
+        none for the first forward after :meth:`reset` unless ``with_timestep`` (its timestep is then None)."""
         from ..schedules.runtime import StepPosition
 
         if not self.has_timestep:
-            return StepPosition(None, None, 0, self.generation)
-        timestep_bits, step, branch, generation = self.counter.tolist()
-        timestep = torch.tensor(timestep_bits, dtype=torch.int64).view(torch.float64).item()
-        return StepPosition(step, timestep, branch, generation)
+            return StepPosition(None, None, 0, self._generation)
+        if self._fresh_forward and not with_timestep:
+            return StepPosition(self._pinned_step or 0, None, 0, self._generation)
+        timestep_bits, step, branch, self._generation = self.counter.tolist()
+        timestep = struct.unpack("<d", struct.pack("<q", timestep_bits))[0]
+        return StepPosition(step, timestep, branch, self._generation)
 
     def begin_order(self, tile: tuple[int, int, int] | None, order: TokenOrder | None, device: torch.device) -> None:
         """Set the video token order of the current forward (after :meth:`begin_forward`); starts its stats record."""
@@ -149,7 +163,8 @@ class StepContext:
 
     def reset(self) -> None:
         """Forget the step count: the next forward is step 0 of a new generation (no host read)."""
-        self.counter[_TIMESTEP] = fresh_counter(self.counter.device)[_TIMESTEP]
+        self.counter[_TIMESTEP] = _NO_TIMESTEP
+        self._fresh = True
         self.has_timestep = False
         self._pinned_step = None
 

@@ -58,13 +58,17 @@ class LayerRuntime:
         return self.plan
 
     def mask(self, q: torch.Tensor, k: torch.Tensor, scale: float | None) -> SparseMask:
-        """The mask of this call over video q [B, H, N, D], k [B, H, M, D] (a sparse plan is required)."""
+        """The mask of this call over video q [B, H, N, D], k [B, H, M, D] (a sparse plan is required).
+
+        Masks are not differentiable: they are made under ``torch.no_grad()``, so that a forward recomputed by
+        gradient checkpointing (which reuses the mask its first run kept) saves the same tensors."""
         if self.plan is None:
             raise RuntimeError(f"layer {self.layer} is dense at this step: it has no mask")
-        if self.plan.reuses_masks:
-            return self._reused_mask(q, k, scale)
-        self.source = "predicted"
-        return predict_plan_mask(q, k, self.plan, scale)[0]
+        with torch.no_grad():
+            if self.plan.reuses_masks:
+                return self._reused_mask(q, k, scale)
+            self.source = "predicted"
+            return predict_plan_mask(q, k, self.plan, scale)[0]
 
     @torch.compiler.disable
     def _reused_mask(self, q: torch.Tensor, k: torch.Tensor, scale: float | None) -> SparseMask:
