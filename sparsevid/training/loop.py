@@ -73,6 +73,98 @@ def learning_rate(config: LoopConfig, step: int, elapsed: float) -> float:
     return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine)
 
 
+def make_optimizer(params: list[torch.nn.Parameter], config: LoopConfig) -> torch.optim.AdamW:
+    """AdamW over ``params``: weight decay on matrices (dim >= 2) only; fused on CUDA."""
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=config.lr, betas=config.betas, fused=params[0].device.type == "cuda")
+
+
+def resume_training(state_path: str | Path, module: torch.nn.Module, ema: EMA | None,
+                    optimizer: torch.optim.Optimizer, run_info: dict | None) -> tuple[int, float]:
+    """Restore weights, EMA, optimiser and RNG states from ``state_path``: (step, elapsed seconds).
+
+    Raises ValueError when the file was written by a run whose ``run_info`` differs from this one's.
+    """
+    step, info = load_training_state(state_path, module, {} if ema is None else ema.shadow, optimizer)
+    saved = info.get("run", {})
+    if run_info is not None and saved != run_info:
+        changed = sorted(k for k in set(saved) | set(run_info) if saved.get(k) != run_info.get(k))
+        raise ValueError(f"cannot resume from {state_path}: it was written by a run with different "
+                         f"settings {changed} (saved {[saved.get(k) for k in changed]}, "
+                         f"now {[run_info.get(k) for k in changed]})")
+    if ema is not None:
+        ema.updates = step
+    return step, float(info.get("elapsed", 0.0))
+
+
+class StepLog:
+    """What the loop reports: a row in ``history`` (and a log line or progress bar) every ``log_every`` steps
+    and at the first step, and a per-step JSONL row. Losses and gradient norms stay on the device until a
+    report needs them (one device read per report, none per step).
+
+    Only the main process writes (``enabled``); every process keeps ``history``.
+    """
+
+    def __init__(self, config: LoopConfig, first_step: int, enabled: bool, jsonl_path: str | Path | None,
+                 log: Callable[[str], None]):
+        self.config, self.first_step, self.enabled, self.log = config, first_step, enabled, log
+        self.history: list[dict] = []
+        self._window: list[torch.Tensor] = []
+        self._pending: list[tuple] = []  # per-step JSONL rows whose loss / grad norm are still on the device
+        self._bar = _progress_bar(config.progress and enabled, config.max_steps, first_step)
+        self._jsonl = Path(jsonl_path).open("a") if jsonl_path is not None and enabled else None
+        self._last: tuple | None = None  # (step, lr, grad_norm) of the last step
+
+    def step(self, step: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor, seconds: float) -> None:
+        """Record ``step`` (its mean loss over ranks and gradient norm, device scalars)."""
+        self._window.append(loss)
+        self._last = (step, lr, grad_norm)
+        if self._jsonl is not None:
+            self._pending.append((step, loss, lr, grad_norm.detach(), seconds))
+        if self._bar is not None:
+            self._bar.update(1)
+        if step % self.config.log_every == 0 or step == self.first_step + 1:
+            self.flush()
+            mean = self._close_window()
+            if not math.isfinite(mean):
+                raise FloatingPointError(f"mean loss became {mean} by step {step}")
+            row = _row(step, mean, lr, float(grad_norm), seconds, 2)
+            self.history.append(row)
+            if self._bar is not None:
+                self._bar.set_postfix(loss=f"{mean:.4g}", lr=f"{lr:.2e}")
+            elif self.enabled:
+                self.log(f"step {step:6d}  loss {mean:.4f}  lr {lr:.2e}  grad {row['grad_norm']:.3f}  "
+                         f"{row['seconds']:.0f}s")
+
+    def flush(self) -> None:
+        """Write the pending per-step rows to the JSONL log, if there is one (one device read for all)."""
+        if self._jsonl is None or not self._pending:
+            return
+        values = torch.stack([torch.stack([loss.float(), norm.float()]) for _, loss, _, norm, _ in self._pending])
+        for (step, _, lr, _, seconds), (loss, norm) in zip(self._pending, values.tolist()):
+            self._jsonl.write(json.dumps(_row(step, loss, lr, norm, seconds, 3)) + "\n")
+        self._jsonl.flush()
+        self._pending.clear()
+
+    def close(self, seconds: float) -> None:
+        """Report the steps since the last report as one more history row; write and close the files."""
+        if self._window:
+            step, lr, grad_norm = self._last
+            self.history.append(_row(step, self._close_window(), lr, float(grad_norm), seconds, 2))
+        self.flush()
+        for handle in (self._bar, self._jsonl):
+            if handle is not None:
+                handle.close()
+
+    def _close_window(self) -> float:
+        mean = float(torch.stack(self._window).mean())
+        self._window.clear()
+        return mean
+
+
 def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], config: LoopConfig,
                state_path: str | Path | None = None, resume: bool = False,
                log: Callable[[str], None] = print, *, run_info: dict | None = None,
@@ -86,63 +178,39 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
     checking that its ``run_info`` equals this run's (a run whose data order depends on e.g. the batch
     size cannot continue under another). ``jsonl_path``: one JSON row per step (step, loss averaged over
     ranks, lr, grad_norm, seconds); on resume, rows past the restored step are dropped.
+
+    The parts: :func:`make_optimizer`, :class:`~sparsevid.training.ema.EMA`, :func:`resume_training`,
+    :class:`StepLog` (reports) and ``save_training_state`` (checkpoints); a step itself reads nothing from
+    the device but what ``StepLog`` reports.
     """
     module = unwrap(model)
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         raise ValueError("model has no trainable parameters (requires_grad=True)")
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    device_type = params[0].device.type
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=config.lr, betas=config.betas, fused=device_type == "cuda")
+    optimizer = make_optimizer(params, config)
     ema = EMA(module, config.ema_decay) if config.ema_decay is not None else None
     main = is_main_process()
     step, elapsed_before = 0, 0.0
     if resume and state_path is not None and Path(state_path).is_file():
-        step, info = load_training_state(state_path, module, {} if ema is None else ema.shadow, optimizer)
-        saved = info.get("run", {})
-        if run_info is not None and saved != run_info:
-            changed = sorted(k for k in set(saved) | set(run_info) if saved.get(k) != run_info.get(k))
-            raise ValueError(f"cannot resume from {state_path}: it was written by a run with different "
-                             f"settings {changed} (saved {[saved.get(k) for k in changed]}, "
-                             f"now {[run_info.get(k) for k in changed]})")
-        elapsed_before = float(info.get("elapsed", 0.0))
-        if ema is not None:
-            ema.updates = step
+        step, elapsed_before = resume_training(state_path, module, ema, optimizer, run_info)
         if main:
             log(f"resumed from {state_path} at step {step}")
     if jsonl_path is not None and main:
         _truncate_jsonl(Path(jsonl_path), step)
+    device_type = params[0].device.type
     autocast = (torch.autocast(device_type, dtype=torch.bfloat16) if config.bf16 and device_type == "cuda"
                 else nullcontext())
-    history: list[dict] = []
-    window: list[torch.Tensor] = []
     start = time.perf_counter() - elapsed_before
-    model.train()
     first_step = step
-    bar = _progress_bar(config.progress and main, config.max_steps, step)
-    jsonl = Path(jsonl_path).open("a") if jsonl_path is not None and main else None
-    pending: list[tuple] = []  # per-step JSONL rows whose loss / grad norm are still on the device
-
-    def flush_jsonl() -> None:
-        """Write the pending per-step rows to the JSONL log, if there is one (one device read for all)."""
-        if jsonl is None or not pending:
-            return
-        values = torch.stack([torch.stack([loss_.float(), norm_.float()])
-                              for _, loss_, _, norm_, _ in pending]).tolist()
-        for (step_, _, lr_, _, seconds), (loss_, norm_) in zip(pending, values):
-            jsonl.write(json.dumps(_row(step_, loss_, lr_, norm_, seconds, 3)) + "\n")
-        jsonl.flush()
-        pending.clear()
+    reports = StepLog(config, first_step, main, jsonl_path, log)
 
     def checkpoint() -> None:
-        flush_jsonl()
+        reports.flush()
         if state_path is not None and main:
             info = {"elapsed": time.perf_counter() - start, "run": run_info or {}}
             save_training_state(state_path, module, {} if ema is None else ema.shadow, optimizer, step, info)
 
+    model.train()
     while True:
         elapsed = time.perf_counter() - start
         if config.max_seconds is not None:  # every rank follows rank 0's clock (learning rate, stopping)
@@ -161,39 +229,15 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
         optimizer.step()
         if ema is not None:
             ema.update(module)
-        mean_loss = global_mean(loss.detach())
-        window.append(mean_loss)
         step += 1
-        if jsonl is not None:
-            pending.append((step, mean_loss, lr, grad_norm.detach(), time.perf_counter() - start))
-        if bar is not None:
-            bar.update(1)
-        if step % config.log_every == 0 or step == first_step + 1:
-            flush_jsonl()
-            mean = float(torch.stack(window).mean())
-            window.clear()
-            if not math.isfinite(mean):
-                raise FloatingPointError(f"mean loss became {mean} by step {step}")
-            row = _row(step, mean, lr, float(grad_norm), time.perf_counter() - start, 2)
-            history.append(row)
-            if bar is not None:
-                bar.set_postfix(loss=f"{mean:.4g}", lr=f"{lr:.2e}")
-            elif main:
-                log(f"step {step:6d}  loss {mean:.4f}  lr {lr:.2e}  grad {row['grad_norm']:.3f}  "
-                    f"{row['seconds']:.0f}s")
+        reports.step(step, global_mean(loss.detach()), lr, grad_norm, time.perf_counter() - start)
         if step % config.checkpoint_every == 0:
             checkpoint()
-    if window:
-        history.append(_row(step, float(torch.stack(window).mean()), lr, float(grad_norm),
-                            time.perf_counter() - start, 2))
-    flush_jsonl()
+    reports.close(time.perf_counter() - start)
     if step > first_step and step % config.checkpoint_every:
         checkpoint()
-    for handle in (bar, jsonl):
-        if handle is not None:
-            handle.close()
     model.eval()
-    return TrainResult(steps=step, seconds=time.perf_counter() - start, history=history, ema=ema)
+    return TrainResult(steps=step, seconds=time.perf_counter() - start, history=reports.history, ema=ema)
 
 
 def _row(step: int, loss: float, lr: float, grad_norm: float, seconds: float, digits: int) -> dict:
