@@ -91,35 +91,38 @@ class _Probe:
                 "rel_l1": mean([mean(self.rel_l1[i]) for i in layers]) if layers else None}
 
 
-def probe_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config, layer: int, step: int,
-                grid: tuple[int, int, int], scale: float | None,
-                timestep: float | None = None) -> tuple[float, float]:
-    """(recall, relative L1) of ``config``'s mask for one self-attention call q, k, v [B, H, N, D] over a
-    (T, H, W) token grid, the mask predicted afresh with the budget of the step (``timestep``: the model's
-    timestep, for schedules that follow it) as the sparse processor predicts it (1.0, 0.0 if dense)."""
-    from ..schedules.reuse import predict_plan_mask
+def probe_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, runtime, position, grid: tuple[int, int, int],
+                scale: float | None, measure: bool = True) -> tuple[float, float] | None:
+    """(recall, relative L1) of the mask a layer's runtime gives one self-attention call q, k, v [B, H, N, D]
+    over a (T, H, W) token grid at ``position`` (a ``StepPosition``), exactly as the sparse processor gets it
+    (the same ``LayerRuntime``: plan of the step, mask reuse); (1.0, 0.0) if dense. ``measure=False`` only
+    advances the runtime (a reused mask needs the steps before the probed one) and returns None."""
     from ..models.token_order import tile_order
     from .metrics import attention_recall, sparse_output_error
 
-    plan = config.plan(layer, step, timestep)
+    plan = runtime.begin(position)
     if plan is None:
-        return 1.0, 0.0
+        return (1.0, 0.0) if measure else None
     if plan.tile != "none":
         order = tile_order(grid, plan.tile, q.device)
         q, k, v = (t.index_select(2, order.perm) for t in (q, k, v))
-    mask, _ = predict_plan_mask(q, k, plan, scale)
+    mask = runtime.mask(q, k, scale)
+    if not measure:
+        return None
     recall = float(attention_recall(q, k, mask, scale=scale).mean())
     return recall, sparse_output_error(q, k, v, mask, scale=scale, backend=plan.backend)["relative_l1"]
 
 
 class _SelfAttentionProbe:
     """During a forward, routes every video self-attention SDPA call through :func:`probe_layer` for each
-    configuration (at the probe steps only), then computes the attention itself."""
+    configuration (measured at the probe steps; configurations that reuse masks follow every step), then
+    computes the attention itself."""
 
     def __init__(self, configs: dict, probes: dict[str, _Probe], grid: tuple[int, int, int],
                  probe_steps: Sequence[int]):
         self.configs, self.probes, self.grid, self.probe_steps = configs, probes, grid, set(probe_steps)
         self.video_tokens = grid[0] * grid[1] * grid[2]
+        self.runtimes: dict[tuple[str, int], object] = {}  # (config name, layer) -> LayerRuntime
         self.step = self.layer = 0
         self.timestep = None
         self.seconds = 0.0  # time spent probing (excluded from the dense wall time)
@@ -129,14 +132,21 @@ class _SelfAttentionProbe:
         self.step, self.layer, self.timestep = i, 0, 1000.0 * t
 
     def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+        from ..schedules.runtime import LayerRuntime, StepPosition
+
         out = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
-        if self.step in self.probe_steps and query.shape[2] == key.shape[2] == self.video_tokens:
-            # a video self-attention (cross-attention has caption keys)
+        if query.shape[2] == key.shape[2] == self.video_tokens:  # a video self-attention (cross-attention has caption keys)
             start = time.perf_counter()
+            measure = self.step in self.probe_steps
+            position = StepPosition(self.step, self.timestep)
             for name, config in self.configs.items():
-                self.probes[name].add(self.layer, *probe_layer(query, key, value, config, self.layer, self.step,
-                                                               self.grid, scale, self.timestep))
+                if not (measure or config.varies_with_step):
+                    continue
+                runtime = self.runtimes.setdefault((name, self.layer), LayerRuntime(self.layer, config))
+                result = probe_layer(query, key, value, runtime, position, self.grid, scale, measure)
+                if result is not None:
+                    self.probes[name].add(self.layer, *result)
             self.seconds += time.perf_counter() - start
             self.layer += 1
         return out
