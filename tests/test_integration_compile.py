@@ -107,3 +107,19 @@ def test_inductor_compiled_triton_model_matches_eager_on_cuda(name, mode):
     with torch._dynamo.config.patch(error_on_recompile=name == "wan"):
         outs = [_run(compiled, {**inputs, "timestep": torch.tensor([t], device="cuda")}) for t in (700, 700, 500)]
     assert _rel(outs[0].float(), eager.float()) < 1e-2  # fp16: inductor fuses the projections differently
+
+
+def test_the_prediction_op_returns_unaliased_outputs_that_match_predict_mask():
+    from sparsevid.ops.predict_op import _predict_mask_op, _unaliased
+
+    q, k = torch.randn(2, 3, 200, 16), torch.randn(2, 3, 333, 16)
+    keep, count, index, mass = _predict_mask_op(q, k, "hybrid", 3.0, True, 0.8, 64, 64, None, True, False, None, 1,
+                                                "torch")
+    expected, stats = sv.predict_mask(q, k, rule="hybrid", topk=3, topp=0.8, block_q=64, block_k=64, keep_sink=True,
+                                      backend="torch")
+    assert torch.equal(keep, expected.keep) and torch.equal(mass, stats.kept_mass)
+    assert torch.equal(count, expected.kv_count) and torch.equal(index, expected.kv_index)
+    buffer = torch.arange(10)
+    first, second = _unaliased(buffer.split([4, 6]))
+    assert first.data_ptr() == buffer.data_ptr() and second.untyped_storage().data_ptr() != buffer.data_ptr()
+    assert torch.equal(second, torch.arange(4, 10))

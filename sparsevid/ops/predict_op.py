@@ -23,7 +23,18 @@ def _predict_mask_op(q: torch.Tensor, k: torch.Tensor, rule: str, topk: float, t
                                block_q=block_q, block_k=block_k, scale=scale, keep_sink=keep_sink,
                                keep_diagonal=keep_diagonal, similarity_threshold=similarity_threshold,
                                min_blocks=min_blocks, backend=backend)
-    return mask.keep, mask.kv_count, mask.kv_index, stats.kept_mass
+    return _unaliased((mask.keep, mask.kv_count, mask.kv_index, stats.kept_mass))
+
+
+def _unaliased(outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """``outputs`` with each one that shares memory with an earlier one cloned (a custom op's outputs may not
+    alias each other; the Triton predictor returns the kv table's counts and indices as views of one buffer)."""
+    seen, result = set(), []
+    for tensor in outputs:
+        storage = tensor.untyped_storage().data_ptr()
+        result.append(tensor.clone() if storage in seen else tensor)
+        seen.add(storage)
+    return tuple(result)
 
 
 @_predict_mask_op.register_fake
