@@ -25,6 +25,7 @@ class SparseState:
     when the configuration does not vary with the step (decided once, at apply time).
     """
 
+    config: SparseConfig
     context: StepContext
     attentions: list
     originals: list
@@ -40,7 +41,7 @@ def _begin_step(state: SparseState) -> tuple[int, int, int] | None:
     """Host-side bookkeeping of a forward whose plans vary with the step: read where the denoising is (one
     device read, none after ``reset_denoising_step`` unless the schedule follows the timestep), hand it to every
     layer's runtime, and return the tile most sparse layers of this step use."""
-    position = state.context.position(with_timestep=state.runtimes[0].config.schedule == "snr")
+    position = state.context.position(with_timestep=state.config.schedule == "snr")
     return forward_tile([runtime.begin(position) for runtime in state.runtimes])
 
 
@@ -119,7 +120,7 @@ def apply_sparse_attention(transformer: torch.nn.Module, config: SparseConfig | 
     processors = [SparseAttnProcessor(proc, runtime, context, adapter) for proc, runtime in zip(originals, runtimes)]
     for attn, processor in zip(attentions, processors):
         attn.set_processor(processor)
-    state = SparseState(context, attentions, originals, processors, runtimes, [], config.varies_with_step,
+    state = SparseState(config, context, attentions, originals, processors, runtimes, [], config.varies_with_step,
                         forward_tile([runtime.plan for runtime in runtimes]))
     state.hooks.append(transformer.register_forward_pre_hook(functools.partial(_begin_forward, adapter, state),
                                                              with_kwargs=True))
