@@ -1,13 +1,19 @@
-"""End-to-end transformer benchmark: Wan2.1 forward, dense (cuDNN SDPA) vs sparsevid at 90% / 95% sparsity.
+"""End-to-end transformer benchmark: Wan2.1 forward, dense (cuDNN SDPA) vs sparsevid at 90% / 95% sparsity,
+eager and compiled (``--compile``: each setting is also timed under ``torch.compile``, dense compiled against
+sparse compiled).
 
 The transformers are built from the Wan2.1 configs with random weights (bf16, the fp32 modules diffusers keeps
 in fp32 stay fp32). Per model and setting it measures the transformer forward (CUDA-event median), the
 once-per-forward token reordering into 3D tiles and back (``sparsevid.forward_stats``), the per-layer
 attention time split into in-layer reordering, mask prediction, kernels and restore (from
 ``sparsevid.attention_stats``), the time per layer outside the attention kernels, and projects the forward
-time to a 50-step generation with classifier-free guidance. Writes results.json and table.md under --out.
+time to a 50-step generation with classifier-free guidance. Compiled rows time the forward only (the breakdown
+comes from eager stats) and record the compile time of their first call. Writes results.json and table.md
+under --out.
 
     python3 -m benchmarks.bench_e2e --out results/e2e
+    # compiled vs compiled, top-k 5% (the figures of docs/integration.md):
+    python3 -m benchmarks.bench_e2e --out results/e2e_compile --sparsity 0.95 --compile eager,default
     # CPU smoke run of the same code path:
     python3 -m benchmarks.bench_e2e --out /tmp/e2e --device cpu --dtype float32 --layers 2 --grid 3x8x8 \
         --heads 2 --models wan1.3b --warmup 0 --iters 1
@@ -128,6 +134,32 @@ def model_config(name: str, args) -> tuple[dict, tuple[int, int, int], int]:
     return config, grid, grid[0] * grid[1] * grid[2]
 
 
+def sparse_config(sparsity: float | None, num_layers: int, args) -> "sv.SparseConfig":
+    """The configuration of one setting: every layer dense (None) or top-k at ``1 - sparsity``."""
+    if sparsity is None:
+        return sv.SparseConfig(dense_layers=tuple(range(num_layers)), backend=args.backend)
+    return sv.SparseConfig(rule="topk", topk=round(1.0 - sparsity, 6), block_q=args.block_q, block_k=args.block_k,
+                           backend=args.backend, tile=args.tile)
+
+
+def compiled(model, mode: str, scope: str):
+    """``model`` compiled as ``--compile-scope`` says: the whole forward (``torch.compile``) or each repeated
+    block (diffusers' ``compile_repeated_blocks``, in place). Returns the callable to time."""
+    torch._dynamo.reset()
+    options = {} if mode == "default" else {"mode": mode}
+    if scope == "blocks":
+        model.compile_repeated_blocks(**options)
+        return model
+    return torch.compile(model, **options)
+
+
+def uncompile(model) -> None:
+    """Undo ``compile_repeated_blocks``: the blocks run eagerly again."""
+    for module in model.modules():
+        if getattr(module, "_compiled_call_impl", None) is not None:
+            module._compiled_call_impl = None
+
+
 def run_model(name: str, args, device, dtype) -> list[dict]:
     spec = MODELS[name]
     config, grid, tokens = model_config(name, args)
@@ -138,37 +170,38 @@ def run_model(name: str, args, device, dtype) -> list[dict]:
     with torch.no_grad(), dense_sdpa_context(device, args.dense_backend):
         settings = [("dense", None)] + [(f"sparse {s:.0%}", s) for s in args.sparsity]
         for label, sparsity in settings:
-            if sparsity is None:
-                cfg = sv.SparseConfig(dense_layers=tuple(range(config["num_layers"])), backend=args.backend)
-            else:
-                cfg = sv.SparseConfig(rule="topk", topk=round(1.0 - sparsity, 6), block_q=args.block_q,
-                                      block_k=args.block_k, backend=args.backend, tile=args.tile)
-            if sparsity is not None:
-                sv.apply_sparse_attention(model, cfg)
-            times = time_forward(model, inputs_list, args.warmup, args.iters, device)
-            if sparsity is None:  # per-layer dense attention time: the same processors, every layer dense
-                sv.apply_sparse_attention(model, cfg)
-            breakdown = layer_breakdown(model, inputs_list[0])
-            sv.remove_sparse_attention(model)
-            forward_ms = statistics.median(times)
-            kernel_ms = breakdown["kernel_ms"] if sparsity is not None else breakdown["attention_ms"]
-            rows.append({
-                "model": spec["label"], "setting": label, "tokens": tokens, "grid": list(grid),
-                "layers": config["num_layers"], "heads": config["num_attention_heads"], "config": cfg.to_dict(),
-                "forward_ms": forward_ms, "forward_ms_all": times,
-                "achieved_sparsity": breakdown["sparsity"],
-                "token_tile": breakdown["forward"]["tile"],
-                "reorder_ms_per_forward": breakdown["forward"]["reorder_ms"],
-                "restore_ms_per_forward": breakdown["forward"]["restore_ms"],
-                "attention_ms_per_layer": breakdown["attention_ms"],
-                "reorder_ms_per_layer": breakdown["reorder_ms"], "predict_ms_per_layer": breakdown["predict_ms"],
-                "kernel_ms_per_layer": kernel_ms, "restore_ms_per_layer": breakdown["restore_ms"],
-                "outside_kernels_ms_per_layer": forward_ms / config["num_layers"] - kernel_ms,
-                "generation_s": forward_ms * args.cfg_passes * args.steps / 1e3,
-            })
-            print(f"{spec['label']:18s} {label:11s} forward {forward_ms:10.1f} ms", flush=True)
-    dense = rows[0]
-    for row in rows:
+            cfg = sparse_config(sparsity, config["num_layers"], args)
+            for mode in args.compile:
+                if sparsity is not None:
+                    sv.apply_sparse_attention(model, cfg)
+                row = {"model": spec["label"], "setting": label, "compile": mode, "tokens": tokens,
+                       "grid": list(grid), "layers": config["num_layers"], "heads": config["num_attention_heads"],
+                       "config": cfg.to_dict()}
+                if mode == "eager":
+                    times = time_forward(model, inputs_list, args.warmup, args.iters, device)
+                    if sparsity is None:  # per-layer dense attention time: the same processors, every layer dense
+                        sv.apply_sparse_attention(model, cfg)
+                    row.update(breakdown_columns(layer_breakdown(model, inputs_list[0]), sparsity))
+                else:
+                    target = compiled(model, mode, args.compile_scope)
+                    sync(device)
+                    start = time.perf_counter()
+                    target(**inputs_list[0])
+                    sync(device)
+                    row["compile_s"] = time.perf_counter() - start
+                    times = time_forward(target, inputs_list, args.warmup, args.iters, device)
+                    uncompile(model)
+                if sv.is_sparse(model):
+                    sv.remove_sparse_attention(model)
+                forward_ms = statistics.median(times)
+                row.update({"forward_ms": forward_ms, "forward_ms_all": times,
+                            "generation_s": forward_ms * args.cfg_passes * args.steps / 1e3})
+                if row.get("kernel_ms_per_layer") is not None:
+                    row["outside_kernels_ms_per_layer"] = forward_ms / config["num_layers"] - row["kernel_ms_per_layer"]
+                rows.append(row)
+                print(f"{spec['label']:18s} {label:11s} {mode:12s} forward {forward_ms:10.1f} ms", flush=True)
+    for row in rows:  # against dense under the same compilation
+        dense = next(r for r in rows if r["setting"] == "dense" and r["compile"] == row["compile"])
         row["speedup_forward"] = dense["forward_ms"] / row["forward_ms"]
         warm = min(args.dense_steps, args.steps)
         row["generation_s_with_dense_steps"] = (
@@ -179,22 +212,39 @@ def run_model(name: str, args, device, dtype) -> list[dict]:
     return rows
 
 
+def breakdown_columns(breakdown: dict, sparsity: float | None) -> dict:
+    """The per-layer and per-forward columns of an eager row from :func:`layer_breakdown`."""
+    return {
+        "achieved_sparsity": breakdown["sparsity"],
+        "token_tile": breakdown["forward"]["tile"],
+        "reorder_ms_per_forward": breakdown["forward"]["reorder_ms"],
+        "restore_ms_per_forward": breakdown["forward"]["restore_ms"],
+        "attention_ms_per_layer": breakdown["attention_ms"],
+        "reorder_ms_per_layer": breakdown["reorder_ms"], "predict_ms_per_layer": breakdown["predict_ms"],
+        "kernel_ms_per_layer": breakdown["kernel_ms"] if sparsity is not None else breakdown["attention_ms"],
+        "restore_ms_per_layer": breakdown["restore_ms"],
+    }
+
+
 def fmt(value, spec=".2f"):
     return "-" if value is None else format(value, spec)
 
 
 def table(rows, args) -> str:
-    head = ("| model | setting | tokens | achieved sparsity | forward ms | speedup | tiling/forward ms | "
-            "untiling/forward ms | attn/layer ms | in-layer tiling ms | predict ms | kernel ms | restore ms | "
-            f"outside kernels/layer ms | {args.steps}-step s | {args.steps}-step s ({args.dense_steps} dense) |")
+    head = ("| model | setting | compile | tokens | achieved sparsity | forward ms | speedup | compile s | "
+            "tiling/forward ms | untiling/forward ms | attn/layer ms | in-layer tiling ms | predict ms | kernel ms | "
+            f"restore ms | outside kernels/layer ms | {args.steps}-step s | "
+            f"{args.steps}-step s ({args.dense_steps} dense) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['setting']} | {r['tokens']} | {r['achieved_sparsity']:.3f} | {r['forward_ms']:.1f} | "
-            f"{r['speedup_forward']:.2f}x | {r['reorder_ms_per_forward']:.2f} | {r['restore_ms_per_forward']:.2f} | "
-            f"{fmt(r['attention_ms_per_layer'])} | {fmt(r['reorder_ms_per_layer'])} | "
-            f"{fmt(r['predict_ms_per_layer'])} | {fmt(r['kernel_ms_per_layer'])} | {fmt(r['restore_ms_per_layer'])} | "
-            f"{r['outside_kernels_ms_per_layer']:.2f} | {r['generation_s']:.1f} | {r['generation_s_with_dense_steps']:.1f} |")
+            f"| {r['model']} | {r['setting']} | {r['compile']} | {r['tokens']} | {fmt(r.get('achieved_sparsity'), '.3f')} | "
+            f"{r['forward_ms']:.1f} | {r['speedup_forward']:.2f}x | {fmt(r.get('compile_s'), '.0f')} | "
+            f"{fmt(r.get('reorder_ms_per_forward'))} | {fmt(r.get('restore_ms_per_forward'))} | "
+            f"{fmt(r.get('attention_ms_per_layer'))} | {fmt(r.get('reorder_ms_per_layer'))} | "
+            f"{fmt(r.get('predict_ms_per_layer'))} | {fmt(r.get('kernel_ms_per_layer'))} | "
+            f"{fmt(r.get('restore_ms_per_layer'))} | {fmt(r.get('outside_kernels_ms_per_layer'))} | "
+            f"{r['generation_s']:.1f} | {r['generation_s_with_dense_steps']:.1f} |")
     return "\n".join(lines)
 
 
@@ -219,7 +269,13 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=50, help="denoising steps of the projected generation")
     parser.add_argument("--cfg-passes", type=int, default=2, help="transformer calls per step (2 with CFG)")
     parser.add_argument("--dense-steps", type=int, default=0, help="dense warm-up steps in the second projection")
+    parser.add_argument("--compile", default="eager",
+                        help="comma list of 'eager' and torch.compile modes ('default', 'max-autotune-no-cudagraphs', "
+                             "...); every setting is timed under each")
+    parser.add_argument("--compile-scope", default="full", choices=["full", "blocks"],
+                        help="'full': torch.compile(transformer); 'blocks': transformer.compile_repeated_blocks()")
     args = parser.parse_args(argv)
+    args.compile = args.compile.split(",")
     args.sparsity = [float(s) for s in args.sparsity.split(",")]
     if not all(0.0 < s < 1.0 for s in args.sparsity):
         parser.error(f"--sparsity values must be in (0, 1), got {args.sparsity}")
@@ -235,7 +291,8 @@ def main(argv=None) -> None:
     for name in names:
         rows.extend(run_model(name, args, device, dtype))
     meta = run_metadata(device, dtype=args.dtype, warmup=args.warmup, iters=args.iters, steps=args.steps,
-                        cfg_passes=args.cfg_passes, dense_steps=args.dense_steps, dense_backend=args.dense_backend)
+                        cfg_passes=args.cfg_passes, dense_steps=args.dense_steps, dense_backend=args.dense_backend,
+                        compile=args.compile, compile_scope=args.compile_scope)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     text = table(rows, args)
