@@ -91,10 +91,10 @@ class StepContext:
     reordering: bool = False
     forward_record: ForwardRecord | None = None
     _pinned_step: int | None = None
-    # The host knows the position of a forward that follows reset() (or is the first): step 0 (or the pinned
-    # step), branch 0, the next generation. _generation is the generation the host last knew.
+    # The host knows the position of the first forward after reset() (or ever): step 0 (or the pinned step),
+    # branch 0, the next generation. _generation is the generation the host last knew. Both are kept by
+    # position() alone, so that begin_forward (traced by torch.compile) branches on nothing that changes.
     _fresh: bool = True
-    _fresh_forward: bool = False
     _generation: int = 0
 
     def begin_forward(self, timestep, grid: tuple[int, int, int] | None) -> None:
@@ -103,10 +103,6 @@ class StepContext:
         if isinstance(timestep, torch.Tensor) and timestep.numel() == 0:
             timestep = None
         self.has_timestep = timestep is not None
-        self._fresh_forward = self._fresh and self.has_timestep
-        if self._fresh_forward:
-            self._fresh = False
-            self._generation += 1
         if timestep is not None:
             if isinstance(timestep, torch.Tensor):
                 value = timestep.detach().max().to(device=self.counter.device, dtype=torch.float64)
@@ -141,12 +137,15 @@ class StepContext:
 
     def position(self, with_timestep: bool = True):
         """The (step, timestep, branch, generation) of the current forward as a ``StepPosition``: one host read,
-        none for the first forward after :meth:`reset` unless ``with_timestep`` (its timestep is then None)."""
+        none for the first forward after :meth:`reset` unless ``with_timestep`` (its timestep is then None).
+        Call it once per forward (after :meth:`begin_forward`) or never: it counts the forwards after a reset."""
         from ..schedules.runtime import StepPosition
 
         if not self.has_timestep:
             return StepPosition(None, None, 0, self._generation)
-        if self._fresh_forward and not with_timestep:
+        fresh, self._fresh = self._fresh, False
+        if fresh and not with_timestep:
+            self._generation += 1
             return StepPosition(self._pinned_step or 0, None, 0, self._generation)
         timestep_bits, step, branch, self._generation = self.counter.tolist()
         timestep = struct.unpack("<d", struct.pack("<q", timestep_bits))[0]
