@@ -28,6 +28,7 @@ SETTINGS = {  # name: ProceduralVideos arguments
     "32x128x128": dict(frames=32, height=128, width=128),
     "32x128x128 textured": dict(frames=32, height=128, width=128, background_texture=0.4, pan=0.3),
     "16x64x64 strong texture": dict(frames=16, height=64, width=64, background_texture=0.7, pan=0.5),
+    "32x128x128 strong texture": dict(frames=32, height=128, width=128, background_texture=0.7, pan=0.5),
 }
 SCORES = ("overall", "background", "count", "colour", "size", "motion", "texture")
 SWAPS = ("background", "colour", "size", "motion", "texture")

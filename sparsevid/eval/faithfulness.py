@@ -4,14 +4,21 @@ Every attribute of a caption of :mod:`sparsevid.data.grammar` can be read back f
 clip drawn like :class:`sparsevid.data.ProceduralVideos` draws them, with no learned weights:
 
 - **background**: the clip's background colour is the per-channel median of the pixels divided by the
-  renderer's vertical shading, recomputed over the pixels near that first estimate (objects and texture
-  extremes drop out). Score: the posterior of the captioned palette entry under a Gaussian of
-  sigma ``BACKGROUND_SIGMA`` around each of the four palette colours (about 1 when the nearest palette
-  entry is the captioned one with a clear margin, 0.5 half way between two entries).
-- **pixel labels**: every pixel goes to the nearest of the shaded background, the eight object colours
-  and their dark variants (``TEXTURE_DARK`` times the colour, the dark stripes / squares of textured
-  objects), or to no class when it is farther than ``LABEL_RADIUS`` from all of them (edges, blur,
-  texture extremes). A dark variant too close to the background is left out (it cannot be told apart).
+  renderer's vertical shading (pixels close to an object colour left out), recomputed over the pixels
+  near that first estimate (objects and texture extremes drop out). Score: the posterior of the
+  captioned palette entry under a Gaussian of sigma ``BACKGROUND_SIGMA`` around each of the four palette
+  colours (about 1 when the nearest palette entry is the captioned one with a clear margin, 0.5 half way
+  between two entries).
+- **background texture**: a textured background is its shaded colour brightened towards white or
+  darkened towards black (achromatic modulation), so its pixels lie on two segments from the shaded
+  colour. How far they reach (the texture strength, 0 for a plain background) is read from the clip:
+  a high quantile of the lifts of the pixels on each segment, the smaller of the two sides (white and
+  gray objects lie on one of them), at most ``TEXTURE_MAX``.
+- **pixel labels**: every pixel goes to the nearest of the background (those two segments up to that
+  strength), the eight object colours and their dark variants (``TEXTURE_DARK`` times the colour, the
+  dark stripes / squares of textured objects), or to no class when it is farther than ``LABEL_RADIUS``
+  from all of them (edges, blur). A dark variant too close to the background is left out (it cannot be
+  told apart).
 - **objects**: the pixels of an object's colour, per frame, and of its dark variant next to them.
   Objects sharing a colour are split per frame by k-means on pixel positions (seeded by the previous
   frame, so the clusters are tracks); clusters that touch in most frames and keep their offset (move
@@ -62,6 +69,7 @@ BACKGROUND_SIGMA = 0.08  # spread of a background colour around its palette entr
 LABEL_RADIUS = 0.25  # farthest RGB distance at which a pixel is given a colour class
 DARK_MIN_DISTANCE = 0.12  # a dark variant closer than this to the background is not a class
 BACKGROUND_SAMPLES = 100_000  # pixels sampled for the background colour
+OBJECT_EXCLUDE = 0.1  # pixels this close to an object colour are left out of the background colour
 MIN_AREA = 0.0035  # smallest visible part of an object (frame side^2): a third of a small striped circle
 VISIBLE_FRAMES = 0.75  # an object shown in this fraction of the frames has full colour score
 SIZE_BORDER = math.sqrt(RADIUS_RANGE[0][1] * RADIUS_RANGE[1][0])  # between small and big radii
@@ -73,6 +81,11 @@ WHOLE_AREA = 0.6  # motion is read from frames showing this fraction of the obje
 TEXTURE_PIXELS = 12  # fewest inside pixels in a frame to read a texture from
 TEXTURE_DARK_FRACTION = (0.15, 0.3)  # plain below, textured (half dark) above: a linear ramp between
 TEXTURE_ACROSS = (0.2, 0.35)  # striped below, checkered above (share of changes between horizontal neighbours)
+TEXTURE_FIT = 0.03  # farthest RGB distance of a textured background pixel from its brighten / darken segment
+TEXTURE_QUANTILE = 0.98  # quantile of a side's lifts read as the texture strength
+TEXTURE_MIN_LIFT = 0.02  # a pixel lifted less than this towards white / black is the plain background
+TEXTURE_SHARE = 0.2  # fewest pixels (share of the clip) on a side's segment for a textured background
+TEXTURE_MAX = 0.8  # strongest texture modelled: short of white's lift from the darkest background (0.95)
 ATTRIBUTES = ("background", "count", "colour", "size", "motion")
 
 
@@ -148,7 +161,8 @@ def _score_clip(clip: torch.Tensor, objects: list[tuple[int, int, int, int, int]
     base = _background_colour(clip, shade)
     scores = {"background": _palette_posterior(base, BACKGROUND_RGB, background)}
     usable = _dark_usable(base)
-    labels = _label_pixels(clip, base.view(3, 1, 1) * shade.view(1, -1, 1), usable)
+    shaded = base.view(3, 1) * shade.view(1, -1)  # [3, H]
+    labels = _label_pixels(clip, shaded, _texture_amplitude(clip, shaded), usable)
     side = float(min(height, width))
     per_object: list[dict | None] = [None] * len(objects)
     for colour in sorted({o[1] for o in objects}):
@@ -177,11 +191,17 @@ def _score_clip(clip: torch.Tensor, objects: list[tuple[int, int, int, int, int]
 
 
 def _background_colour(clip: torch.Tensor, shade: torch.Tensor) -> torch.Tensor:
-    """Base colour float32 [3] of the background of ``clip`` [3, T, H, W] under the vertical ``shade`` [H]."""
-    unshaded = clip / shade.view(1, 1, -1, 1)
-    stride = max(1, round((unshaded[0].numel() / BACKGROUND_SAMPLES) ** (1 / 3)))  # a sparse grid suffices
-    unshaded = unshaded[:, ::stride, ::stride, ::stride].reshape(3, -1)
-    base = unshaded.median(dim=1).values
+    """Base colour float32 [3] of the background of ``clip`` [3, T, H, W] under the vertical ``shade`` [H]:
+    the median of the pixels divided by the shading, leaving out those within OBJECT_EXCLUDE of an
+    object colour (on a dark textured background, bright objects would pull the median into its lifted
+    half), then recomputed over the pixels near that estimate."""
+    stride = max(1, round((clip[0].numel() / BACKGROUND_SAMPLES) ** (1 / 3)))  # a sparse grid suffices
+    pixels = clip[:, ::stride, ::stride, ::stride]
+    unshaded = (pixels / shade[::stride].view(1, 1, -1, 1)).reshape(3, -1)
+    pixels = pixels.reshape(3, -1).T
+    off_objects = torch.cdist(pixels, COLOUR_RGB).min(1).values >= OBJECT_EXCLUDE
+    candidates = unshaded[:, off_objects] if off_objects.sum() > 0.2 * len(off_objects) else unshaded
+    base = candidates.median(dim=1).values
     near = (unshaded - base.view(3, 1)).pow(2).sum(0) < LABEL_RADIUS ** 2
     if near.sum() > 0.2 * near.numel():
         base = unshaded[:, near].median(dim=1).values
@@ -200,16 +220,55 @@ def _dark_usable(base: torch.Tensor) -> torch.Tensor:
     return (TEXTURE_DARK * COLOUR_RGB - base).norm(dim=-1) >= DARK_MIN_DISTANCE
 
 
-def _label_pixels(clip: torch.Tensor, background: torch.Tensor, usable: torch.Tensor) -> torch.Tensor:
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Dot product over the leading (RGB) dimension of ``a`` and ``b`` [3, ...] (broadcast): [...]."""
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+
+
+def _along_segment(offset: torch.Tensor, direction: torch.Tensor, reach: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where ``offset`` float32 [3, ...] lies along ``direction`` [3, ...] (broadcast): its lift (the
+    projection, in units of ``direction``) and its squared RGB distance from the segment from 0 to
+    ``reach`` times ``direction``, both [...]."""
+    along, length = _dot(offset, direction), _dot(direction, direction).clamp_min(1e-6)
+    lift = along / length
+    clamped = lift.clamp(0, reach)
+    return lift, _dot(offset, offset) - 2 * clamped * along + clamped * clamped * length
+
+
+def _texture_amplitude(clip: torch.Tensor, shaded: torch.Tensor) -> float:
+    """Strength of the background texture of ``clip`` [3, T, H, W] around its shaded base colour
+    ``shaded`` [3, H]: how far (0: plain, up to TEXTURE_MAX) the background brightens towards white and
+    darkens towards black. Each side's strength is the TEXTURE_QUANTILE quantile of the lifts of the
+    pixels on its segment (within TEXTURE_FIT, lifted by more than TEXTURE_MIN_LIFT), if at least TEXTURE_SHARE of the pixels lie there (else 0:
+    a plain background, whose only such pixels are achromatic objects); the result is the smaller side
+    (achromatic objects lie on one of the segments, rarely on both), the bright side alone on a background
+    too dark to darken visibly. Capped at TEXTURE_MAX, short of a white object on a black background."""
+    stride = max(1, round((clip[0].numel() / BACKGROUND_SAMPLES) ** (1 / 3)))
+    pixels = clip[:, ::stride, ::stride, ::stride]
+    row = shaded[:, ::stride].view(3, 1, -1, 1)
+    sides = [_along_segment(pixels - row, 1 - row, math.inf)]
+    if float(_dot(shaded, shaded).min()) >= DARK_MIN_DISTANCE ** 2:
+        sides.append(_along_segment(pixels - row, -row, math.inf))
+    sides = [lift[(distance < TEXTURE_FIT ** 2) & (lift > TEXTURE_MIN_LIFT)] for lift, distance in sides]
+    strengths = [float(torch.quantile(side.clamp(max=1), TEXTURE_QUANTILE))
+                 if len(side) >= TEXTURE_SHARE * pixels[0].numel() else 0.0 for side in sides]
+    return min(min(strengths), TEXTURE_MAX)
+
+
+def _label_pixels(clip: torch.Tensor, shaded: torch.Tensor, amplitude: float, usable: torch.Tensor) -> torch.Tensor:
     """Class of every pixel, int64 [T, H, W]: 0 background, 1 + c object colour c, 1 + n + c its dark
-    variant (n colours; only where ``usable`` bool [n]), -1 none within LABEL_RADIUS.
-    ``background`` float32 [3, H, W]."""
+    variant (n colours; only where ``usable`` bool [n]), -1 none within LABEL_RADIUS. The background
+    is its shaded colour ``shaded`` float32 [3, H] brightened towards white or darkened towards black by
+    up to ``amplitude``."""
     dark = TEXTURE_DARK * COLOUR_RGB
     centres = torch.cat([COLOUR_RGB, torch.where(usable.unsqueeze(-1), dark, torch.tensor(1e3))])  # [2n, 3]
     pixels = clip.flatten(1).T  # [P, 3]
     to_colours = (pixels.pow(2).sum(1, keepdim=True) - 2 * pixels @ centres.T + centres.pow(2).sum(1))
     nearest, index = to_colours.min(1)
-    to_background = (clip - background.unsqueeze(1)).pow(2).sum(0).flatten()
+    row = shaded.view(3, 1, -1, 1)
+    _, to_bright = _along_segment(clip - row, 1 - row, amplitude)
+    _, to_dark = _along_segment(clip - row, -row, amplitude)
+    to_background = torch.minimum(to_bright, to_dark).flatten()
     labels = torch.where(to_background <= nearest, 0, 1 + index)
     labels[torch.minimum(to_background, nearest) > LABEL_RADIUS ** 2] = -1
     return labels.view(clip.shape[1:])
