@@ -81,7 +81,7 @@ WHOLE_AREA = 0.6  # motion is read from frames showing this fraction of the obje
 TEXTURE_PIXELS = 12  # fewest inside pixels in a frame to read a texture from
 TEXTURE_DARK_FRACTION = (0.15, 0.3)  # plain below, textured (half dark) above: a linear ramp between
 TEXTURE_ACROSS = (0.2, 0.35)  # striped below, checkered above (share of changes between horizontal neighbours)
-TEXTURE_FIT = 0.03  # farthest RGB distance of a textured background pixel from its brighten / darken segment
+TEXTURE_FIT = 0.1  # farthest RGB distance from a brighten / darken segment read as on it (room for noise)
 TEXTURE_QUANTILE = 0.98  # quantile of a side's lifts read as the texture strength
 TEXTURE_MIN_LIFT = 0.02  # a pixel lifted less than this towards white / black is the plain background
 TEXTURE_SHARE = 0.2  # fewest pixels (share of the clip) on a side's segment for a textured background
@@ -239,10 +239,11 @@ def _texture_amplitude(clip: torch.Tensor, shaded: torch.Tensor) -> float:
     """Strength of the background texture of ``clip`` [3, T, H, W] around its shaded base colour
     ``shaded`` [3, H]: how far (0: plain, up to TEXTURE_MAX) the background brightens towards white and
     darkens towards black. Each side's strength is the TEXTURE_QUANTILE quantile of the lifts of the
-    pixels on its segment (within TEXTURE_FIT, lifted by more than TEXTURE_MIN_LIFT), if at least TEXTURE_SHARE of the pixels lie there (else 0:
-    a plain background, whose only such pixels are achromatic objects); the result is the smaller side
-    (achromatic objects lie on one of the segments, rarely on both), the bright side alone on a background
-    too dark to darken visibly. Capped at TEXTURE_MAX, short of a white object on a black background."""
+    pixels on its segment (within TEXTURE_FIT, lifted by more than TEXTURE_MIN_LIFT), if at least
+    TEXTURE_SHARE of the pixels lie there (else 0: a plain background, whose only such pixels are
+    achromatic objects); the result is the smaller side (achromatic objects lie on one of the segments,
+    rarely on both), the bright side alone on a background too dark to darken visibly. Capped at
+    TEXTURE_MAX, short of a white object on a black background."""
     stride = max(1, round((clip[0].numel() / BACKGROUND_SAMPLES) ** (1 / 3)))
     pixels = clip[:, ::stride, ::stride, ::stride]
     row = shaded[:, ::stride].view(3, 1, -1, 1)
