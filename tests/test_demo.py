@@ -21,6 +21,7 @@ def test_demo_runs_and_writes_its_files(tmp_path, capsys):
     assert dense["sparsity"] == 0.0 and dense["speedup"] == 1.0 and dense["ssim"] == pytest.approx(1.0)
     assert sparse["seconds"] > 0 and sparse["attention_s"] > 0
     assert sparse["speedup"] == pytest.approx(dense["seconds"] / sparse["seconds"])
+    assert all(0 <= run["faithfulness"] <= 1 for run in (dense, sparse)) and "faithful" in printed
     assert summary["settings"]["steps"] == 2
 
 

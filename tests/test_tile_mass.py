@@ -133,7 +133,7 @@ def test_tile_mass_requests_are_checked():
         with pytest.raises(ValueError, match="inference only"):
             sv.block_sparse_attention(q, k, v, mask, return_tile_mass=True, backend=backend)
     with torch.no_grad():
-        with pytest.raises(ValueError, match="return_tile_mass=True needs backend"):
+        with pytest.raises(ValueError, match="return_tile_mass=True needs one of the backends"):
             sv.block_sparse_attention(q, k, v, mask, return_tile_mass=True, backend="flex")
         with pytest.raises(TypeError, match="return_tile_mass must be a bool"):
             sv.block_sparse_attention(q, k, v, mask, return_tile_mass=1, backend="reference")

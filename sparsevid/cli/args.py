@@ -53,46 +53,33 @@ def topk_arg(text: str) -> int | float:
     return fraction
 
 
+def _number(text: str, convert, valid, expected: str):
+    """``convert(text)`` if it parses and ``valid`` holds, else an ArgumentTypeError saying ``expected``."""
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not valid(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+    return value
+
+
 def fraction_arg(text: str) -> float:
     """A float in (0, 1] (``--topp``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text}")
-    return value
+    return _number(text, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
 def positive_int_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text}")
-    return value
+    return _number(text, int, lambda v: v >= 1, "a whole number >= 1")
 
 
 def sparsity_arg(text: str) -> float:
     """A sparsity: the share of attention tiles skipped, a number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a sparsity in [0, 1), got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a sparsity in [0, 1), got {text}")
-    return value
+    return _number(text, float, lambda v: 0 <= v < 1, "a sparsity in [0, 1)")
 
 
 def positive_float_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
-    return value
+    return _number(text, float, lambda v: v > 0, "a number > 0")
 
 
 def check_caption_words(caption: str) -> None:

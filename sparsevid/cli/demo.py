@@ -19,7 +19,8 @@ DENSE = "dense"
 DEFAULT_RULE, DEFAULT_TOPK, DEFAULT_TOPP = "topk", 0.25, 0.9
 MEANING = ("wall s: the whole generation; attention s: its self-attention calls (mask prediction included); "
            "speed-up: dense time / this run's time (above 1 = faster); sparsity: share of attention tiles "
-           "skipped; PSNR / SSIM: closeness to the dense clip of the same noise (higher = closer, SSIM 1 = identical).")
+           "skipped; PSNR / SSIM: closeness to the dense clip of the same noise (higher = closer, SSIM 1 = identical); "
+           "faithful: how well the clip shows its caption, read back from the pixels (0 to 1).")
 
 
 def add_parser(subparsers) -> None:
@@ -77,8 +78,9 @@ def demo_settings(args, steps: int) -> dict:
 
 def run_settings(model, settings: dict, caption: str, seed: int, steps: int, guidance: float | None) -> dict:
     """Sample the caption once per setting (a per-step progress bar each, after a one-step warm-up): per label
-    the clip float32 [3, T, H, W], wall and attention seconds, mean sparsity, speed-ups and PSNR / SSIM against
-    the dense clip."""
+    the clip float32 [3, T, H, W], wall and attention seconds, mean sparsity, speed-ups, PSNR / SSIM against
+    the dense clip and the clip's caption faithfulness (``sparsevid.eval.faithfulness``, overall in [0, 1])."""
+    from ..eval.faithfulness import faithfulness
     from ..eval.harness import sample_with_stats, summarize_calls
     from ..eval.video_metrics import psnr, ssim
 
@@ -93,8 +95,7 @@ def run_settings(model, settings: dict, caption: str, seed: int, steps: int, gui
         r["speedup"] = dense["seconds"] / r["seconds"]
         r["attention_speedup"] = dense["attention_s"] / r["attention_s"]
         r["psnr"], r["ssim"] = float(psnr(r["clip"], dense["clip"])[0]), float(ssim(r["clip"], dense["clip"])[0])
-        # Caption faithfulness of each clip (how well it shows what the caption says) belongs here, beside
-        # PSNR / SSIM, once the project has a scorer for it.
+        r["faithfulness"] = faithfulness(r["clip"].float(), [caption])[0]["overall"]
     for r in runs.values():
         r["clip"] = r["clip"][0]
     return runs
@@ -102,11 +103,11 @@ def run_settings(model, settings: dict, caption: str, seed: int, steps: int, gui
 
 def print_table(runs: dict) -> None:
     print(f"{'setting':<16} {'wall s':>7} {'attention s':>11} {'speed-up wall / attention':>26} "
-          f"{'sparsity':>8} {'PSNR dB':>8} {'SSIM':>7}")
+          f"{'sparsity':>8} {'PSNR dB':>8} {'SSIM':>7} {'faithful':>8}")
     for label, r in runs.items():
         speedup = f"{r['speedup']:.2f}x / {r['attention_speedup']:.2f}x"
         print(f"{label:<16} {r['seconds']:7.1f} {r['attention_s']:11.1f} {speedup:>26} {r['sparsity']:8.1%} "
-              f"{r['psnr']:8.2f} {r['ssim']:7.4f}")
+              f"{r['psnr']:8.2f} {r['ssim']:7.4f} {r['faithfulness']:8.2f}")
     print(MEANING)
 
 
