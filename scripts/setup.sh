@@ -10,4 +10,10 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
-.venv/bin/python -m pip install -q -e ".[all]"
+# Install sparsevid and its extras once per version of pyproject.toml (the stamp records which).
+stamp=.venv/.sparsevid-installed
+wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+    .venv/bin/python -m pip install -q -e ".[all]"
+    echo "$wanted" > "$stamp"
+fi
