@@ -29,7 +29,8 @@ def add_parser(subparsers) -> None:
                    help="wall-clock training budget (give it, --max-steps or both)")
     p.add_argument("--max-steps", type=positive_int_arg, default=None,
                    help="step budget (give it, --minutes or both)")
-    p.add_argument("--batch-size", type=positive_int_arg, default=64, help="clips per step")
+    p.add_argument("--batch-size", type=positive_int_arg, action="append", default=None,
+                   help="clips per step (default 64); repeat it, one per --clip, for mixed-resolution training")
     p.add_argument("--lr", type=positive_float_arg, default=4e-4, help="peak learning rate (AdamW)")
     p.add_argument("--warmup", type=int, default=200, help="steps of linear learning-rate warm-up")
     p.add_argument("--ema", type=float, default=0.999, help="decay of the weights' exponential moving average")
@@ -41,8 +42,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tiny", action="store_true", help="train the tiny configuration instead (tests, smoke runs)")
     p.add_argument("--init", type=model_dir_arg, default=None, metavar="DIR",
                    help="start from the model in DIR (weights and architecture; a warm restart: fresh optimiser)")
-    p.add_argument("--clip", default=None, metavar="T,H,W",
-                   help="clip frames, height, width (without it: the model's)")
+    p.add_argument("--clip", action="append", default=None, metavar="T,H,W",
+                   help="clip frames, height, width (without it: the model's); repeat it for mixed-resolution "
+                        "training (each step draws its batch from one shape); the first is the shape the "
+                        "exported model records as its own")
+    p.add_argument("--clip-weight", type=positive_int_arg, action="append", default=None, metavar="N",
+                   help="steps per cycle of each --clip, in order (default: 1 each, i.e. the shapes alternate)")
     p.add_argument("--background-texture", type=float, default=None,
                    help="strength of the procedural background texture in [0, 1] (without it: the model's)")
     p.add_argument("--pan", type=float, default=None,
@@ -58,13 +63,57 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def parse_clip(text: str) -> tuple[int, int, int]:
+    """``"T,H,W"`` -> (frames, height, width)."""
+    try:
+        frames, height, width = (int(x) for x in text.split(","))
+    except ValueError:
+        raise CommandError(f"--clip must be three comma-separated ints T,H,W, got {text!r}") from None
+    return frames, height, width
+
+
+def clip_mix(args, model):
+    """The :class:`ClipMix` of the command line: one clip source per ``--clip`` (the model's clip without
+    one), with the model's data options, paired in order with ``--batch-size`` and ``--clip-weight``."""
+    from ..data import ClipMix, ProceduralVideos
+
+    shapes = [parse_clip(text) for text in args.clip] if args.clip else [None]
+    batch_sizes = args.batch_size or [64]
+    if len(batch_sizes) != len(shapes):
+        raise CommandError(f"give one --batch-size per --clip: {len(shapes)} clip shape(s), "
+                           f"{len(batch_sizes)} batch size(s)")
+    if args.clip_weight is not None and len(args.clip_weight) != len(shapes):
+        raise CommandError(f"give one --clip-weight per --clip: {len(shapes)} clip shape(s), "
+                           f"{len(args.clip_weight)} weight(s)")
+    patch = model.config["transformer"]["patch_size"]
+    datasets = []
+    for shape in shapes:
+        data = dict(model.config["data"])
+        if shape is not None:
+            frames, height, width = shape
+            for name, size, step in (("frames", frames, patch[0]), ("height", height, patch[1]),
+                                     ("width", width, patch[2])):
+                if size < 1 or size % step:
+                    raise CommandError(f"--clip {','.join(map(str, shape))}: {name} must be a positive multiple "
+                                       f"of the patch size {step}, got {size}")
+            data.update(frames=frames, height=height, width=width)
+        for key, value in (("background_texture", args.background_texture), ("pan", args.pan)):
+            if value is not None:
+                data[key] = value
+        try:
+            datasets.append(ProceduralVideos(**data))
+        except ValueError as error:  # the clip shape or background given on the command line
+            raise CommandError(f"--clip / --background-texture / --pan: {error}") from None
+    return ClipMix(datasets, batch_sizes, args.clip_weight)
+
+
 def initial_model(args):
-    """The model to train: a fresh one (default or tiny configuration) or the one in ``--init``, with the
-    clip shape and background options of the command line applied to its data. Its ``phases`` attribute
-    lists the training phases the weights have been through (read from the ``--init`` model's config)."""
+    """The model to train: a fresh one (default or tiny configuration) or the one in ``--init``, and the
+    :class:`ClipMix` of the command line. The model's data (and config) take the first clip shape and the
+    background options. Its ``phases`` attribute lists the training phases the weights have been through
+    (read from the ``--init`` model's config)."""
     import copy
 
-    from ..data import ProceduralVideos
     from ..models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT, load_builtin, tiny_config
 
     if args.init is not None and args.tiny:
@@ -75,22 +124,11 @@ def initial_model(args):
         phases = model.config.pop("phases", [training] if training else [])
     else:
         model, phases = BuiltinVideoDiT(copy.deepcopy(tiny_config() if args.tiny else DEFAULT_CONFIG)), []
-    data = model.config["data"]
-    if args.clip is not None:
-        try:
-            frames, height, width = (int(x) for x in args.clip.split(","))
-        except ValueError:
-            raise CommandError(f"--clip must be three comma-separated ints T,H,W, got {args.clip!r}") from None
-        data.update(frames=frames, height=height, width=width)
-    for key, value in (("background_texture", args.background_texture), ("pan", args.pan)):
-        if value is not None:
-            data[key] = value
-    try:
-        model.data = ProceduralVideos(**data)  # the same weights, the clips of this phase
-    except ValueError as error:  # the clip shape or background given on the command line
-        raise CommandError(f"--clip / --background-texture / --pan: {error}") from None
+    mix = clip_mix(args, model)
+    model.data = mix.datasets[0]  # the same weights, the (first) clips of this phase
+    model.config["data"] = model.data.config()
     model.phases = phases
-    return model
+    return model, mix
 
 
 def run(args) -> int:
@@ -119,9 +157,14 @@ def run(args) -> int:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    model = initial_model(args).to(device)
+    model, mix = initial_model(args)
+    model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters, clip {model.clip_shape}, device {device}")
+    if len(mix.datasets) > 1:
+        shapes = zip(mix.datasets, mix.batch_sizes, mix.weights)
+        log("mixed clips (T x H x W, batch, weight): " + "; ".join(
+            f"{d.frames}x{d.height}x{d.width}, {b}, {w}" for d, b, w in shapes))
     if args.compile:
         model.transformer.compile()
     data = model.data
@@ -130,11 +173,12 @@ def run(args) -> int:
     null = model.tokenize([""])
 
     def loss_fn(step: int) -> torch.Tensor:
-        video, captions = data.sample(args.batch_size, gen, device)
+        video, captions = mix.sample(step, gen, device)
+        batch = video.shape[0]
         tokens = model.tokenize(captions)
-        drop = torch.rand(args.batch_size, generator=gen) < args.null_prob
+        drop = torch.rand(batch, generator=gen) < args.null_prob
         tokens = torch.where(drop.unsqueeze(1), null, tokens).to(device)
-        t = sample_t(args.batch_size, gen, device, shift=args.train_shift)
+        t = sample_t(batch, gen, device, shift=args.train_shift)
         noise = torch.randn(video.shape, generator=noise_gen, device=device)
         return flow_matching_loss(model, video, tokens, t, noise)
 
@@ -153,8 +197,12 @@ def run(args) -> int:
     arguments = {k: v for k, v in vars(args).items() if k not in ("func", "out", "state")}
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     phase = {"arguments": arguments, "clip": list(model.clip_shape[1:]), "steps": result.steps,
-             "batch_size": args.batch_size, "seconds": round(result.seconds, 1), "final_loss": round(final_loss, 5),
+             "batch_size": mix.batch_sizes[0], "seconds": round(result.seconds, 1), "final_loss": round(final_loss, 5),
              "device": device_name, "torch": torch.__version__, "parameters": n_params}
+    if len(mix.datasets) > 1:  # mixed resolutions: every shape, its batch size, weight and steps
+        phase["clips"] = [{"clip": [d.frames, d.height, d.width], "batch_size": b, "weight": w, "steps": n}
+                          for d, b, w, n in zip(mix.datasets, mix.batch_sizes, mix.weights,
+                                                mix.steps_per_shape(result.steps))]
     export_builtin(model, out, extra={"training": phase, "phases": model.phases + [phase]})
     write_text_atomic(json.dumps(result.history), out / "history.json")
     plot_loss(result.history, out / "loss.png", title=f"built-in DiT, {result.steps} steps")
