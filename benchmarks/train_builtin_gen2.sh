@@ -4,7 +4,8 @@
 #   chunk 1: from the first-generation weights, textured panning backgrounds, short clips then long clips.
 #   chunk 2: from chunk 1's committed weights (checkpoints/builtin_gen2/), long clips, then mixed resolutions
 #            (long and short clips alternating, one step each) so that one set of weights serves both.
-# Each chunk trains for at most 8 minutes so that it fits one 10-minute GPU call with sampling and measurement.
+# Each chunk trains for at most 7.5 minutes: chunk 1 (7.5 min of training) took 558 s of one 10-minute GPU
+# call with its sampling and measurement.
 # Each chunk writes OUT/<phase>/ (weights, config with every phase so far, loss curve, samples, log) and
 # OUT/oracle.json (oracle recall of the result on short and long clips); commit OUT/<last phase>/builtin.*
 # to checkpoints/builtin_gen2/ to continue from there.
@@ -21,7 +22,7 @@ case "$chunk" in
     ;;
   2)
     python3 -m sparsevid train --out "$out/long" --init checkpoints/builtin_gen2 --clip 32,128,128 "${texture[@]}" \
-        --minutes 5 --batch-size 8 --lr 2e-4 --warmup 50 --ema 0.995 --log-every 50 --checkpoint-every 100000
+        --minutes 4.5 --batch-size 8 --lr 2e-4 --warmup 50 --ema 0.995 --log-every 50 --checkpoint-every 100000
     python3 -m sparsevid train --out "$out/mixed" --init "$out/long" "${texture[@]}" \
         --clip 32,128,128 --clip 16,64,64 --batch-size 8 --batch-size 64 --clip-weight 1 --clip-weight 1 \
         --minutes 3 --lr 1e-4 --warmup 50 --ema 0.995 --log-every 50 --checkpoint-every 100000
