@@ -222,16 +222,15 @@ class ProceduralVideos:
         """Texture in about [-1, 1], float32 [B, T, H, W]: the gratings ``waves`` [B, W, 4] shifted by
         ``pan`` [B, 2] times the clip's progress (pixel coordinates ``xs`` [W], ``ys`` [H] in [0, 1])."""
         tau = torch.linspace(0.0, 1.0, self.frames, device=xs.device).view(1, -1, 1)
-        aspect = self.height / self.width
-        shift_x, shift_y = pan[:, 0].view(-1, 1, 1) * tau, pan[:, 1].view(-1, 1, 1) * tau  # [B, T, 1]
-        fx, fy, phase, amplitude = (waves[..., i].unsqueeze(1) for i in range(4))  # [B, 1, W]
+        # Pixel coordinates under the pan, shared by every grating.
+        x = xs.view(1, 1, -1) - pan[:, 0].view(-1, 1, 1) * tau                              # [B, T, W]
+        y = ys.view(1, 1, -1) * (self.height / self.width) - pan[:, 1].view(-1, 1, 1) * tau  # [B, T, H]
         total = 0.0
         # One grating at a time keeps the peak memory at one [B, T, H, W] tensor.
-        for w in range(waves.shape[1]):
-            along_x = 2 * math.pi * fx[..., w:w + 1] * (xs.view(1, 1, -1) - shift_x)          # [B, T, W]
-            along_y = 2 * math.pi * fy[..., w:w + 1] * (ys.view(1, 1, -1) * aspect - shift_y)  # [B, T, H]
-            angle = along_x.unsqueeze(2) + along_y.unsqueeze(3) + phase[..., w:w + 1].unsqueeze(-1)
-            total = total + amplitude[..., w:w + 1].unsqueeze(-1) * torch.sin(angle)
+        for wave in waves.unbind(1):
+            fx, fy, phase, amplitude = (v.view(-1, 1, 1) for v in wave.unbind(-1))  # [B, 1, 1]
+            angle = (2 * math.pi * fx * x).unsqueeze(2) + (2 * math.pi * fy * y).unsqueeze(3) + phase.unsqueeze(-1)
+            total = total + amplitude.unsqueeze(-1) * torch.sin(angle)
         return (total * 2.0).clamp(-1, 1)  # the amplitudes sum to 1: this spreads the sum over [-1, 1]
 
     @staticmethod
