@@ -108,10 +108,10 @@ def clip_mix(args, model):
 
 
 def initial_model(args):
-    """The model to train: a fresh one (default or tiny configuration) or the one in ``--init``, and the
-    :class:`ClipMix` of the command line. The model's data (and config) take the first clip shape and the
-    background options. Its ``phases`` attribute lists the training phases the weights have been through
-    (read from the ``--init`` model's config)."""
+    """(model, mix, phases): the model to train, a fresh one (default or tiny configuration) or the one in
+    ``--init``; the :class:`ClipMix` of the command line; the training phases the weights have been through
+    (read from the ``--init`` model's config). The model's data (and config) take the first clip shape and
+    the background options."""
     import copy
 
     from ..models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT, load_builtin, tiny_config
@@ -127,8 +127,7 @@ def initial_model(args):
     mix = clip_mix(args, model)
     model.data = mix.datasets[0]  # the same weights, the (first) clips of this phase
     model.config["data"] = model.data.config()
-    model.phases = phases
-    return model, mix
+    return model, mix, phases
 
 
 def run(args) -> int:
@@ -157,7 +156,7 @@ def run(args) -> int:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    model, mix = initial_model(args)
+    model, mix, phases = initial_model(args)
     model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters, clip {model.clip_shape}, device {device}")
@@ -167,7 +166,6 @@ def run(args) -> int:
             f"{d.frames}x{d.height}x{d.width}, {b}, {w}" for d, b, w in shapes))
     if args.compile:
         model.transformer.compile()
-    data = model.data
     gen = torch.Generator().manual_seed(args.seed)
     noise_gen = torch.Generator(device=device).manual_seed(args.seed + 1)
     null = model.tokenize([""])
@@ -203,11 +201,11 @@ def run(args) -> int:
         phase["clips"] = [{"clip": [d.frames, d.height, d.width], "batch_size": b, "weight": w, "steps": n}
                           for d, b, w, n in zip(mix.datasets, mix.batch_sizes, mix.weights,
                                                 mix.steps_per_shape(result.steps))]
-    export_builtin(model, out, extra={"training": phase, "phases": model.phases + [phase]})
+    export_builtin(model, out, extra={"training": phase, "phases": phases + [phase]})
     write_text_atomic(json.dumps(result.history), out / "history.json")
     plot_loss(result.history, out / "loss.png", title=f"built-in DiT, {result.steps} steps")
 
-    captions = [c for c in SAMPLE_CAPTIONS if data.fits(c)]
+    captions = [c for c in SAMPLE_CAPTIONS if model.data.fits(c)]
     model.eval()
     start = time.perf_counter()
     videos = generate(model, captions, seeds=list(range(len(captions))), steps=args.sample_steps)
