@@ -169,11 +169,13 @@ def _score_clip(clip: torch.Tensor, objects: list[tuple[int, int, int, int, int]
         indices = [k for k, o in enumerate(objects) if o[1] == colour]
         tracks = _colour_tracks(_object_pixels(labels, colour, side), labels == 1 + colour, len(indices), side,
                                 bool(usable[colour]))
-        best = max(itertools.permutations(range(max(len(tracks), len(indices))), len(indices)),
-                   key=lambda perm: sum(_object_scores(tracks[j] if j < len(tracks) else None, objects[k])["total"]
-                                        for k, j in zip(indices, perm)))
+        slots = range(max(len(tracks), len(indices)))  # tracks, then "not found" (None) where there are fewer
+        pair = {(k, j): _object_scores(tracks[j] if j < len(tracks) else None, objects[k])
+                for k in indices for j in slots}
+        best = max(itertools.permutations(slots, len(indices)),
+                   key=lambda perm: sum(pair[k, j]["total"] for k, j in zip(indices, perm)))
         for k, j in zip(indices, best):
-            per_object[k] = _object_scores(tracks[j] if j < len(tracks) else None, objects[k])
+            per_object[k] = pair[k, j]
     for entry in per_object:
         del entry["total"]
     captioned = {o[1] for o in objects}
