@@ -192,13 +192,19 @@ def _score_clip(clip: torch.Tensor, objects: list[tuple[int, int, int, int, int]
     return scores
 
 
+def _sample_grid(clip: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A sparse grid of ``clip`` [3, T, H, W] (enough for the background statistics): every
+    ``stride``-th frame, row and column, about BACKGROUND_SAMPLES pixels [3, T', H', W'], and that stride."""
+    stride = max(1, round((clip[0].numel() / BACKGROUND_SAMPLES) ** (1 / 3)))
+    return clip[:, ::stride, ::stride, ::stride], stride
+
+
 def _background_colour(clip: torch.Tensor, shade: torch.Tensor) -> torch.Tensor:
     """Base colour float32 [3] of the background of ``clip`` [3, T, H, W] under the vertical ``shade`` [H]:
     the median of the pixels divided by the shading, leaving out those within OBJECT_EXCLUDE of an
     object colour (on a dark textured background, bright objects would pull the median into its lifted
     half), then recomputed over the pixels near that estimate."""
-    stride = max(1, round((clip[0].numel() / BACKGROUND_SAMPLES) ** (1 / 3)))  # a sparse grid suffices
-    pixels = clip[:, ::stride, ::stride, ::stride]
+    pixels, stride = _sample_grid(clip)
     unshaded = (pixels / shade[::stride].view(1, 1, -1, 1)).reshape(3, -1)
     pixels = pixels.reshape(3, -1).T
     off_objects = torch.cdist(pixels, COLOUR_RGB).min(1).values >= OBJECT_EXCLUDE
@@ -246,12 +252,12 @@ def _texture_amplitude(clip: torch.Tensor, shaded: torch.Tensor) -> float:
     achromatic objects); the result is the smaller side (achromatic objects lie on one of the segments,
     rarely on both), the bright side alone on a background too dark to darken visibly. Capped at
     TEXTURE_MAX, short of a white object on a black background."""
-    stride = max(1, round((clip[0].numel() / BACKGROUND_SAMPLES) ** (1 / 3)))
-    pixels = clip[:, ::stride, ::stride, ::stride]
+    pixels, stride = _sample_grid(clip)
     row = shaded[:, ::stride].view(3, 1, -1, 1)
-    sides = [_along_segment(pixels - row, 1 - row, math.inf)]
+    offset = pixels - row
+    sides = [_along_segment(offset, 1 - row, math.inf)]
     if float(_dot(shaded, shaded).min()) >= DARK_MIN_DISTANCE ** 2:
-        sides.append(_along_segment(pixels - row, -row, math.inf))
+        sides.append(_along_segment(offset, -row, math.inf))
     sides = [lift[(distance < TEXTURE_FIT ** 2) & (lift > TEXTURE_MIN_LIFT)] for lift, distance in sides]
     strengths = [float(torch.quantile(side.clamp(max=1), TEXTURE_QUANTILE))
                  if len(side) >= TEXTURE_SHARE * pixels[0].numel() else 0.0 for side in sides]
@@ -269,8 +275,9 @@ def _label_pixels(clip: torch.Tensor, shaded: torch.Tensor, amplitude: float, us
     to_colours = (pixels.pow(2).sum(1, keepdim=True) - 2 * pixels @ centres.T + centres.pow(2).sum(1))
     nearest, index = to_colours.min(1)
     row = shaded.view(3, 1, -1, 1)
-    _, to_bright = _along_segment(clip - row, 1 - row, amplitude)
-    _, to_dark = _along_segment(clip - row, -row, amplitude)
+    offset = clip - row
+    _, to_bright = _along_segment(offset, 1 - row, amplitude)
+    _, to_dark = _along_segment(offset, -row, amplitude)
     to_background = torch.minimum(to_bright, to_dark).flatten()
     labels = torch.where(to_background <= nearest, 0, 1 + index)
     labels[torch.minimum(to_background, nearest) > LABEL_RADIUS ** 2] = -1
