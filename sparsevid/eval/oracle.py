@@ -228,7 +228,7 @@ class OracleStudy:
             "achieved_sparsity": [mean([c["achieved_sparsity"][i] for c in every]) for i in grid],
             "recall_mean": [overall(recall[i]) for i in grid],
             "output_rel_l1_mean": [overall(error[i]) for i in grid],
-            "recall_per_layer": [[per_layer(recall[i])[la] for i in grid] for la in range(len(layers))]},
+            "recall_per_layer": [list(row) for row in zip(*(per_layer(recall[i]) for i in grid))]},
             "predicted": {}}
         for name in self.configs:
             entry = {}
