@@ -165,13 +165,12 @@ def summarise(per_level: dict) -> dict:
     """Means over layers and noise levels, and per layer (over levels)."""
     layers = len(next(iter(per_level.values())))
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    out = {"recall": {}, "output_error": {}, "recall_per_layer": {}}
+    out = {"recall": {}, "output_error": {}}
     for key, grid in (("recall", SPARSITIES), ("output_error", ERROR_SPARSITIES)):
         for s in grid:
             out[key][str(s)] = mean([call[key][str(s)] for calls in per_level.values() for call in calls])
-    for s in (0.95,):
-        out["recall_per_layer"][str(s)] = [mean([calls[i]["recall"][str(s)] for calls in per_level.values()])
-                                           for i in range(layers)]
+    out["recall_per_layer"] = {"0.95": [mean([calls[i]["recall"]["0.95"] for calls in per_level.values()])
+                                        for i in range(layers)]}
     out["recall_95_per_level"] = {level: mean([c["recall"]["0.95"] for c in calls])
                                   for level, calls in per_level.items()}
     out["sparsity_at_recall"] = mean([c["sparsity_at_recall"] for calls in per_level.values() for c in calls])
