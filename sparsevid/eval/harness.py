@@ -206,6 +206,15 @@ def summarize_calls(calls: list[dict]) -> dict:
             "mask_sources": dict(collections.Counter(r["mask_source"] for r in calls if "mask_source" in r))}
 
 
+def resolve_probe_steps(steps: int, probe_steps: Sequence[int] | None = None) -> list[int]:
+    """The sorted distinct denoising steps to probe out of ``steps``: ``probe_steps``, by default the first,
+    middle and last step. ValueError if one lies outside [0, steps)."""
+    probe_steps = sorted({0, steps // 2, steps - 1}) if probe_steps is None else sorted(set(probe_steps))
+    if any(not 0 <= s < steps for s in probe_steps):
+        raise ValueError(f"probe_steps must lie in [0, {steps}), got {probe_steps}")
+    return probe_steps
+
+
 def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS[:4], seeds: Sequence[int] = (0,),
                 steps: int = 10, guidance: float | None = None, probe_steps: Sequence[int] | None = None,
                 probe_clips: int = 1, progress: bool = True, bar=None) -> dict:
@@ -230,9 +239,7 @@ def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     guidance = model.config["sampling"]["guidance"] if guidance is None else guidance
-    probe_steps = sorted({0, steps // 2, steps - 1}) if probe_steps is None else sorted(set(probe_steps))
-    if any(not 0 <= s < steps for s in probe_steps):
-        raise ValueError(f"probe_steps must lie in [0, {steps}), got {probe_steps}")
+    probe_steps = resolve_probe_steps(steps, probe_steps)
     transformer = model.transformer
     p_t, p_h, p_w = transformer.config.patch_size
     _, frames, height, width = model.clip_shape

@@ -275,15 +275,14 @@ def oracle_study_of_model(model, captions: Sequence[str], seeds: Sequence[int], 
     from ..models import is_sparse
     from ..models.processors import SDPAInterceptor
     from ..models.sampling import generate
+    from .harness import resolve_probe_steps
 
     if is_sparse(model.transformer):
         raise ValueError("model must run dense attention (remove its sparse attention first)")
     if len(captions) != len(seeds) or not captions:
         raise ValueError(f"captions ({len(captions)}) and seeds ({len(seeds)}) must be non-empty and of equal length")
     steps = model.config["sampling"]["steps"] if steps is None else steps
-    probe_steps = sorted({0, steps // 2, steps - 1}) if probe_steps is None else sorted(set(probe_steps))
-    if any(not 0 <= s < steps for s in probe_steps):
-        raise ValueError(f"probe_steps must lie in [0, {steps}), got {probe_steps}")
+    probe_steps = resolve_probe_steps(steps, probe_steps)
     patch = model.transformer.config.patch_size
     grid = tuple(s // p for s, p in zip(model.clip_shape[1:], patch))
     study = OracleStudy(sparsities, dict(configs or {}), grid, **study_options)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .harness import run_harness
+from .harness import resolve_probe_steps, run_harness
 from .oracle import ORACLE_SPARSITIES
 
 DENSE_LABEL = "dense"
@@ -47,7 +47,7 @@ def run_suite(model, configs: dict, captions: Sequence[str], seeds: Sequence[int
     if not configs:
         raise ValueError("configs must name at least one sparse configuration")
     jobs = [(c, s) for c in captions for s in seeds]
-    probe_steps = sorted({0, steps // 2, steps - 1}) if probe_steps is None else sorted(set(probe_steps))
+    probe_steps = resolve_probe_steps(steps, probe_steps)
     probe_jobs = jobs[:probe_clips]
     passes = 1 + (reference is not None) + 1 + len(configs)  # reference, dense unless it is the reference, the rest
     bar = tqdm(total=len(jobs) * (len(configs) + 2) + len(probe_jobs) * len(probe_steps) + passes,
