@@ -41,11 +41,11 @@ def record_video_attention(model, caption: str, seed: int, steps: int | None = N
     (default first, middle, last), in 3D-tile order."""
     from ..models.processors import SDPAInterceptor
     from ..models.sampling import generate
-    from .harness import resolve_probe_steps
+    from .harness import resolve_probe_steps, video_token_grid
 
     steps = model.config["sampling"]["steps"] if steps is None else steps
     probe_steps = resolve_probe_steps(steps, probe_steps)
-    grid = tuple(s // p for s, p in zip(model.clip_shape[1:], model.transformer.config.patch_size))
+    grid = video_token_grid(model)
     recorder = _Recorder(grid, probe_steps)
     with SDPAInterceptor(recorder):
         generate(model, [caption], [seed], steps=steps, guidance=guidance, on_step=recorder.on_step)

@@ -206,6 +206,11 @@ def summarize_calls(calls: list[dict]) -> dict:
             "mask_sources": dict(collections.Counter(r["mask_source"] for r in calls if "mask_source" in r))}
 
 
+def video_token_grid(model) -> tuple[int, int, int]:
+    """The (T, H, W) grid of video tokens of a built-in ``model``'s clips: clip shape over patch size."""
+    return tuple(s // p for s, p in zip(model.clip_shape[1:], model.transformer.config.patch_size))
+
+
 def resolve_probe_steps(steps: int, probe_steps: Sequence[int] | None = None) -> list[int]:
     """The sorted distinct denoising steps to probe out of ``steps``: ``probe_steps``, by default the first,
     middle and last step. ValueError if one lies outside [0, steps)."""
@@ -240,10 +245,7 @@ def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     guidance = model.config["sampling"]["guidance"] if guidance is None else guidance
     probe_steps = resolve_probe_steps(steps, probe_steps)
-    transformer = model.transformer
-    p_t, p_h, p_w = transformer.config.patch_size
-    _, frames, height, width = model.clip_shape
-    grid = (frames // p_t, height // p_h, width // p_w)
+    grid = video_token_grid(model)
     jobs = [(c, s) for c in captions for s in seeds]
     probes = {name: _Probe() for name in configs}
     own_bar = bar is None

@@ -275,7 +275,7 @@ def oracle_study_of_model(model, captions: Sequence[str], seeds: Sequence[int], 
     from ..models import is_sparse
     from ..models.processors import SDPAInterceptor
     from ..models.sampling import generate
-    from .harness import resolve_probe_steps
+    from .harness import resolve_probe_steps, video_token_grid
 
     if is_sparse(model.transformer):
         raise ValueError("model must run dense attention (remove its sparse attention first)")
@@ -283,8 +283,7 @@ def oracle_study_of_model(model, captions: Sequence[str], seeds: Sequence[int], 
         raise ValueError(f"captions ({len(captions)}) and seeds ({len(seeds)}) must be non-empty and of equal length")
     steps = model.config["sampling"]["steps"] if steps is None else steps
     probe_steps = resolve_probe_steps(steps, probe_steps)
-    patch = model.transformer.config.patch_size
-    grid = tuple(s // p for s, p in zip(model.clip_shape[1:], patch))
+    grid = video_token_grid(model)
     study = OracleStudy(sparsities, dict(configs or {}), grid, **study_options)
     for caption, seed in zip(captions, seeds):
         probe = _OracleProbe(study, math.prod(grid), probe_steps, on_probe)
