@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..schedules.runtime import StepPosition
 from .joint_attention import TokenOrder
 from .stats import Clock, ForwardRecord
 
@@ -135,12 +136,10 @@ class StepContext:
         """Incremented when a new generation starts (per-layer mask reuse then drops its masks)."""
         return int(self.counter[_GENERATION])
 
-    def position(self, with_timestep: bool = True):
+    def position(self, with_timestep: bool = True) -> StepPosition:
         """The (step, timestep, branch, generation) of the current forward as a ``StepPosition``: one host read,
         none for the first forward after :meth:`reset` unless ``with_timestep`` (its timestep is then None).
         Call it once per forward (after :meth:`begin_forward`) or never: it counts the forwards after a reset."""
-        from ..schedules.runtime import StepPosition
-
         if not self.has_timestep:
             return StepPosition(None, None, 0, self._generation)
         fresh, self._fresh = self._fresh, False

@@ -77,7 +77,7 @@ def _make_plan(mask: SparseMask, batch: int, heads: int, head_dim: int, scale: f
                device: torch.device) -> _Plan:
     qb, kb, block_q, block_k = mask.num_q_blocks, mask.num_kv_blocks, mask.block_q, mask.block_k
     count = mask.kv_count.expand(batch, heads, qb).reshape(-1).long()
-    index = mask.kv_index.expand(batch, heads, qb, kb).reshape(-1, kb).long()
+    index = mask.kv_index.expand(batch, heads, qb, kb).reshape(-1, kb)
     head_offset = torch.arange(batch * heads, device=device).repeat_interleave(qb) * kb
     sorted_count, order = torch.sort(count, stable=True)
     counts = sorted_count.tolist()
@@ -92,7 +92,7 @@ def _make_plan(mask: SparseMask, batch: int, heads: int, head_dim: int, scale: f
             last = first + fit
         rows = order[first:last]
         slots = counts[last - 1]
-        kept = index[rows, :slots]
+        kept = index[rows, :slots].long()
         chunks.append(_Chunk(rows, (kept + head_offset[rows, None]).reshape(-1),
                              _padding_bias(kept, count[rows], slots, mask.kv_len, block_k, compute), kept, slots))
         first = last
@@ -232,8 +232,8 @@ def _backward(grad_out, grad_lse, q_blocks, k_blocks, v_blocks, out, lse, plan: 
         d_lse = None if grad_lse is None else grad_lse.index_select(0, rows)
         dq_c, dk_c, dv_c = _attend_backward(
             grad_out.index_select(0, rows), d_lse, q_blocks.index_select(0, rows),
-            _gather(k_blocks, chunk, plan, k_buffer), _gather(v_blocks, chunk, plan, v_buffer), chunk.bias, out.index_select(0, rows), lse.index_select(0, rows),
-            plan.scale)
+            _gather(k_blocks, chunk, plan, k_buffer), _gather(v_blocks, chunk, plan, v_buffer), chunk.bias,
+            out.index_select(0, rows), lse.index_select(0, rows), plan.scale)
         dq.index_copy_(0, rows, dq_c)
         # Padding slots repeat a kept block and get zero gradient: adding them changes nothing.
         dk.index_add_(0, chunk.blocks, dk_c.reshape(-1, plan.block_k, dk_c.shape[-1]))

@@ -67,8 +67,7 @@ def _reference_predict(q, k, *, rule, rule_topk, rule_topp, min_blocks, keep_sin
     """keep bool [B, H, QB, KB] and kept pooled mass float32 [B, H, QB], in plain PyTorch."""
     q_pooled, k_pooled = pool_blocks(q, block_q), pool_blocks(k, block_k)
     scores = torch.nan_to_num(pooled_scores(q_pooled, k_pooled, scale), nan=0.0)  # selection.py: non-finite
-    if within is not None:
-        scores = scores * within  # non-candidates hold no mass
+    # Non-candidates rank below every candidate in threshold_keep, and the final "& within" drops them.
     keep = threshold_keep(scores, rule, rule_topk, rule_topp, min_blocks, candidates=within)
     with_sim = similarity_threshold is not None
     keep = add_option_blocks(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ops import SparseMask, predict_mask, select_from_mass
+from ..ops.attention import TILE_MASS_BACKENDS
 from ..ops.predict_op import predict_mask_traced
 from .config import LayerPlan
 
@@ -95,7 +96,7 @@ class MaskReuse:
         """Whether the attention of the call about to get its mask from :meth:`mask` should emit exact tile
         masses: the "exact" search is on, the next step refreshes the mask, the backend can emit them and no
         gradient is requested. (Asked before :meth:`mask`; a mask made at this step is due at step + interval.)"""
-        if plan.refresh_search != "exact" or step is None or plan.backend not in ("auto", "triton", "gather", "reference"):
+        if plan.refresh_search != "exact" or step is None or plan.backend not in ("auto",) + TILE_MASS_BACKENDS:
             return False
         if torch.is_grad_enabled() and q.requires_grad:
             return False
