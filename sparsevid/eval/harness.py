@@ -116,11 +116,14 @@ def probe_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, runtime, posi
 class _SelfAttentionProbe:
     """During a forward, routes every video self-attention SDPA call through :func:`probe_layer` for each
     configuration (measured at the probe steps; configurations that reuse masks follow every step), then
-    computes the attention itself."""
+    computes the attention itself. At the probe steps each call is also handed to ``on_attention(layer, step,
+    q, k, v, scale, timestep)`` (e.g. :meth:`~sparsevid.eval.oracle.OracleStudy.add`); ``on_probe()`` is called
+    after each probed step (the last one on :meth:`finish`)."""
 
     def __init__(self, configs: dict, probes: dict[str, _Probe], grid: tuple[int, int, int],
-                 probe_steps: Sequence[int]):
+                 probe_steps: Sequence[int], on_attention=None, on_probe=None):
         self.configs, self.probes, self.grid, self.probe_steps = configs, probes, grid, set(probe_steps)
+        self.on_attention, self.on_probe = on_attention, on_probe
         self.video_tokens = grid[0] * grid[1] * grid[2]
         self.runtimes: dict[tuple[str, int], object] = {}  # (config name, layer) -> LayerRuntime
         self.step = self.layer = 0
@@ -129,7 +132,14 @@ class _SelfAttentionProbe:
 
     def on_step(self, i: int, t: float) -> None:
         """Sampler callback: step ``i`` begins at noise level ``t`` (model timestep ``1000 t``)."""
+        self.finish()
         self.step, self.layer, self.timestep = i, 0, 1000.0 * t
+
+    def finish(self) -> None:
+        """Report the step that ran last as complete (called by :meth:`on_step` and after the sampling)."""
+        if self.on_probe is not None and self.step in self.probe_steps and self.layer:
+            self.on_probe()
+        self.layer = 0
 
     def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
         from ..schedules.runtime import LayerRuntime, StepPosition
@@ -147,6 +157,8 @@ class _SelfAttentionProbe:
                 result = probe_layer(query, key, value, runtime, position, self.grid, scale, measure)
                 if result is not None:
                     self.probes[name].add(self.layer, *result)
+            if measure and self.on_attention is not None:
+                self.on_attention(self.layer, self.step, query, key, value, scale, self.timestep)
             self.seconds += time.perf_counter() - start
             self.layer += 1
         return out
@@ -222,13 +234,16 @@ def resolve_probe_steps(steps: int, probe_steps: Sequence[int] | None = None) ->
 
 def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS[:4], seeds: Sequence[int] = (0,),
                 steps: int = 10, guidance: float | None = None, probe_steps: Sequence[int] | None = None,
-                probe_clips: int = 1, progress: bool = True, bar=None) -> dict:
+                probe_clips: int = 1, progress: bool = True, bar=None, on_attention=None, on_probe=None) -> dict:
     """Compare sparse configurations against dense sampling (see the module docstring).
 
     model: a BuiltinVideoDiT; configs: {label: SparseConfig}. Every caption is sampled with every seed.
     probe_steps: denoising steps whose attention inputs are probed (default: first, middle, last);
     probe_clips: how many of the clips are probed. bar: a tqdm bar to advance once per sampled clip (then
-    ``progress`` is ignored and the bar left open), else the harness draws its own. Returns a JSON-compatible dict with "settings",
+    ``progress`` is ignored and the bar left open), else the harness draws its own. on_attention(layer, step,
+    q, k, v, scale, timestep): given every video self-attention call of the dense probe clips at the probe
+    steps (e.g. :meth:`~sparsevid.eval.oracle.OracleStudy.add`); on_probe(): called after each probed step of
+    each probe clip. Returns a JSON-compatible dict with "settings",
     "dense" and one entry per configuration under "configs"; "clips" holds the sampled videos
     (label -> float32 [n_clips, 3, T, H, W]) and is not JSON.
     """
@@ -255,10 +270,11 @@ def run_harness(model, configs: dict, captions: Sequence[str] = DEFAULT_CAPTIONS
     dense_clips, dense_seconds = [], 0.0
     for index, (caption, seed) in enumerate(jobs):
         if index < probe_clips:
-            probe = _SelfAttentionProbe(configs, probes, grid, probe_steps)
+            probe = _SelfAttentionProbe(configs, probes, grid, probe_steps, on_attention, on_probe)
             with SDPAInterceptor(probe):
                 video, seconds = timed_generate(model, [caption], [seed], steps, guidance, on_step=probe.on_step)
             seconds -= probe.seconds
+            probe.finish()
         else:
             video, seconds = timed_generate(model, [caption], [seed], steps, guidance)
         dense_clips.append(video)

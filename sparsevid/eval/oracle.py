@@ -241,29 +241,6 @@ class OracleStudy:
         return out
 
 
-class _OracleProbe:
-    """SDPA handler: computes dense attention and, at the probe steps, feeds every video self-attention call
-    (query and key lengths equal to the video tokens) to an :class:`OracleStudy`."""
-
-    def __init__(self, study: OracleStudy, video_tokens: int, probe_steps: Sequence[int],
-                 on_probe: Callable[[], None] | None):
-        self.study, self.video_tokens, self.probe_steps, self.on_probe = study, video_tokens, set(probe_steps), on_probe
-        self.step, self.layer, self.timestep = 0, 0, None
-
-    def on_step(self, i: int, t: float) -> None:
-        if self.on_probe is not None and self.step in self.probe_steps and self.layer:
-            self.on_probe()
-        self.step, self.layer, self.timestep = i, 0, 1000.0 * t
-
-    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
-        if self.step in self.probe_steps and query.shape[2] == key.shape[2] == self.video_tokens:
-            self.study.add(self.layer, self.step, query, key, value, scale, self.timestep)
-            self.layer += 1
-        return out
-
-
 def oracle_study_of_model(model, captions: Sequence[str], seeds: Sequence[int], steps: int | None = None,
                           guidance: float | None = None, probe_steps: Sequence[int] | None = None,
                           sparsities: Sequence[float] = ORACLE_SPARSITIES, configs: dict | None = None,
@@ -275,7 +252,7 @@ def oracle_study_of_model(model, captions: Sequence[str], seeds: Sequence[int], 
     from ..models import is_sparse
     from ..models.processors import SDPAInterceptor
     from ..models.sampling import generate
-    from .harness import resolve_probe_steps, video_token_grid
+    from .harness import _SelfAttentionProbe, resolve_probe_steps, video_token_grid
 
     if is_sparse(model.transformer):
         raise ValueError("model must run dense attention (remove its sparse attention first)")
@@ -286,8 +263,8 @@ def oracle_study_of_model(model, captions: Sequence[str], seeds: Sequence[int], 
     grid = video_token_grid(model)
     study = OracleStudy(sparsities, dict(configs or {}), grid, **study_options)
     for caption, seed in zip(captions, seeds):
-        probe = _OracleProbe(study, math.prod(grid), probe_steps, on_probe)
+        probe = _SelfAttentionProbe({}, {}, grid, probe_steps, on_attention=study.add, on_probe=on_probe)
         with SDPAInterceptor(probe):
             generate(model, [caption], [seed], steps=steps, guidance=guidance, on_step=probe.on_step)
-        probe.on_step(steps, 0.0)  # the last probed step is complete
+        probe.finish()
     return study.summary()

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .harness import resolve_probe_steps, run_harness
-from .oracle import ORACLE_SPARSITIES
+from .harness import resolve_probe_steps, run_harness, video_token_grid
+from .oracle import ORACLE_SPARSITIES, OracleStudy
 
 DENSE_LABEL = "dense"
 
@@ -42,7 +42,6 @@ def run_suite(model, configs: dict, captions: Sequence[str], seeds: Sequence[int
     from .faithfulness_summary import summarize_faithfulness
     from .heldout import flow_matching_loss, heldout_set, predict_velocities, velocity_error
     from .noise_floor import EVERY_TILE_LABEL, every_tile_config, noise_floor
-    from .oracle import oracle_study_of_model
 
     if not configs:
         raise ValueError("configs must name at least one sparse configuration")
@@ -54,8 +53,11 @@ def run_suite(model, configs: dict, captions: Sequence[str], seeds: Sequence[int
                desc="eval", unit="clip", disable=not progress)
     try:
         bar.set_postfix_str("sampling")
+        # The oracle study reads q, k, v of the harness's dense probe clips: they are sampled only once.
+        study = OracleStudy(oracle_sparsities, dict(configs), video_token_grid(model))
         results = run_harness(model, configs, captions=captions, seeds=seeds, steps=steps, guidance=guidance,
-                              probe_steps=probe_steps, probe_clips=probe_clips, bar=bar)
+                              probe_steps=probe_steps, probe_clips=probe_clips, bar=bar, on_attention=study.add,
+                              on_probe=bar.update)
         guidance = results["settings"]["guidance"]
         clips = results["clips"]
         bar.set_postfix_str("noise floor")
@@ -80,10 +82,7 @@ def run_suite(model, configs: dict, captions: Sequence[str], seeds: Sequence[int
             entry["velocity_error"] = velocity_error(velocity, reference_velocity, heldout)
             entry["heldout_loss"] = flow_matching_loss(velocity, heldout)
 
-        bar.set_postfix_str("oracle recall")
-        oracle = oracle_study_of_model(model, [c for c, _ in probe_jobs], [s for _, s in probe_jobs], steps=steps,
-                                       guidance=guidance, probe_steps=probe_steps, sparsities=oracle_sparsities,
-                                       configs=configs, on_probe=bar.update) if probe_jobs else None
+        oracle = study.summary() if probe_jobs else None
         results["oracle"] = oracle
         for name in configs:
             predicted = oracle["predicted"][name] if oracle else {}
