@@ -5,10 +5,11 @@
 #   chunk 2: from chunk 1's committed weights (checkpoints/builtin_gen2/), long clips, then mixed resolutions
 #            (long and short clips alternating, one step each) so that one set of weights serves both.
 # Each chunk trains for at most 7.5 minutes: chunk 1 (7.5 min of training) took 558 s of one 10-minute GPU
-# call with its sampling and measurement.
-# Each chunk writes OUT/<phase>/ (weights, config with every phase so far, loss curve, samples, log) and
-# OUT/oracle.json (oracle recall of the result on short and long clips); commit OUT/<last phase>/builtin.*
-# to checkpoints/builtin_gen2/ to continue from there.
+# call with its sampling and measurement; chunk 2 leaves the measurement to a later call
+# (python3 -m benchmarks.builtin_study --out DIR --model checkpoints/builtin_gen2).
+# Each chunk writes OUT/<phase>/ (weights, config with every phase so far, loss curve, samples, log);
+# chunk 1 also OUT/oracle.json (oracle recall of the result on short and long clips). Commit
+# OUT/<last phase>/builtin.* to checkpoints/builtin_gen2/ to continue from there.
 set -euo pipefail
 chunk=$1; out=$2
 texture=(--background-texture 0.7 --pan 0.5)
@@ -22,11 +23,10 @@ case "$chunk" in
     ;;
   2)
     python3 -m sparsevid train --out "$out/long" --init checkpoints/builtin_gen2 --clip 32,128,128 "${texture[@]}" \
-        --minutes 4.5 --batch-size 8 --lr 2e-4 --warmup 50 --ema 0.995 --log-every 50 --checkpoint-every 100000
+        --minutes 4 --batch-size 8 --lr 2e-4 --warmup 50 --ema 0.995 --log-every 50 --checkpoint-every 100000
     python3 -m sparsevid train --out "$out/mixed" --init "$out/long" "${texture[@]}" \
         --clip 32,128,128 --clip 16,64,64 --batch-size 8 --batch-size 64 --clip-weight 1 --clip-weight 1 \
         --minutes 3 --lr 1e-4 --warmup 50 --ema 0.995 --log-every 50 --checkpoint-every 100000
-    python3 -m benchmarks.builtin_study --out "$out" --model "$out/mixed"
     ;;
   *) echo "unknown chunk $chunk" >&2; exit 2 ;;
 esac

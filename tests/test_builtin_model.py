@@ -197,3 +197,15 @@ def test_train_cli_smoke(tmp_path):
                  "train_log.txt"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert load_builtin(tmp_path).config["training"]["steps"] == 3
+
+
+def test_use_clip_changes_the_clip_shape_and_checks_the_patch():
+    model = BuiltinVideoDiT(tiny_config()).eval()
+    model.use_clip(2, 16, 24)
+    assert model.clip_shape == (3, 2, 16, 24)
+    video, _ = model.data.sample(1, torch.Generator().manual_seed(0))
+    assert video.shape == (1, 3, 2, 16, 24)
+    with torch.no_grad():
+        assert model(video, torch.tensor([0.5]), model.tokenize([""])).shape == video.shape
+    with pytest.raises(ValueError, match="width must be a positive multiple of the patch size"):
+        model.use_clip(2, 16, 22)

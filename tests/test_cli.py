@@ -63,6 +63,8 @@ def one_error_line(capsys) -> str:
     (["distill", "--out", "x", "--config", "rule=nope"], "rule must be one of"),
     (["compare", "--tiny", "--student", "no-label"], "LABEL=DIR"),
     (["train", "--out", "x", "--batch-size", "0"], "--batch-size"),
+    (["train", "--out", "x", "--clip", "4,32"], "three comma-separated whole numbers"),
+    (["eval", "--clip", "4,32,0"], "--clip"),
 ])
 def test_bad_arguments_give_one_error_line_and_status_2(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -77,6 +79,7 @@ def test_bad_arguments_give_one_error_line_and_status_2(capsys, argv, message):
     (["distill", "--out", "{tmp}", "--tiny", "--max-steps", "1", "--data", "dir", "--data-dir", "{tmp}/none"],
      "does not exist"),
     (["compare", "--tiny"], "--student or --training-free"),
+    (["demo", "--tiny", "--clip", "4,30,32"], "height must be a positive multiple of the patch size"),
 ])
 def test_user_errors_found_later_give_one_error_line_and_status_2(capsys, tmp_path, argv, message):
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2

@@ -73,6 +73,17 @@ def positive_int_arg(text: str) -> int:
     return _number(text, int, lambda v: v >= 1, "a whole number >= 1")
 
 
+def clip_arg(text: str) -> tuple[int, int, int]:
+    """``"T,H,W"`` -> (frames, height, width), each a whole number >= 1 (``--clip``)."""
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"expected three comma-separated whole numbers T,H,W, got {text!r}")
+    return shape
+
+
 def sparsity_arg(text: str) -> float:
     """A sparsity: the share of attention tiles skipped, a number in [0, 1)."""
     return _number(text, float, lambda v: 0 <= v < 1, "a sparsity in [0, 1)")

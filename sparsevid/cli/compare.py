@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .args import (CommandError, config_spec_arg, default_device, device_arg, model_dir_arg,
+from .args import (CommandError, clip_arg, config_spec_arg, default_device, device_arg, model_dir_arg,
                    positive_int_arg)
 
 
@@ -23,6 +23,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--training-free", type=config_spec_arg, action="append", default=[], metavar="SPEC",
                    help="a sparse setting applied to the dense model without training, SparseConfig fields as "
                         "'key=value,...' or a JSON file; repeatable")
+    p.add_argument("--clip", type=clip_arg, default=None, metavar="T,H,W",
+                   help="clip frames, height, width (default: the model's own)")
     p.add_argument("--model", type=model_dir_arg, default=None,
                    help="the dense reference model's directory (without it: the shipped model)")
     p.add_argument("--tiny", action="store_true", help="use an untrained tiny reference instead (a quick smoke test)")

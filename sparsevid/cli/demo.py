@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .args import (check_caption_fits, check_caption_words, default_device, device_arg, fraction_arg,
+from .args import (CommandError, check_caption_fits, check_caption_words, clip_arg, default_device, device_arg, fraction_arg,
                    model_dir_arg, positive_int_arg, topk_arg)
 
 DEFAULT_CAPTION = "big green striped square moving left and small magenta plain circle moving up on a beige background"
@@ -44,6 +44,8 @@ def add_parser(subparsers) -> None:
                         "such as 2")
     p.add_argument("--topp", type=fraction_arg, default=DEFAULT_TOPP,
                    help="share of each row's pooled attention mass to keep, in (0, 1]")
+    p.add_argument("--clip", type=clip_arg, default=None, metavar="T,H,W",
+                   help="clip frames, height, width (default: the model's own)")
     p.add_argument("--model", type=model_dir_arg, default=None,
                    help="directory with builtin.safetensors and builtin.json, as `sparsevid train` or "
                         "`sparsevid distill` write (without it: the shipped model)")
@@ -55,16 +57,24 @@ def add_parser(subparsers) -> None:
 
 
 def load_model(args):
-    """The model named by ``--model`` / ``--tiny`` (shipped weights by default), on ``--device``.
-    GPUs run it in bf16 (sparse attention then uses the Triton kernels), the CPU in fp32 (the gather backend)."""
+    """The model named by ``--model`` / ``--tiny`` (shipped weights by default), on ``--device``, making clips of
+    ``--clip`` (default: the model's own shape). GPUs run it in bf16 (sparse attention then uses the Triton
+    kernels), the CPU in fp32 (the gather backend)."""
     from ..models.builtin import BuiltinVideoDiT, load_builtin, tiny_config
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if args.tiny:
         torch.manual_seed(0)
-        return BuiltinVideoDiT(tiny_config()).to(device, dtype).eval()
-    return load_builtin(args.model, device=device, dtype=dtype)
+        model = BuiltinVideoDiT(tiny_config()).to(device, dtype).eval()
+    else:
+        model = load_builtin(args.model, device=device, dtype=dtype)
+    if args.clip is not None:
+        try:
+            model.use_clip(*args.clip)
+        except ValueError as error:
+            raise CommandError(f"--clip: {error}") from None
+    return model
 
 
 def demo_settings(args, steps: int) -> dict:

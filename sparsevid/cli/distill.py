@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .args import (CommandError, config_spec_arg, default_device, device_arg, model_dir_arg, positive_float_arg,
+from .args import (CommandError, clip_arg, config_spec_arg, default_device, device_arg, model_dir_arg, positive_float_arg,
                    positive_int_arg)
 
 DEFAULT_SPARSE = "rule=hybrid,topk=0.05,topp=0.9"
@@ -23,6 +23,8 @@ def add_parser(subparsers) -> None:
                    help="distill: match the dense teacher's velocity; diffusion: the flow-matching loss on the data")
     p.add_argument("--config", type=config_spec_arg, default=DEFAULT_SPARSE, metavar="SPEC",
                    help="the student's sparse attention: SparseConfig fields as 'key=value,...' or a JSON file")
+    p.add_argument("--clip", type=clip_arg, default=None, metavar="T,H,W",
+                   help="clip frames, height, width (default: the model's own)")
     p.add_argument("--model", type=model_dir_arg, default=None,
                    help="pretrained model directory (without it: the shipped model)")
     p.add_argument("--tiny", action="store_true", help="use an untrained tiny model instead (a quick smoke test)")

@@ -5,7 +5,7 @@ per noise level, predicted and oracle attention recall per layer, and wall time 
 plots)."""
 from __future__ import annotations
 
-from .args import (config_spec_arg, default_device, device_arg, model_dir_arg, positive_int_arg,
+from .args import (clip_arg, config_spec_arg, default_device, device_arg, model_dir_arg, positive_int_arg,
                    sparsity_arg)
 
 DEFAULT_CONFIGS = ("rule=hybrid,topk=0.05,topp=0.9", "rule=topk,topk=0.1", "rule=topk,topk=0.25")
@@ -37,6 +37,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--heldout-per-bin", type=positive_int_arg, default=8,
                    help="held-out (clip, noise, t) triples per noise-level bin (velocity error, held-out loss)")
     p.add_argument("--noise-bins", type=positive_int_arg, default=5, help="noise-level bins of [0, 1]")
+    p.add_argument("--clip", type=clip_arg, default=None, metavar="T,H,W",
+                   help="clip frames, height, width (default: the model's own)")
     p.add_argument("--model", type=model_dir_arg, default=None, help="model directory (default: the shipped model)")
     p.add_argument("--reference", type=model_dir_arg, default=None,
                    help="model directory whose dense velocity the velocity error is measured against "
@@ -78,6 +80,7 @@ def run(args) -> int:
                         heldout_per_bin=args.heldout_per_bin, noise_bins=args.noise_bins,
                         oracle_sparsities=args.oracle_sparsity, reference=reference)
     results["settings"].update(smoke_test=bool(args.tiny), model=args.model or ("tiny" if args.tiny else "shipped"),
+                               clip=list(model.clip_shape[1:]),
                                reference=args.reference)
     save_report(results, suite_table(results, smoke_test=args.tiny), args.out,
                 "dense, then each configuration in order, then every tile kept")

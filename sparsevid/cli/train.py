@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .args import (CommandError, default_device, device_arg, model_dir_arg, positive_float_arg,
+from .args import (CommandError, clip_arg, default_device, device_arg, model_dir_arg, positive_float_arg,
                    positive_int_arg)
 
 SAMPLE_CAPTIONS = (
@@ -42,7 +42,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tiny", action="store_true", help="train the tiny configuration instead (tests, smoke runs)")
     p.add_argument("--init", type=model_dir_arg, default=None, metavar="DIR",
                    help="start from the model in DIR (weights and architecture; a warm restart: fresh optimiser)")
-    p.add_argument("--clip", action="append", default=None, metavar="T,H,W",
+    p.add_argument("--clip", type=clip_arg, action="append", default=None, metavar="T,H,W",
                    help="clip frames, height, width (without it: the model's); repeat it for mixed-resolution "
                         "training (each step draws its batch from one shape); the first is the shape the "
                         "exported model records as its own")
@@ -63,21 +63,12 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def parse_clip(text: str) -> tuple[int, int, int]:
-    """``"T,H,W"`` -> (frames, height, width)."""
-    try:
-        frames, height, width = (int(x) for x in text.split(","))
-    except ValueError:
-        raise CommandError(f"--clip must be three comma-separated ints T,H,W, got {text!r}") from None
-    return frames, height, width
-
-
 def clip_mix(args, model):
     """The :class:`ClipMix` of the command line: one clip source per ``--clip`` (the model's clip without
     one), with the model's data options, paired in order with ``--batch-size`` and ``--clip-weight``."""
     from ..data import ClipMix, ProceduralVideos
 
-    shapes = [parse_clip(text) for text in args.clip] if args.clip else [None]
+    shapes = args.clip or [None]
     batch_sizes = args.batch_size or [64]
     if len(batch_sizes) != len(shapes):
         raise CommandError(f"give one --batch-size per --clip: {len(shapes)} clip shape(s), "

@@ -70,6 +70,16 @@ class BuiltinVideoDiT(nn.Module):
         d = self.data
         return (self.config["transformer"]["in_channels"], d.frames, d.height, d.width)
 
+    def use_clip(self, frames: int, height: int, width: int) -> None:
+        """Generate and evaluate clips of ``frames`` x ``height`` x ``width`` from now on (the weights serve any
+        shape whose sizes are multiples of the patch size; quality depends on the shapes they were trained on)."""
+        patch = self.config["transformer"]["patch_size"]
+        for name, size, step in (("frames", frames, patch[0]), ("height", height, patch[1]), ("width", width, patch[2])):
+            if size < 1 or size % step:
+                raise ValueError(f"clip {name} must be a positive multiple of the patch size {step}, got {size}")
+        self.config["data"].update(frames=frames, height=height, width=width)
+        self.data = ProceduralVideos(**self.config["data"])
+
     def tokenize(self, captions: list[str] | str) -> torch.Tensor:
         """Word ids int64 [B, L] of ``captions`` ("" is the null caption)."""
         return self.data.tokenize(captions)
