@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 
 from benchmarks.run_info import run_metadata
-from sparsevid.data import ProceduralVideos
 from sparsevid.eval.oracle import ExactTiles
 from sparsevid.models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT
 from sparsevid.models.processors import SDPAInterceptor
@@ -63,15 +62,11 @@ def model_config(data: dict, transformer: dict, clip: tuple[int, int, int]) -> d
     return config
 
 
-def set_clip(model: BuiltinVideoDiT, clip: tuple[int, int, int]) -> None:
-    """Point the model's data (and config) at clips of shape ``clip`` (T, H, W); the weights are unchanged."""
-    model.config["data"].update(dict(zip(("frames", "height", "width"), clip)))
-    model.data = ProceduralVideos(**model.config["data"])
-
-
-def train_phase(model, clip, batch: int, seconds: float, seed: int, lr: float) -> dict:
-    """Dense rectified-flow training on clips of shape ``clip`` for ``seconds``; returns the loss summary."""
-    set_clip(model, clip)
+def train_phase(model, clip, batch: int, seconds: float, seed: int, lr: float, shift: float = 2.0,
+                max_steps: int | None = None) -> dict:
+    """Dense rectified-flow training on clips of shape ``clip`` for ``seconds`` (and at most ``max_steps``), noise
+    levels drawn with time ``shift``; returns the loss summary."""
+    model.use_clip(*clip)
     data, device = model.data, next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     noise_gen = torch.Generator(device=device).manual_seed(seed + 1)
@@ -82,11 +77,12 @@ def train_phase(model, clip, batch: int, seconds: float, seed: int, lr: float) -
         tokens = model.tokenize(captions)
         drop = torch.rand(batch, generator=gen) < 0.1
         tokens = torch.where(drop.unsqueeze(1), null, tokens).to(device)
-        t = sample_t(batch, gen, device, shift=2.0)
+        t = sample_t(batch, gen, device, shift=shift)
         noise = torch.randn(video.shape, generator=noise_gen, device=device)
         return flow_matching_loss(model, video, tokens, t, noise)
 
-    config = LoopConfig(lr=lr, warmup_steps=100, ema_decay=None, max_seconds=seconds, log_every=100)
+    config = LoopConfig(lr=lr, warmup_steps=100, ema_decay=None, max_seconds=seconds, max_steps=max_steps,
+                        log_every=100)
     result = train_loop(model, loss_fn, config, log=lambda line: print("   ", line, flush=True))
     return {"clip": list(clip), "batch": batch, "steps": result.steps, "seconds": round(result.seconds, 1),
             "final_loss": result.history[-1]["loss"]}
@@ -143,7 +139,7 @@ def oracle_metrics(q, k, v) -> dict:
 @torch.no_grad()
 def measure(model: BuiltinVideoDiT, clip, clips: int = 2, seed: int = 10_000) -> dict:
     """Oracle metrics per noise level and layer on ``clips`` held-out clips of shape ``clip``."""
-    set_clip(model, clip)
+    model.use_clip(*clip)
     device = next(model.parameters()).device
     p_t, p_h, p_w = model.transformer.config.patch_size
     grid = (clip[0] // p_t, clip[1] // p_h, clip[2] // p_w)

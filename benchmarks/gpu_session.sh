@@ -13,6 +13,8 @@
 #   predict     mask-prediction benchmark (every kernel config, Wan 1.3B and 14B shapes)
 #   limits      what bounds mask prediction: kernel device times, pool vs a plain read, TF32 logits, budget
 #   training    distillation ablation on the built-in model
+#   motion      why the built-in model misses the captioned motion: sampler settings, then three equal-budget
+#               training levers (warm restarts of checkpoints/builtin_gen2/, 100 s each), by dense faithfulness
 #   tests       GPU tests (one fixed config per kernel, no tuning)
 #   parallel    (two GPUs) context-parallel Wan 14B forward, one vs two GPUs; distillation under DDP
 #   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
@@ -20,7 +22,7 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|tests|parallel|ddp"
+PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|motion|tests|parallel|ddp"
 PART=${1:?usage: gpu_session.sh $PARTS}
 mkdir -p "$OUT"
 step() {  # step NAME SECONDS COMMAND...
@@ -54,6 +56,10 @@ throughput)
     ;;
 predict)
     step bench_predict 240 "$PYTHON" -m benchmarks.bench_predict --out "$OUT/predict" --recall-grid none
+    ;;
+motion)
+    step motion_sampler 150 "$PYTHON" -m benchmarks.motion_study --out "$OUT/motion" --part sampler
+    step motion_train 420 "$PYTHON" -m benchmarks.motion_study --out "$OUT/motion" --part train --seconds 100
     ;;
 limits)
     step predict_limits 180 "$PYTHON" -m benchmarks.predict_limits --out "$OUT/predict_limits"
