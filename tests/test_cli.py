@@ -10,7 +10,7 @@ import torch
 from sparsevid.cli import build_parser, main
 from sparsevid.cli.args import topk_arg
 
-COMMANDS = ("demo", "train", "distill", "compare")
+COMMANDS = ("demo", "train", "distill", "compare", "export-student")
 
 
 def subparser(name: str) -> argparse.ArgumentParser:

@@ -155,3 +155,61 @@ def test_pan_moves_the_background_texture():
 def test_bad_background_options_are_rejected(kwargs):
     with pytest.raises(ValueError):
         ProceduralVideos(**kwargs)
+
+
+def test_a_slice_draws_only_its_words_and_fits_only_its_captions():
+    from sparsevid.data import held_out_captions
+    from sparsevid.data.grammar import parse_caption
+
+    full = ProceduralVideos(max_objects=3)
+    narrow = ProceduralVideos(max_objects=1, backgrounds=["navy"], colours=["red", "blue"],
+                              motions=["moving left", "moving right"])
+    captions = narrow.sample_scenes(64, torch.Generator().manual_seed(0)).captions()
+    for caption in captions:
+        objects, background = parse_caption(caption)
+        assert background == 2 and len(objects) == 1 and objects[0][1] in (0, 2) and objects[0][4] in (0, 1)
+        assert narrow.fits(caption) and full.fits(caption)
+    assert {parse_caption(c)[0][0][4] for c in captions} == {0, 1}  # both motions drawn
+    for caption in ("big red plain circle moving left on a black background",  # another background
+                    "big green plain circle moving left on a navy background",  # another colour
+                    "big red plain circle bouncing on a navy background",  # another motion
+                    "big red plain circle moving left and small blue plain ring moving right on a navy background"):
+        assert not narrow.fits(caption) and full.fits(caption)
+    held_out = held_out_captions(full, narrow, 6, seed=3)
+    assert len(set(held_out)) == 6 and not any(narrow.fits(c) for c in held_out)
+    assert ProceduralVideos(**narrow.config()).config() == narrow.config()  # the config rebuilds the slice
+
+
+def test_allowing_every_word_draws_the_unrestricted_clips():
+    from sparsevid.data import grammar
+
+    plain = ProceduralVideos().sample(3, torch.Generator().manual_seed(4))
+    listed = ProceduralVideos(colours=list(grammar.COLOURS), motions=list(grammar.MOTIONS)).sample(
+        3, torch.Generator().manual_seed(4))
+    assert torch.equal(plain[0], listed[0]) and plain[1] == listed[1]
+    assert "colours" not in ProceduralVideos(colours=list(grammar.COLOURS)).config()
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(backgrounds=["purple"]), ValueError, "backgrounds must be.*purple"),
+    (dict(motions=[]), ValueError, "motions must be a non-empty"),
+    (dict(colours="red"), TypeError, "colours must be a list"),
+], ids=["unknown-word", "empty", "string"])
+def test_bad_slices_name_the_argument(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        ProceduralVideos(**kwargs)
+
+
+def test_held_out_triples_skip_the_slice():
+    from sparsevid.eval.heldout import heldout_set
+
+    full = ProceduralVideos(frames=2, height=8, width=8, max_objects=2)
+    narrow = ProceduralVideos(frames=2, height=8, width=8, max_objects=2, backgrounds=["navy", "black"])
+    plain = heldout_set(full, per_bin=2, num_bins=2)
+    skipped = heldout_set(full, per_bin=2, num_bins=2, exclude=narrow)
+    assert not any(narrow.fits(c) for c in skipped.captions)
+    assert skipped.bins.tolist() == plain.bins.tolist() == [0, 1, 0, 1]
+    assert all(lo <= t < hi for t, b in zip(skipped.t.tolist(), skipped.bins.tolist())
+               for lo, hi in [(b / 2, (b + 1) / 2)])
+    first = next(i for i, c in enumerate(plain.captions) if not narrow.fits(c))
+    assert skipped.captions[0] == plain.captions[first]  # a clip keeps its index: same clip as without exclude

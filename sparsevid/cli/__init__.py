@@ -10,7 +10,7 @@ import sys
 
 from .args import CommandError
 
-COMMAND_MODULES = ("demo", "train", "eval", "distill", "compare")
+COMMAND_MODULES = ("demo", "train", "eval", "distill", "compare", "export_student")
 
 DESCRIPTION = """\
 sparsevid makes video diffusion transformers faster with block-sparse attention: before each attention

@@ -89,6 +89,36 @@ def sparsity_arg(text: str) -> float:
     return _number(text, float, lambda v: 0 <= v < 1, "a sparsity in [0, 1)")
 
 
+def slice_words_arg(field: str):
+    """An argparse type for a slice option of the procedural data (``--backgrounds``, ``--colours``,
+    ``--motions``): comma-separated words of that field of the caption grammar -> a list of them."""
+    from ..data import SLICE_FIELDS
+
+    vocabulary = SLICE_FIELDS[field]
+
+    def parse(text: str) -> list[str]:
+        words = [w.strip() for w in text.split(",") if w.strip()]
+        unknown = [w for w in words if w not in vocabulary]
+        if not words or unknown:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {field} out of {', '.join(vocabulary)}; "
+                                             f"got {text!r}" + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+        return words
+
+    parse.__name__ = f"{field} list"
+    return parse
+
+
+def add_slice_arguments(parser, purpose: str) -> None:
+    """``--max-objects``, ``--backgrounds``, ``--colours``, ``--motions``: a slice of the procedural scenes
+    (``ProceduralVideos``); ``purpose`` completes each help text (e.g. "fine-tuning clips")."""
+    parser.add_argument("--max-objects", type=positive_int_arg, default=None,
+                        help=f"{purpose} with at most this many objects (without it: the model's limit)")
+    for field, example in (("backgrounds", "navy"), ("colours", "red,blue"), ("motions", "moving left,moving right")):
+        parser.add_argument(f"--{field}", type=slice_words_arg(field), default=None, metavar="WORDS",
+                            help=f"{purpose} only with these {field}, comma-separated (e.g. '{example}'; "
+                                 f"without it: all of them)")
+
+
 def positive_float_arg(text: str) -> float:
     return _number(text, float, lambda v: v > 0, "a number > 0")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .args import (CommandError, clip_arg, config_spec_arg, default_device, device_arg, model_dir_arg, positive_float_arg,
-                   positive_int_arg)
+from .args import (CommandError, add_slice_arguments, clip_arg, config_spec_arg, default_device, device_arg,
+                   model_dir_arg, positive_float_arg, positive_int_arg)
 
 DEFAULT_SPARSE = "rule=hybrid,topk=0.05,topp=0.9"
 DATA_KINDS = ("procedural", "dir", "teacher")
@@ -23,6 +23,9 @@ def add_parser(subparsers) -> None:
                    help="distill: match the dense teacher's velocity; diffusion: the flow-matching loss on the data")
     p.add_argument("--config", type=config_spec_arg, default=DEFAULT_SPARSE, metavar="SPEC",
                    help="the student's sparse attention: SparseConfig fields as 'key=value,...' or a JSON file")
+    p.add_argument("--dense", action="store_true",
+                   help="fine-tune the dense model instead (needs --objective diffusion; --config is ignored): the "
+                        "control that shows what the fine-tuning data alone do to the model")
     p.add_argument("--clip", type=clip_arg, default=None, metavar="T,H,W",
                    help="clip frames, height, width (default: the model's own)")
     p.add_argument("--model", type=model_dir_arg, default=None,
@@ -33,8 +36,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--data-dir", default=None, help="clip files (--data dir) or the teacher cache (--data teacher; "
                                                     "without it: OUT/teacher_cache)")
     p.add_argument("--data-seed", type=int, default=1, help="seed of the procedural clips / file order")
-    p.add_argument("--max-objects", type=positive_int_arg, default=None,
-                   help="procedural clips with at most this many objects (without it: the model's limit)")
+    add_slice_arguments(p, "procedural clips")
     p.add_argument("--teacher-samples", type=positive_int_arg, default=64, help="clips in the teacher cache")
     p.add_argument("--teacher-steps", type=positive_int_arg, default=None,
                    help="sampler steps for the teacher cache (without it: the model's own)")
@@ -69,7 +71,7 @@ def add_parser(subparsers) -> None:
 
 def _source(args, model, job):
     """The fine-tuning data named by --data."""
-    from ..data import ProceduralVideos
+    from ..data import SLICE_FIELDS, ProceduralVideos
     from ..training.sources import DirectorySource, ProceduralSource
     from ..training.teacher_cache import teacher_cache
 
@@ -84,6 +86,9 @@ def _source(args, model, job):
             raise CommandError(f"--max-objects must be at most {data.max_objects} (the model's captions), "
                                f"got {args.max_objects}")
         data = ProceduralVideos(**{**data.config(), "max_objects": args.max_objects})
+    words = {field: getattr(args, field) for field in SLICE_FIELDS if getattr(args, field) is not None}
+    if words:
+        data = ProceduralVideos(**{**data.config(), **words})
     if args.data == "procedural":
         return ProceduralSource(data, seed=args.data_seed)
     directory = Path(args.data_dir) if args.data_dir else Path(args.out) / "teacher_cache"
@@ -92,6 +97,7 @@ def _source(args, model, job):
 
 
 def run(args) -> int:
+    from ..data import SLICE_FIELDS
     from ..eval.harness import parse_config
     from ..training import LoopConfig
     from ..training.distill import DistillConfig, distill
@@ -102,6 +108,13 @@ def run(args) -> int:
         raise CommandError("give --minutes, --max-steps or both: how long to train")
     if args.data == "procedural" and args.data_dir is not None:
         raise CommandError("--data-dir needs --data dir or --data teacher, got --data procedural")
+    sliced = [f"--{field}" for field in SLICE_FIELDS if getattr(args, field) is not None]
+    if sliced and args.data != "procedural":
+        raise CommandError(f"{' '.join(sliced)} select procedural clips: they need --data procedural, "
+                           f"got --data {args.data}")
+    if args.dense and args.objective != "diffusion":
+        raise CommandError("--dense fine-tunes the dense model with the flow-matching loss: it needs "
+                           "--objective diffusion")
     if args.data == "dir" and args.data_dir is None:
         raise CommandError("--data dir needs --data-dir, the directory of clip files")
     job = setup(args.device)
@@ -110,7 +123,8 @@ def run(args) -> int:
         model = load_model(args).float()
         pretraining = model.config.get("training", {}).get("arguments", {})
         config = DistillConfig(
-            objective=args.objective, sparse=parse_config(args.config), trainable=args.trainable,
+            objective=args.objective, sparse=None if args.dense else parse_config(args.config),
+            trainable=args.trainable,
             batch_size=args.batch_size, seed=args.seed,
             shift=args.train_shift if args.train_shift is not None else pretraining.get("train_shift", 1.0),
             null_prob=args.null_prob if args.null_prob is not None else pretraining.get("null_prob", 0.1),

@@ -11,6 +11,12 @@ under a panning camera. Real video has texture everywhere; large flat background
 values identical and spread attention evenly over them. The caption does not change: the background's
 colour is its base colour, which the texture only brightens and darkens around.
 
+A narrower scene distribution (a *slice*, e.g. fine-tuning data unlike the pre-training data) restricts the
+backgrounds, colours and motions a clip may draw (``backgrounds=("navy",)``, ``motions=("moving left",
+"moving right")``) and the number of objects (``max_objects``); :meth:`ProceduralVideos.fits` tells whether a
+caption could come from a slice, so captions held out from it can be chosen (:func:`held_out_captions`).
+Every caption of a slice is a caption of the full grammar, so the faithfulness scorer checks it as any other.
+
 Scene parameters are drawn on the CPU from a ``torch.Generator`` (so a seed gives the same clips on
 every device); rendering is vectorised over the batch and frames and runs on any device.
 """
@@ -114,12 +120,30 @@ def _paths(motion: torch.Tensor, radius: torch.Tensor, frames: int, gen: torch.G
     return torch.where(m < 4, slide, torch.where(m == 4, bounce, circle)).float()
 
 
+SLICE_FIELDS = {"backgrounds": grammar.BACKGROUNDS, "colours": grammar.COLOURS, "motions": grammar.MOTIONS}
+
+
+def _allowed(name: str, words, vocabulary: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``words`` (None: every word of ``vocabulary``) checked and put in vocabulary order; None if all."""
+    if words is None:
+        return None
+    if isinstance(words, str) or not all(isinstance(w, str) for w in words):
+        raise TypeError(f"{name} must be a list of words such as {list(vocabulary[:2])}, got {words!r}")
+    unknown = [w for w in words if w not in vocabulary]
+    if unknown or not words:
+        raise ValueError(f"{name} must be a non-empty list of {', '.join(repr(v) for v in vocabulary)}; "
+                         f"got {list(words)!r}" + (f" (unknown: {unknown})" if unknown else ""))
+    chosen = tuple(v for v in vocabulary if v in words)
+    return None if len(chosen) == len(vocabulary) else chosen
+
+
 class ProceduralVideos:
     """Generator of captioned clips: video float32 [B, 3, T, H, W] in [-1, 1] and their captions.
 
     Args:
         frames, height, width: clip size T x H x W.
         max_objects: clips hold 1..max_objects objects (uniformly many).
+        backgrounds, colours, motions: the words clips may draw (a slice of the grammar; None: all of them).
         background_texture: strength of the background texture in [0, 1] (0: smooth shading only): the
             background moves up to this fraction of the way towards white or black around its base colour.
         pan: largest displacement of the background texture over a clip, in frame widths (camera pan);
@@ -127,7 +151,7 @@ class ProceduralVideos:
     """
 
     def __init__(self, frames: int = 16, height: int = 64, width: int = 64, max_objects: int = 3,
-                 background_texture: float = 0.0, pan: float = 0.0):
+                 background_texture: float = 0.0, pan: float = 0.0, backgrounds=None, colours=None, motions=None):
         for name, value in (("frames", frames), ("height", height), ("width", width), ("max_objects", max_objects)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -141,12 +165,27 @@ class ProceduralVideos:
         self.frames, self.height, self.width, self.max_objects = frames, height, width, max_objects
         self.background_texture, self.pan = float(background_texture), float(pan)
         self.caption_length = grammar.max_caption_words(max_objects)
+        # Per slice field: the allowed words, or None for the whole word list.
+        self.slice = {name: _allowed(name, value, SLICE_FIELDS[name])
+                      for name, value in (("backgrounds", backgrounds), ("colours", colours), ("motions", motions))}
+        # Index into the grammar's word list of each allowed word, int64 [n] (None: all words allowed).
+        self._choices = {name: None if words is None else torch.tensor([SLICE_FIELDS[name].index(w) for w in words])
+                         for name, words in self.slice.items()}
 
     def config(self) -> dict:
         config = {"frames": self.frames, "height": self.height, "width": self.width, "max_objects": self.max_objects}
         if self.background_texture > 0:
             config.update(background_texture=self.background_texture, pan=self.pan)
+        config.update({name: list(words) for name, words in self.slice.items() if words is not None})
         return config
+
+    def _draw(self, name: str, shape, generator: torch.Generator) -> torch.Tensor:
+        """Grammar indices int64 ``shape`` of field ``name``, uniform over its allowed words (with every word
+        allowed, the same draws as an unrestricted generator)."""
+        choices = self._choices[name]
+        if choices is None:
+            return torch.randint(len(SLICE_FIELDS[name]), shape, generator=generator)
+        return choices[torch.randint(len(choices), shape, generator=generator)]
 
     def sample_scenes(self, batch: int, generator: torch.Generator) -> Scenes:
         """Draw the parameters of ``batch`` clips from ``generator`` (a CPU generator)."""
@@ -158,11 +197,11 @@ class ProceduralVideos:
         count = torch.randint(1, self.max_objects + 1, (batch, 1), generator=generator)
         present = torch.arange(self.max_objects).unsqueeze(0) < count
         size = torch.randint(len(grammar.SIZES), shape, generator=generator)
-        colour = torch.randint(len(grammar.COLOURS), shape, generator=generator)
+        colour = self._draw("colours", shape, generator)
         texture = torch.randint(len(grammar.TEXTURES), shape, generator=generator)
         kind = torch.randint(len(grammar.SHAPES), shape, generator=generator)
-        motion = torch.randint(len(grammar.MOTIONS), shape, generator=generator)
-        background = torch.randint(len(grammar.BACKGROUNDS), (batch,), generator=generator)
+        motion = self._draw("motions", shape, generator)
+        background = self._draw("backgrounds", (batch,), generator)
         bounds = torch.tensor(RADIUS_RANGE)[size]
         radius = bounds[..., 0] + (bounds[..., 1] - bounds[..., 0]) * torch.rand(shape, generator=generator)
         centre = _paths(motion, radius, self.frames, generator)
@@ -259,9 +298,34 @@ class ProceduralVideos:
 
     def fits(self, caption: str) -> bool:
         """Whether this dataset could have drawn ``caption``: at most ``max_objects`` objects and
-        ``caption_length`` words."""
-        return len(caption.split()) <= self.caption_length and caption.count(" and ") < self.max_objects
+        ``caption_length`` words, and (in a slice) only allowed backgrounds, colours and motions."""
+        if len(caption.split()) > self.caption_length or caption.count(" and ") >= self.max_objects:
+            return False
+        if all(words is None for words in self.slice.values()):
+            return True
+        objects, background = grammar.parse_caption(caption)
+        used = {"backgrounds": {grammar.BACKGROUNDS[background]},
+                "colours": {grammar.COLOURS[o[1]] for o in objects},
+                "motions": {grammar.MOTIONS[o[4]] for o in objects}}
+        return all(words is None or used[name] <= set(words) for name, words in self.slice.items())
 
     def tokenize(self, captions: list[str] | str) -> torch.Tensor:
         """Word ids int64 [B, caption_length] of ``captions`` (see :func:`grammar.tokenize`)."""
         return grammar.tokenize(captions, self.caption_length)
+
+
+def held_out_captions(data: ProceduralVideos, excluded: ProceduralVideos, count: int, seed: int = 0) -> list[str]:
+    """``count`` distinct captions that ``data`` draws but ``excluded`` (e.g. a fine-tuning slice) could not
+    have drawn (``not excluded.fits(caption)``), in the order ``data`` draws them from ``seed``."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"count must be a positive int, got {count!r}")
+    generator = torch.Generator().manual_seed(seed)
+    captions: list[str] = []
+    for _ in range(1000):
+        for caption in data.sample_scenes(64, generator).captions():
+            if not excluded.fits(caption) and caption not in captions:
+                captions.append(caption)
+                if len(captions) == count:
+                    return captions
+    raise ValueError(f"found only {len(captions)} of {count} captions that the data draw and the excluded "
+                     f"slice cannot: the two distributions (nearly) coincide")

@@ -48,22 +48,38 @@ class HeldOutSet:
         return {"triples": len(self), "bins": self.num_bins, "bin_edges": self.bin_edges, "seed": self.seed}
 
 
-def heldout_set(data, per_bin: int = 8, num_bins: int = 5, seed: int = HELDOUT_SEED) -> HeldOutSet:
-    """``per_bin * num_bins`` triples from ``data`` (a :class:`~sparsevid.data.ProceduralVideos`)."""
+def heldout_set(data, per_bin: int = 8, num_bins: int = 5, seed: int = HELDOUT_SEED, exclude=None) -> HeldOutSet:
+    """``per_bin * num_bins`` triples from ``data`` (a :class:`~sparsevid.data.ProceduralVideos`). ``exclude``
+    (e.g. a fine-tuning slice, a ProceduralVideos): skip the clips whose caption it could draw
+    (``exclude.fits``); triples keep the index of their clip, so the set without ``exclude`` is unchanged."""
     from ..training.sources import STREAM_NOISE, ProceduralSource, sample_generator
 
     for name, value in (("per_bin", per_bin), ("num_bins", num_bins)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     n = per_bin * num_bins
-    clips, captions = ProceduralSource(data, seed=seed).clips(list(range(n)))
+    source = ProceduralSource(data, seed=seed)
+    indices = list(range(n)) if exclude is None else _indices_outside(source, exclude, n)
+    clips, captions = source.clips(indices)
     noise, t = [], []
-    for i in range(n):
+    for position, i in enumerate(indices):
         generator = sample_generator(seed, i, STREAM_NOISE)
-        t.append((i % num_bins + torch.rand(1, generator=generator)) / num_bins)
+        t.append((position % num_bins + torch.rand(1, generator=generator)) / num_bins)
         noise.append(torch.randn(clips.shape[1:], generator=generator))
     bins = torch.arange(n) % num_bins
     return HeldOutSet(clips.float().cpu(), torch.stack(noise), torch.cat(t).float(), bins, captions, num_bins, seed)
+
+
+def _indices_outside(source, exclude, count: int) -> list[int]:
+    """The first ``count`` clip indices of ``source`` whose caption ``exclude`` cannot draw."""
+    indices, start = [], 0
+    while len(indices) < count:
+        if start > 1000 * count:
+            raise ValueError("exclude could draw (nearly) every caption of data: no held-out clips left")
+        batch = list(range(start, start + 4 * count))
+        indices += [i for i, c in zip(batch, source.captions(batch)) if not exclude.fits(c)]
+        start += len(batch)
+    return indices[:count]
 
 
 def sampler_steps(model, t: torch.Tensor) -> list[int]:

@@ -8,11 +8,13 @@ from .loop import LoopConfig, TrainResult, learning_rate, train_loop
 from .clipfiles import read_clip, write_clip
 from .distill import DistillConfig, DistillResult, distill, distillation_loss, save_student
 from .sources import DirectorySource, ProceduralSource
+from .student_asset import export_sparse_student, save_sparse_student
 from .teacher_cache import teacher_cache
 
 __all__ = ["EMA", "LoopConfig", "TrainResult", "export_builtin", "flow_matching_loss", "learning_rate",
            "load_training_state",
            "sample_t", "save_safetensors_atomic", "save_training_state", "shift_t", "train_loop",
            "write_text_atomic",
+           "export_sparse_student", "save_sparse_student",
            "DirectorySource", "DistillConfig", "DistillResult", "ProceduralSource", "distill", "distillation_loss",
            "read_clip", "save_student", "teacher_cache", "write_clip"]

@@ -54,7 +54,8 @@ class DistillConfig:
     Args:
         objective: "distill" (match the dense teacher) or "diffusion" (flow matching on the data).
         sparse: the student's sparse attention (constant over noise levels: ``schedule="constant"``,
-            ``dense_steps=0``).
+            ``dense_steps=0``); None fine-tunes the dense model (with ``objective="diffusion"`` only: a dense
+            student would distil into itself), the control that shows what the fine-tuning data alone do.
         trainable: "all" parameters or the self-"attention" modules only.
         batch_size: the global batch (split evenly over the ranks of a data-parallel job).
         seed: seeds the noise, noise levels and caption dropout of every sample index.
@@ -64,7 +65,7 @@ class DistillConfig:
     """
 
     objective: str = "distill"
-    sparse: SparseConfig = field(default_factory=_default_sparse)
+    sparse: SparseConfig | None = field(default_factory=_default_sparse)
     trainable: str = "all"
     batch_size: int = 8
     seed: int = 0
@@ -76,9 +77,13 @@ class DistillConfig:
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if not isinstance(self.sparse, SparseConfig):
-            raise TypeError(f"sparse must be a sparsevid.SparseConfig, got {type(self.sparse).__name__}")
-        if self.sparse.dense_steps or self.sparse.schedule != "constant":
+        if self.sparse is None:
+            if self.objective != "diffusion":
+                raise ValueError("sparse=None (a dense student) needs objective='diffusion': a dense student "
+                                 "already equals its dense teacher")
+        elif not isinstance(self.sparse, SparseConfig):
+            raise TypeError(f"sparse must be a sparsevid.SparseConfig or None, got {type(self.sparse).__name__}")
+        elif self.sparse.dense_steps or self.sparse.schedule != "constant":
             raise ValueError("sparse must apply one rule at every noise level for training: need "
                              f"sparse.dense_steps=0 and sparse.schedule='constant', got "
                              f"{self.sparse.dense_steps} and {self.sparse.schedule!r}")
@@ -99,7 +104,8 @@ class DistillConfig:
 
     def run_info(self, source) -> dict:
         """The settings a resumed run must share (JSON-normalised): they fix the sequence of draws."""
-        info = {"objective": self.objective, "sparse": self.sparse.to_dict(), "trainable": self.trainable,
+        info = {"objective": self.objective, "sparse": None if self.sparse is None else self.sparse.to_dict(),
+                "trainable": self.trainable,
                 "batch_size": self.batch_size, "seed": self.seed, "shift": self.shift,
                 "logit_std": self.logit_std, "null_prob": self.null_prob, "data": source.describe()}
         return json.loads(json.dumps(info))
@@ -159,21 +165,25 @@ def select_trainable(model, trainable: str) -> int:
 
 @dataclass
 class DistillResult:
+    """``finished``: the step / time budget was used up (else ``LoopConfig.stop_at`` cut the call short; the
+    state in ``out`` resumes it and no student was written)."""
+
     steps: int
     seconds: float
     history: list[dict]
     trainable_parameters: int
     out: Path | None = None
+    finished: bool = True
 
 
 def distill(model, source, config: DistillConfig, loop: LoopConfig, out: str | Path | None = None,
             resume: bool = False, device: str | torch.device | None = None, log=print) -> DistillResult:
     """Train ``model`` (a :class:`~sparsevid.models.BuiltinVideoDiT`, dense) in place into a sparse-attention
-    student; on return its self-attentions stay sparse with ``config.sparse``.
+    student; on return its self-attentions stay sparse with ``config.sparse`` (dense if it is None).
 
     source: fine-tuning clips (:mod:`sparsevid.training.sources`); loop: optimiser and budget.
     out: directory for the training state (``state.safetensors``, resumable with ``resume``), the per-step
-    log (``log.jsonl``) and, at the end, the student (see :func:`save_student`). Under ``torchrun`` each
+    log (``log.jsonl``) and, once the budget is used up, the student (see :func:`save_student`). Under ``torchrun`` each
     process calls this; rank 0 writes the files. ``device`` defaults to the model's.
     """
     from ..models.integration import apply_sparse_attention, is_sparse, reset_denoising_step
@@ -190,7 +200,8 @@ def distill(model, source, config: DistillConfig, loop: LoopConfig, out: str | P
     teacher = None
     if config.objective == "distill":
         teacher = copy.deepcopy(model).requires_grad_(False).eval()
-    apply_sparse_attention(model.transformer, config.sparse)
+    if config.sparse is not None:
+        apply_sparse_attention(model.transformer, config.sparse)
     trainable = select_trainable(model, config.trainable)
     if config.gradient_checkpointing:
         model.transformer.enable_gradient_checkpointing()
@@ -198,7 +209,8 @@ def distill(model, source, config: DistillConfig, loop: LoopConfig, out: str | P
 
     def loss_fn(step: int) -> torch.Tensor:
         x0, tokens, t, noise = batches(step)
-        reset_denoising_step(model.transformer)  # every forward predicts its own masks
+        if config.sparse is not None:
+            reset_denoising_step(model.transformer)  # every forward predicts its own masks
         if teacher is None:
             return flow_matching_loss(student, x0, tokens, t, noise)
         return distillation_loss(student, teacher, x0, tokens, t, noise)
@@ -213,24 +225,26 @@ def distill(model, source, config: DistillConfig, loop: LoopConfig, out: str | P
                         jsonl_path=None if out is None else out / LOG_FILE)
     if result.ema is not None:
         result.ema.copy_to(model)
-    if out is not None and is_main_process() and result.history:
+    if out is not None and is_main_process() and result.history and result.finished:
         summary = {"objective": config.objective, "steps": result.steps, "seconds": round(result.seconds, 1),
                    "final_loss": result.history[-1]["loss"], "trainable": config.trainable,
                    "world_size": job.world_size, "run": run_info}
         save_student(model, config.sparse, out, summary)
         _plot_log(out / LOG_FILE, out / "loss.png", config.objective)
-    return DistillResult(result.steps, result.seconds, result.history, trainable, out)
+    return DistillResult(result.steps, result.seconds, result.history, trainable, out, result.finished)
 
 
-def save_student(model, sparse: SparseConfig, directory: str | Path, summary: dict | None = None) -> Path:
+def save_student(model, sparse: SparseConfig | None, directory: str | Path, summary: dict | None = None) -> Path:
     """Write the student into ``directory``: the built-in format (float32 ``builtin.safetensors`` +
     ``builtin.json`` with ``summary`` under "distillation"; ``python -m sparsevid eval --model``), the
     transformer as a diffusers model (``transformer/``, ``WanTransformer3DModel.from_pretrained``) and its
-    ``sparse_config.json`` (``SparseConfig.from_json``; ``eval --config``). Returns ``directory``."""
+    ``sparse_config.json`` (``SparseConfig.from_json``; ``eval --config``; not written for a dense student,
+    ``sparse`` None). Returns ``directory``."""
     directory = Path(directory)
     export_builtin(model, directory, dtype=torch.float32, extra={"distillation": summary or {}})
     model.transformer.save_pretrained(directory / TRANSFORMER_DIR)
-    write_text_atomic(sparse.to_json(indent=2), directory / SPARSE_CONFIG_FILE)
+    if sparse is not None:
+        write_text_atomic(sparse.to_json(indent=2), directory / SPARSE_CONFIG_FILE)
     return directory
 
 

@@ -23,7 +23,10 @@ from .ema import EMA
 class LoopConfig:
     """Optimiser and budget settings. Training stops at ``max_steps`` or after ``max_seconds``,
     whichever comes first (at least one must be set); the cosine decay follows whichever budget is
-    closer to being used up. ``ema_decay`` None trains without EMA; ``progress`` shows a tqdm bar."""
+    closer to being used up. ``ema_decay`` None trains without EMA; ``progress`` shows a tqdm bar.
+    ``stop_at`` (a ``time.time()`` moment) ends the call early, with a checkpoint, when the next step would
+    start after it: a budget split over several calls (each resuming) follows the same learning-rate schedule
+    as one uninterrupted run."""
 
     lr: float = 4e-4
     min_lr_ratio: float = 0.1
@@ -38,6 +41,7 @@ class LoopConfig:
     log_every: int = 25
     checkpoint_every: int = 500
     progress: bool = False
+    stop_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_steps is None and self.max_seconds is None:
@@ -54,10 +58,13 @@ class LoopConfig:
 
 @dataclass
 class TrainResult:
+    """``finished``: the budget (``max_steps`` / ``max_seconds``) was used up, not cut short by ``stop_at``."""
+
     steps: int
     seconds: float
     history: list[dict] = field(default_factory=list)
     ema: EMA | None = None
+    finished: bool = True
 
 
 def learning_rate(config: LoopConfig, step: int, elapsed: float) -> float:
@@ -211,12 +218,16 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
             save_training_state(state_path, module, {} if ema is None else ema.shadow, optimizer, step, info)
 
     model.train()
+    finished = True
     while True:
         elapsed = time.perf_counter() - start
         if config.max_seconds is not None:  # every rank follows rank 0's clock (learning rate, stopping)
             elapsed = broadcast_float(elapsed, params[0].device)
         if (config.max_steps is not None and step >= config.max_steps) or \
                 (config.max_seconds is not None and elapsed >= config.max_seconds):
+            break
+        if config.stop_at is not None and broadcast_float(time.time(), params[0].device) >= config.stop_at:
+            finished = False
             break
         lr = learning_rate(config, step, elapsed)
         for group in optimizer.param_groups:
@@ -237,7 +248,8 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
     if step > first_step and step % config.checkpoint_every:
         checkpoint()
     model.eval()
-    return TrainResult(steps=step, seconds=time.perf_counter() - start, history=reports.history, ema=ema)
+    return TrainResult(steps=step, seconds=time.perf_counter() - start, history=reports.history, ema=ema,
+                       finished=finished)
 
 
 def _row(step: int, loss: float, lr: float, grad_norm: float, seconds: float, digits: int) -> dict:

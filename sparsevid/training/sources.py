@@ -44,12 +44,16 @@ class ProceduralSource:
     """Procedural clips (:class:`~sparsevid.data.ProceduralVideos`), clip ``i`` drawn from its own seed.
 
     ``seed`` makes the stream differ from pre-training (which drew batches from one sequential generator).
+    ``clips``: a fixed set of that many distinct clips (index ``i`` shows clip ``i % clips``, as epochs over a
+    finite data set would); None draws a new clip for every index.
     """
 
-    def __init__(self, data, seed: int = 0):
+    def __init__(self, data, seed: int = 0, clips: int | None = None):
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise TypeError(f"seed must be an int, got {seed!r}")
-        self.data, self.seed = data, seed
+        if clips is not None and (not isinstance(clips, int) or isinstance(clips, bool) or clips < 1):
+            raise ValueError(f"clips must be None or a positive int, got {clips!r}")
+        self.data, self.seed, self.distinct = data, seed, clips
         self.clip_shape = (3, data.frames, data.height, data.width)
 
     def captions(self, indices: Sequence[int]) -> list[str]:
@@ -62,13 +66,16 @@ class ProceduralSource:
 
     def _scenes(self, indices: Sequence[int]):
         _check_indices(indices)
+        if self.distinct is not None:
+            indices = [i % self.distinct for i in indices]
         parts = [self.data.sample_scenes(1, sample_generator(self.seed, i, STREAM_DATA)) for i in indices]
         fields = [f.name for f in dataclasses.fields(parts[0])]  # optional fields are None in every part or none
         return type(parts[0])(**{name: None if getattr(parts[0], name) is None
                                  else torch.cat([getattr(p, name) for p in parts]) for name in fields})
 
     def describe(self) -> dict:
-        return {"kind": "procedural", "seed": self.seed, **self.data.config()}
+        clips = {} if self.distinct is None else {"clips": self.distinct}
+        return {"kind": "procedural", "seed": self.seed, **clips, **self.data.config()}
 
 
 class DirectorySource:

@@ -1,0 +1,156 @@
+"""The claims grid's report: from ``grid.json`` (:mod:`benchmarks.claims_grid`), the per-entry table and the
+three claims of trainable sparse attention, each stated as confirmed or not from the numbers alone.
+
+"A beats B" means A is closer to the dense teacher on both yardsticks that do not depend on sampling luck
+alone: higher PSNR of the sampled clips against the teacher's and lower velocity error against the teacher on
+the held-out triples. Faithfulness and held-out loss are reported beside them.
+
+    python3 -m benchmarks.claims_report OUT/grid.json          # prints the Markdown section
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+RULES = ("hybrid", "topk", "topp")
+TARGET_FAITHFULNESS_GAP, TARGET_PSNR = 0.03, 24.0  # the distilled hybrid student at the highest sparsity
+
+
+def _name(objective: str, rule: str, target: float) -> str:
+    return f"{objective}_{rule}_{round(target * 100):d}"
+
+
+def _entries(grid: dict) -> dict:
+    return {**grid["training_free"], **grid["students"]}
+
+
+def beats(a: dict, b: dict) -> bool:
+    """Whether entry ``a`` is closer to the teacher than ``b``: higher PSNR and lower velocity error."""
+    return a["psnr"] > b["psnr"] and a["velocity_error"]["overall"] < b["velocity_error"]["overall"]
+
+
+def _short(entry: dict) -> str:
+    return f"{entry['psnr']:.2f} dB / {entry['velocity_error']['overall']:.4f}"
+
+
+def _compare(entries: dict, pairs: list[tuple[str, str]]) -> tuple[str, list[str]]:
+    """(verdict, evidence lines) for "every first beats its second" over ``pairs`` of entry names."""
+    missing = sorted({n for pair in pairs for n in pair if n not in entries})
+    if missing:
+        return "not measured", [f"missing: {', '.join(missing)}"]
+    evidence, held = [], True
+    for a, b in pairs:
+        won = beats(entries[a], entries[b])
+        held &= won
+        evidence.append(f"{a} {_short(entries[a])} {'beats' if won else 'does not beat'} {b} {_short(entries[b])}")
+    return ("confirmed" if held else "not confirmed"), evidence
+
+
+def claims(grid: dict) -> list[dict]:
+    """Each claim at each target sparsity: {"claim", "target", "verdict", "evidence"}; plus the
+    data-mismatch control and the target of the distilled hybrid student."""
+    entries, targets = _entries(grid), grid["settings"]["targets"]
+    found = []
+    for target in targets:
+        pairs1 = [(_name("distill", r, target), _name("training-free", r, target)) for r in RULES]
+        pairs2 = [(_name("distill", "hybrid", target), _name("distill", r, target)) for r in ("topk", "topp")]
+        pairs3 = [(_name("distill", r, target), _name("diffusion", r, target)) for r in RULES]
+        for number, text, pairs in ((1, "trainable (distilled) beats training-free, for every rule", pairs1),
+                                    (2, "hybrid beats top-k and top-p (distilled students)", pairs2),
+                                    (3, "distillation beats the diffusion loss on mismatched data, for every rule",
+                                     pairs3)):
+            verdict, evidence = _compare(entries, pairs)
+            found.append({"claim": number, "text": text, "target": target, "verdict": verdict, "evidence": evidence})
+    found.append(_control(grid))
+    found.append(_target(grid, max(targets)))
+    return found
+
+
+def _control(grid: dict) -> dict:
+    """The data-mismatch control: the dense model fine-tuned with the diffusion loss on the slice loses
+    quality against the teacher (lower faithfulness and higher held-out loss on captions outside the slice)."""
+    dense, control = grid.get("dense"), grid["students"].get("dense_diffusion")
+    claim = {"claim": "control", "target": None,
+             "text": "the fine-tuning data alone (dense, diffusion loss) lower the model's quality on held-out captions"}
+    if dense is None or control is None:
+        return {**claim, "verdict": "not measured", "evidence": ["missing: dense teacher or dense_diffusion"]}
+    lower = control["faithfulness"]["overall"] < dense["faithfulness"]["overall"]
+    higher = control["heldout_loss"]["overall"] > dense["heldout_loss"]["overall"]
+    evidence = [f"faithfulness {control['faithfulness']['overall']:.3f} (teacher {dense['faithfulness']['overall']:.3f}), "
+                f"held-out loss {control['heldout_loss']['overall']:.4f} (teacher {dense['heldout_loss']['overall']:.4f}), "
+                f"PSNR against the teacher {control['psnr']:.2f} dB"]
+    return {**claim, "verdict": "confirmed" if lower and higher else "not confirmed", "evidence": evidence}
+
+
+def _target(grid: dict, target: float) -> dict:
+    dense, student = grid.get("dense"), grid["students"].get(_name("distill", "hybrid", target))
+    claim = {"claim": "target", "target": target,
+             "text": f"the distilled hybrid student keeps faithfulness within {TARGET_FAITHFULNESS_GAP} of dense and "
+                     f"reaches PSNR >= {TARGET_PSNR:.0f} dB"}
+    if dense is None or student is None:
+        return {**claim, "verdict": "not measured", "evidence": ["missing: dense teacher or the distilled hybrid student"]}
+    gap = dense["faithfulness"]["overall"] - student["faithfulness"]["overall"]
+    met = gap <= TARGET_FAITHFULNESS_GAP and student["psnr"] >= TARGET_PSNR
+    return {**claim, "verdict": "met" if met else "not met",
+            "evidence": [f"faithfulness gap {gap:.3f}, PSNR {student['psnr']:.2f} dB"]}
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def entry_table(grid: dict) -> list[str]:
+    """One row per grid entry: the dense teacher, the noise floor, training-free rules and students."""
+    rows = [("dense teacher", grid.get("dense"))] if grid.get("dense") else []
+    if grid.get("noise_floor"):
+        rows.append(("every tile kept (noise floor)", grid["noise_floor"]))
+    rows += list(_entries(grid).items())
+    attributes = sorted({a for _, e in rows for a in e["faithfulness"]["per_attribute"]})
+    lines = ["| entry | sparsity | PSNR (dB) | SSIM | velocity error | held-out loss | faithfulness | "
+             + " | ".join(attributes) + " | train loss |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(attributes) + "---|"]
+    for name, e in rows:
+        training = e.get("training") or {}
+        loss = (f"{training['first_loss']:.4f} -> {training['last_loss']:.4f}"
+                if training.get("first_loss") is not None else "-")
+        velocity = e.get("velocity_error", {}).get("overall")
+        lines.append(f"| {name} | {_fmt(e.get('sparsity'), '.3f')} | {_fmt(e.get('psnr'), '.2f')} | "
+                     f"{_fmt(e.get('ssim'), '.4f')} | {_fmt(velocity, '.4f')} | {e['heldout_loss']['overall']:.4f} | "
+                     f"{e['faithfulness']['overall']:.3f} | "
+                     + " | ".join(_fmt(e["faithfulness"]["per_attribute"].get(a), ".3f") for a in attributes)
+                     + f" | {loss} |")
+    return lines
+
+
+def grid_markdown(grid: dict) -> str:
+    """The report section: settings, the table and every claim with its verdict and numbers."""
+    s = grid["settings"]
+    floor = grid.get("noise_floor")
+    lines = [f"Teacher `{s['model']}` on {s['device']}; every student: {s['steps']} steps x batch {s['batch']} on "
+             f"{s['clips']} distinct clips of the slice {json.dumps(s['slice'])}, lr {s['lr']}, trainable "
+             f"{s['trainable']}. Judged on {len(s['captions'])} held-out captions x {len(s['seeds'])} seeds "
+             f"({s['sample_steps']} steps, guidance {s['guidance']}) and {s['heldout']['triples']} held-out "
+             f"triples outside the slice."
+             + (f" Noise floor: PSNR {floor['psnr']:.2f} dB, SSIM {floor['ssim']:.4f}." if floor else ""), ""]
+    if grid.get("missing"):
+        lines += [f"Not measured yet: {', '.join(grid['missing'])}.", ""]
+    lines += entry_table(grid) + ["", "| claim | sparsity | verdict | numbers (PSNR / velocity error) |",
+                                  "|---|---|---|---|"]
+    for c in claims(grid):
+        target = "-" if c["target"] is None else f"{c['target']:.0%}"
+        lines.append(f"| {c['claim']}: {c['text']} | {target} | **{c['verdict']}** | {'; '.join(c['evidence'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python3 -m benchmarks.claims_report OUT/grid.json", file=sys.stderr)
+        return 2
+    print(grid_markdown(json.loads(Path(argv[0]).read_text())), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

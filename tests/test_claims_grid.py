@@ -1,0 +1,109 @@
+"""The claims grid (benchmarks/claims_grid.py) end to end on the tiny model, and its report's verdicts."""
+import copy
+import json
+
+import pytest
+
+pytest.importorskip("diffusers")
+
+from benchmarks import claims_grid  # noqa: E402
+from benchmarks.claims_report import beats, claims, grid_markdown  # noqa: E402
+
+TINY = ["--tiny", "--device", "cpu", "--targets", "0.75", "--rules", "hybrid", "--steps", "1", "--batch", "2",
+        "--clips", "2", "--captions", "1", "--heldout-per-bin", "1", "--noise-bins", "2", "--sample-steps", "2"]
+
+
+def test_grid_smoke_run_on_the_tiny_model(tmp_path, capsys):
+    import sparsevid as sv
+    from sparsevid.data import ProceduralVideos
+
+    out = tmp_path / "grid"
+    assert claims_grid.main(["--out", str(out), "--part", "calibrate", *TINY]) == 0
+    calibration = json.loads((out / "calibration.json").read_text())["rules"]
+    assert set(calibration) == {"topk 75%", "topp 75%", "hybrid 75%"}
+    assert calibration["topk 75%"]["achieved"] == 0.75 and calibration["topk 75%"]["within_one_point"]
+
+    (out / "timing.json").write_text(json.dumps({"distill": 1e6}))  # a step would take days: nothing fits
+    claims_grid.main(["--out", str(out), "--part", "train", *TINY])
+    assert "stopping before distill_hybrid_75" in capsys.readouterr().out and not (out / "students").exists()
+    (out / "timing.json").unlink()
+
+    assert claims_grid.main(["--out", str(out), "--part", "train", "evaluate", "ship",
+                             "--ship-to", str(out / "tiny_teacher" / "sparse_student"), *TINY]) == 0
+    grid = json.loads((out / "grid.json").read_text())
+    assert grid["missing"] == [] and set(grid["students"]) == {"distill_hybrid_75", "diffusion_hybrid_75",
+                                                              "dense_diffusion"}
+    assert set(grid["training_free"]) == {"training-free_hybrid_75"}
+    slice_ = grid["settings"]["slice"]
+    assert slice_["backgrounds"] == ["navy"] and slice_["max_objects"] == 1
+    assert not any(ProceduralVideos(**slice_).fits(c) for c in grid["settings"]["captions"])  # held out
+    for entry in (*grid["students"].values(), *grid["training_free"].values()):
+        assert 0 <= entry["velocity_error"]["overall"] < 1 and entry["faithfulness"]["per_attribute"]
+    assert all(s["training"]["steps"] == 1 for s in grid["students"].values())
+    assert grid["students"]["dense_diffusion"]["sparsity"] == 0.0
+    assert grid["students"]["distill_hybrid_75"]["sparsity"] > 0.5
+    assert grid["noise_floor"]["psnr"] > grid["training_free"]["training-free_hybrid_75"]["psnr"]
+    text = (out / "grid.md").read_text()
+    assert "distill_hybrid_75" in text and "| target:" in text and "not measured" in text  # claim 2 needs topk, topp
+    assert not (out / "work" / "distill_hybrid_75").exists()  # a finished student keeps no training state
+
+    shipped = sv.load_sparse_student(out / "tiny_teacher" / "sparse_student")
+    assert sv.is_sparse(shipped.transformer)
+
+    capsys.readouterr()
+    before = (out / "students" / "distill_hybrid_75" / "eval.json").stat().st_mtime_ns
+    assert claims_grid.main(["--out", str(out), "--part", "train", *TINY]) == 0  # resumed: nothing left
+    assert "0 students pending" in capsys.readouterr().out
+    assert (out / "students" / "distill_hybrid_75" / "eval.json").stat().st_mtime_ns == before
+
+
+def _entry(psnr, velocity, faithfulness=0.8, loss=0.1):
+    return {"psnr": psnr, "ssim": 0.5, "sparsity": 0.95, "velocity_error": {"overall": velocity},
+            "heldout_loss": {"overall": loss}, "faithfulness": {"overall": faithfulness, "per_attribute": {}}}
+
+
+def _grid():
+    """A grid at 95% where distillation > diffusion > training-free and hybrid > top-k > top-p."""
+    rule_bonus = {"hybrid": 2.0, "topk": 1.0, "topp": 0.0}
+    objective_bonus = {"distill": 10.0, "diffusion": 8.0, "training-free": 0.0}
+    students, free = {}, {}
+    for objective, bonus in objective_bonus.items():
+        for rule, extra in rule_bonus.items():
+            psnr = 12.0 + bonus + extra
+            entry = _entry(psnr, 1.0 / psnr, faithfulness=0.70 + psnr / 100)
+            (free if objective == "training-free" else students)[f"{objective}_{rule}_95"] = entry
+    students["dense_diffusion"] = _entry(18.0, 0.05, faithfulness=0.80, loss=0.12)
+    return {"settings": {"targets": [0.95], "model": "m", "device": "d", "steps": 1, "batch": 1, "clips": 1,
+                         "slice": {}, "lr": 1e-4, "trainable": "attention", "captions": ["c"], "seeds": [0],
+                         "sample_steps": 10, "guidance": 4.0, "heldout": {"triples": 1}},
+            "dense": _entry(None, 0.0, faithfulness=0.95, loss=0.1), "noise_floor": _entry(37.0, 0.005),
+            "training_free": free, "students": students, "missing": []}
+
+
+def test_verdicts_follow_the_numbers():
+    grid = _grid()
+    verdicts = {c["claim"]: c["verdict"] for c in claims(grid)}
+    assert verdicts == {1: "confirmed", 2: "confirmed", 3: "confirmed", "control": "confirmed", "target": "met"}
+
+    flipped = copy.deepcopy(grid)  # diffusion now closer than distillation for top-p
+    flipped["students"]["diffusion_topp_95"]["psnr"] = 30.0
+    flipped["students"]["diffusion_topp_95"]["velocity_error"]["overall"] = 0.01
+    verdicts = {c["claim"]: c["verdict"] for c in claims(flipped)}
+    assert verdicts[3] == "not confirmed" and verdicts[1] == "confirmed"
+
+    mixed = copy.deepcopy(grid)  # higher PSNR but a larger velocity error is not "beats"
+    mixed["students"]["distill_topk_95"]["psnr"] = 40.0
+    assert not beats(mixed["students"]["distill_hybrid_95"], mixed["students"]["distill_topk_95"])
+    assert {c["claim"]: c["verdict"] for c in claims(mixed)}[2] == "not confirmed"
+
+    partial = copy.deepcopy(grid)
+    del partial["students"]["distill_topp_95"]
+    verdicts = {c["claim"]: c["verdict"] for c in claims(partial)}
+    assert verdicts[1] == verdicts[2] == verdicts[3] == "not measured" and verdicts["target"] == "met"
+
+    worse = copy.deepcopy(grid)
+    worse["students"]["dense_diffusion"]["faithfulness"]["overall"] = 0.99
+    worse["students"]["distill_hybrid_95"]["psnr"] = 20.0
+    verdicts = {c["claim"]: c["verdict"] for c in claims(worse)}
+    assert verdicts["control"] == "not confirmed" and verdicts["target"] == "not met"
+    assert "**not met**" in grid_markdown(worse)
