@@ -8,23 +8,26 @@ objects, two motions) and is judged, against the dense teacher, on captions that
 
 The run is split into parts that each fit one GPU call (``--budget-minutes``) and resume from ``--out``:
 
+* ``plan``: the pending students and how they pack into calls, from the timing figures (no model needed);
 * ``calibrate``: rule parameters of top-k, top-p and hybrid reaching each ``--targets`` sparsity on the
-  teacher's attention (``OUT/calibration.json``, with the achieved sparsity of each);
+  teacher's attention (``OUT/calibration.json``, with the achieved sparsity of each; skipped once done);
 * ``train``: the pending students in a fixed order, each trained, then evaluated at once (so a student's
   weights never need to survive the call), as many as the budget allows: the estimate comes from the
   measured seconds per step of earlier students (``OUT/timing.json``) or the H200 figures below. A student
   cut short by the budget keeps its training state in ``OUT/work/NAME`` and resumes from it;
-* ``evaluate``: the dense teacher, the noise floor (every tile kept) and the training-free rules; then the
-  whole grid (``OUT/grid.json``, ``OUT/grid.md`` with the claims, :mod:`benchmarks.claims_report`);
+* ``evaluate``: the dense teacher, the noise floor (every tile kept) and the training-free rules, as many as
+  the budget allows; then the grid so far (``OUT/grid.json``, ``OUT/grid.md`` with the claims,
+  :mod:`benchmarks.claims_report`; entries not measured yet are listed);
 * ``ship``: the best student at the highest target sparsity (PSNR against dense) as a small asset
   (``--ship-to``; :func:`sparsevid.load_sparse_student`).
 
 Each student keeps only its fine-tuned tensors (``--trainable attention``: the self-attention modules, bf16,
 about 3 MB for the built-in model) in ``OUT/students/NAME/`` beside its ``eval.json``.
 
-    python3 -m benchmarks.claims_grid --out outputs/claims --part calibrate train --targets 0.6 0.95
-    python3 -m benchmarks.claims_grid --out outputs/claims --part train --targets 0.6 0.95   # until all done
-    python3 -m benchmarks.claims_grid --out outputs/claims --part evaluate --targets 0.6 0.95
+    python3 -m benchmarks.claims_grid --out outputs/claims --part plan        # the calls it will take
+    python3 -m benchmarks.claims_grid --out outputs/claims --part calibrate train evaluate   # repeat until
+                                                                            # grid.md lists nothing missing
+    python3 -m benchmarks.claims_grid --out outputs/claims --part ship --ship-to checkpoints/builtin_gen2/sparse_student
 
 CPU smoke run (untrained tiny model, seconds): ``--tiny --device cpu --steps 2 --batch 2 --captions 1
 --heldout-per-bin 1 --noise-bins 2 --targets 0.5 0.75``.
@@ -50,6 +53,7 @@ DENSE_CONTROL = "dense diffusion"
 H200_SECONDS_PER_STEP_AT_BATCH_8 = {"distill": 0.70, "diffusion": 0.55, DENSE_CONTROL: 0.52}
 H200_SECONDS_PER_CLIP = 1.5  # sampling one long clip (10 UniPC steps, guidance 4), dense
 EVAL_FIXED_SECONDS = 15.0  # held-out velocities and faithfulness scoring of one entry, beside its sampling
+CALL_OVERHEAD_SECONDS = 60.0  # per call: imports, loading the teacher, its reference clips and velocities
 
 
 def student_name(objective: str, rule: str | None, target: float | None) -> str:
@@ -100,20 +104,23 @@ class Grid:
         return self.deadline - time.time()
 
     # ---- the models and data
-    @property
-    def eval_dtype(self) -> torch.dtype:
-        """The dtype models are evaluated in (the teacher's as loaded: bf16 on CUDA, fp32 on the CPU)."""
-        return next(self.teacher().parameters()).dtype if self._teacher is None else \
-            next(self._teacher.parameters()).dtype
-
-    def teacher(self, dtype: torch.dtype | None = None):
-        """A fresh copy of the dense teacher (fp32 for training; the evaluation dtype by default: bf16 on CUDA)."""
+    def _loaded_teacher(self):
+        """The dense teacher as loaded once per call (bf16 on CUDA, fp32 on the CPU, as the CLI loads it)."""
         from sparsevid.cli.demo import load_model
 
         if self._teacher is None:
             self._teacher = load_model(argparse.Namespace(tiny=self.args.tiny, model=self.args.model,
                                                           device=self.args.device, clip=self.args.clip))
-        model = copy.deepcopy(self._teacher)
+        return self._teacher
+
+    @property
+    def eval_dtype(self) -> torch.dtype:
+        """The dtype models are evaluated in: the teacher's as loaded."""
+        return next(self._loaded_teacher().parameters()).dtype
+
+    def teacher(self, dtype: torch.dtype | None = None):
+        """A fresh copy of the dense teacher (in ``dtype``, e.g. fp32 for training; default the evaluation dtype)."""
+        model = copy.deepcopy(self._loaded_teacher())
         return model if dtype is None else model.to(dtype)
 
     def fine_tuning_data(self, model):
@@ -130,7 +137,6 @@ class Grid:
         teacher's dense clips of them, held-out (clip, noise, t) triples outside the slice and the teacher's
         velocity on them."""
         from sparsevid.data import held_out_captions
-        from sparsevid.eval.harness import timed_generate
         from sparsevid.eval.heldout import heldout_set, predict_velocities
 
         if self._context is None:
@@ -140,13 +146,13 @@ class Grid:
             captions = held_out_captions(teacher.data, data, a.captions, seed=a.caption_seed)
             jobs = [(c, s) for c in captions for s in a.seeds]
             steps = a.sample_steps or teacher.config["sampling"]["steps"]
-            texts, seeds = [c for c, _ in jobs], [s for _, s in jobs]
-            dense, seconds = timed_generate(teacher, texts, seeds, steps, a.guidance)
+            texts = [c for c, _ in jobs]
+            dense, seconds = sample_dense(teacher, jobs, steps, a.guidance)
             heldout = heldout_set(teacher.data, a.heldout_per_bin, a.noise_bins, exclude=data)
-            self._context = {"jobs": jobs, "texts": texts, "seeds": seeds, "steps": steps, "dense": dense,
+            self._context = {"jobs": jobs, "texts": texts, "steps": steps, "dense": dense,
                              "dense_seconds": seconds, "heldout": heldout,
                              "reference_velocity": predict_velocities(teacher, heldout), "slice": data.config(),
-                             "guidance": a.guidance if a.guidance is not None else teacher.config["sampling"]["guidance"]}
+                             "guidance": teacher.config["sampling"]["guidance"] if a.guidance is None else a.guidance}
         return self._context
 
     # ---- timing
@@ -189,6 +195,10 @@ def part_calibrate(grid: Grid) -> None:
     from sparsevid.eval.calibrate import calibrate_rules, mean_sparsity, record_video_attention
 
     a = grid.args
+    done = (grid.read("calibration.json") or {}).get("rules", {})
+    if all(rule_label(r, t) in done for t in a.targets for r in RULES):
+        print(f"calibrate: {grid.path('calibration.json')} already holds every target")
+        return
     context = grid.context()
     teacher = grid.teacher()
     caption, seed = context["jobs"][0]
@@ -218,11 +228,17 @@ def _estimate(grid: Grid, student: dict) -> float:
     return grid.args.steps * grid.seconds_per_step(kind) + grid.eval_seconds()
 
 
+def pending_students(grid: Grid) -> list[dict]:
+    """The students of the grid not evaluated yet, in training order."""
+    return [s for s in student_plan(grid.args.targets, grid.args.rules)
+            if grid.read("students", s["name"], "eval.json") is None]
+
+
 def part_train(grid: Grid) -> None:
     """Train and evaluate the pending students that fit in this call (see the module docstring)."""
     configs = calibration_configs(grid)
     grid.context()  # the teacher's clips and velocities, before the students' clock starts
-    pending = [s for s in student_plan(grid.args.targets, grid.args.rules) if grid.read("students", s["name"], "eval.json") is None]
+    pending = pending_students(grid)
     total = sum(_estimate(grid, s) for s in pending)
     print(f"train: {len(pending)} students pending, about {total / 60:.1f} min of training and evaluation in all "
           f"({grid.seconds_left() / 60:.1f} min left in this call)")
@@ -286,7 +302,8 @@ def train_student(grid: Grid, student: dict, sparse) -> bool:
     grid.write({"training": summary, **entry}, "students", name, "eval.json")
     _remove_state(work)
     print(f"train: {name}: loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}, PSNR "
-          f"{entry['psnr']:.2f} dB, faithfulness {entry['faithfulness']['overall']:.3f}, sparsity {entry['sparsity']:.3f}")
+          f"{entry['psnr']:.2f} dB, faithfulness {entry['faithfulness']['overall']:.3f}, "
+          f"sparsity {entry['sparsity']:.3f}")
     return True
 
 
@@ -324,20 +341,32 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def sample_dense(model, jobs: list[tuple[str, int]], steps: int, guidance: float | None) -> tuple[torch.Tensor, float]:
+    """Clips float32 [len(jobs), 3, T, H, W] of the (caption, seed) ``jobs`` sampled densely one at a time (as
+    the sparse entries are, so that batching does not set dense runs apart) and the seconds it took."""
+    from sparsevid.eval.harness import timed_generate
+
+    clips, seconds = [], 0.0
+    for caption, seed in jobs:
+        clip, dt = timed_generate(model, [caption], [seed], steps, guidance)
+        clips.append(clip)
+        seconds += dt
+    return torch.cat(clips), seconds
+
+
 def evaluate_entry(grid: Grid, model, sparse) -> dict:
     """One grid entry (``model`` dense, run with ``sparse`` or densely if None) against the teacher on the
     held-out captions and triples: sparsity, PSNR / SSIM of its clips, caption faithfulness (overall and per
     attribute), velocity error against the teacher and held-out flow-matching loss (overall and per noise
     level), sampling seconds."""
     from sparsevid.eval.faithfulness_summary import summarize_faithfulness
-    from sparsevid.eval.harness import sample_with_stats, summarize_calls, timed_generate
+    from sparsevid.eval.harness import sample_with_stats, summarize_calls
     from sparsevid.eval.heldout import flow_matching_loss, predict_velocities, velocity_error
     from sparsevid.eval.video_metrics import psnr, ssim
 
     context = grid.context()
     if sparse is None:
-        clips, seconds = timed_generate(model, context["texts"], context["seeds"], context["steps"],
-                                        context["guidance"])
+        clips, seconds = sample_dense(model, context["jobs"], context["steps"], context["guidance"])
         sparsity = 0.0
     else:
         clips, seconds, calls = sample_with_stats(model, sparse, context["jobs"], context["steps"], context["guidance"])
@@ -363,7 +392,8 @@ def part_evaluate(grid: Grid) -> None:
     context = grid.context()
     if grid.read("reference", "dense.json") is None:
         faith = summarize_faithfulness(context["dense"], context["texts"])
-        grid.write({"seconds": context["dense_seconds"], "faithfulness": {k: faith[k] for k in ("overall", "per_attribute")},
+        grid.write({"seconds": context["dense_seconds"],
+                    "faithfulness": {k: faith[k] for k in ("overall", "per_attribute")},
                     "heldout_loss": flow_matching_loss(context["reference_velocity"], context["heldout"])},
                    "reference", "dense.json")
     entries = {"noise_floor": every_tile_config(),
@@ -374,7 +404,7 @@ def part_evaluate(grid: Grid) -> None:
             continue
         if grid.eval_seconds() > grid.seconds_left():
             print(f"evaluate: stopping before {name} ({grid.seconds_left():.0f} s left); run --part evaluate again")
-            return
+            break
         grid.write(evaluate_entry(grid, grid.teacher(), config), "reference", f"{name}.json")
         print(f"evaluate: {name} done")
     write_grid(grid)
@@ -401,7 +431,8 @@ def write_grid(grid: Grid) -> None:
     result = {"settings": {"targets": a.targets, "steps": a.steps, "batch": a.batch, "clips": a.clips, "lr": a.lr,
                            "trainable": a.trainable, "slice": context["slice"], "captions": context["texts"],
                            "seeds": a.seeds, "sample_steps": context["steps"], "guidance": context["guidance"],
-                           "heldout": context["heldout"].describe(), "model": a.model or ("tiny" if a.tiny else "shipped"),
+                           "heldout": context["heldout"].describe(),
+                           "model": a.model or ("tiny" if a.tiny else "shipped"),
                            "device": str(grid.device), "calibration": grid.read("calibration.json")},
               "dense": reference.get("dense"), "noise_floor": reference.get("noise_floor"),
               "training_free": training_free, "students": students,
@@ -434,7 +465,34 @@ def part_ship(grid: Grid) -> None:
     print(f"ship: {best} (PSNR {found[best]['psnr']:.2f} dB against dense) -> {destination}")
 
 
-PARTS = {"calibrate": part_calibrate, "train": part_train, "evaluate": part_evaluate, "ship": part_ship}
+def part_plan(grid: Grid) -> None:
+    """Print, without touching a model, the pending work and how it packs into calls of ``--budget-minutes``
+    (from the measured or estimated seconds per step; each call also spends ~``CALL_OVERHEAD_SECONDS``
+    loading and sampling the teacher's reference clips)."""
+    a = grid.args
+    pending = pending_students(grid)
+    usable = a.budget_minutes * 60 - CALL_OVERHEAD_SECONDS
+    calls, left = [], 0.0
+    for student in pending:
+        estimate = _estimate(grid, student)
+        if not calls or estimate > left:
+            calls.append([])
+            left = usable
+        calls[-1].append(f"{student['name']} ~{estimate:.0f}s")
+        left -= estimate
+    source = "measured" if grid.read("timing.json") else "H200 estimates"
+    print(f"plan: {len(pending)} students pending ({source}: {a.steps} steps x batch {a.batch}); "
+          f"{sum(_estimate(grid, s) for s in pending) / 60:.1f} min of training and evaluation in "
+          f"{len(calls)} train call(s) of {a.budget_minutes} min")
+    for number, names in enumerate(calls, 1):
+        print(f"  train call {number}: {', '.join(names)}")
+    entries = 1 + len(a.targets) * len(a.rules)
+    print(f"  evaluate: {entries} entries (noise floor, training-free rules) "
+          f"~{entries * grid.eval_seconds() / 60:.1f} min")
+
+
+PARTS = {"plan": part_plan, "calibrate": part_calibrate, "train": part_train, "evaluate": part_evaluate,
+         "ship": part_ship}
 
 
 def _words(text: str) -> list[str]:

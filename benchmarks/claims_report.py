@@ -72,14 +72,16 @@ def _control(grid: dict) -> dict:
     quality against the teacher (lower faithfulness and higher held-out loss on captions outside the slice)."""
     dense, control = grid.get("dense"), grid["students"].get("dense_diffusion")
     claim = {"claim": "control", "target": None,
-             "text": "the fine-tuning data alone (dense, diffusion loss) lower the model's quality on held-out captions"}
+             "text": "the fine-tuning data alone (dense, diffusion loss) lower the model's quality on held-out "
+                     "captions"}
     if dense is None or control is None:
         return {**claim, "verdict": "not measured", "evidence": ["missing: dense teacher or dense_diffusion"]}
     lower = control["faithfulness"]["overall"] < dense["faithfulness"]["overall"]
     higher = control["heldout_loss"]["overall"] > dense["heldout_loss"]["overall"]
-    evidence = [f"faithfulness {control['faithfulness']['overall']:.3f} (teacher {dense['faithfulness']['overall']:.3f}), "
-                f"held-out loss {control['heldout_loss']['overall']:.4f} (teacher {dense['heldout_loss']['overall']:.4f}), "
-                f"PSNR against the teacher {control['psnr']:.2f} dB"]
+    faith, loss = control["faithfulness"]["overall"], control["heldout_loss"]["overall"]
+    evidence = [f"faithfulness {faith:.3f} (teacher {dense['faithfulness']['overall']:.3f}), held-out loss "
+                f"{loss:.4f} (teacher {dense['heldout_loss']['overall']:.4f}), PSNR against the teacher "
+                f"{control['psnr']:.2f} dB"]
     return {**claim, "verdict": "confirmed" if lower and higher else "not confirmed", "evidence": evidence}
 
 
@@ -89,7 +91,8 @@ def _target(grid: dict, target: float) -> dict:
              "text": f"the distilled hybrid student keeps faithfulness within {TARGET_FAITHFULNESS_GAP} of dense and "
                      f"reaches PSNR >= {TARGET_PSNR:.0f} dB"}
     if dense is None or student is None:
-        return {**claim, "verdict": "not measured", "evidence": ["missing: dense teacher or the distilled hybrid student"]}
+        return {**claim, "verdict": "not measured",
+                "evidence": ["missing: dense teacher or the distilled hybrid student"]}
     gap = dense["faithfulness"]["overall"] - student["faithfulness"]["overall"]
     met = gap <= TARGET_FAITHFULNESS_GAP and student["psnr"] >= TARGET_PSNR
     return {**claim, "verdict": "met" if met else "not met",

@@ -12,7 +12,8 @@
 #   throughput  distillation step throughput (Wan 1.3B)
 #   predict     mask-prediction benchmark (every kernel config, Wan 1.3B and 14B shapes)
 #   limits      what bounds mask prediction: kernel device times, pool vs a plain read, TF32 logits, budget
-#   training    distillation ablation on the built-in model
+#   training    one call of the claims grid on the built-in model (benchmarks/claims_grid.py; repeat the part
+#               until OUT/claims/grid.md lists nothing missing: each call resumes where the last stopped)
 #   motion      why the built-in model misses the captioned motion: sampler settings, then three equal-budget
 #               training levers (warm restarts of checkpoints/builtin_gen2/, 100 s each), by dense faithfulness
 #   tests       GPU tests (one fixed config per kernel, no tuning)
@@ -65,8 +66,7 @@ limits)
     step predict_limits 180 "$PYTHON" -m benchmarks.predict_limits --out "$OUT/predict_limits"
     ;;
 training)
-    export PYTHON PARALLEL=1
-    step distill_ablation 420 bash benchmarks/distill_ablation.sh "$OUT/ablation"
+    step claims_grid 560 "$PYTHON" -m benchmarks.claims_grid --out "$OUT/claims" --part calibrate train evaluate
     ;;
 tests)
     SPARSEVID_AUTOTUNE=off step gpu_tests 300 "$PYTHON" -m pytest -q -rfE --tb=line -p no:cacheprovider -m gpu tests

@@ -154,3 +154,17 @@ def test_a_call_stopped_early_resumes_to_the_uninterrupted_run(tmp_path):
     assert rest.finished and rest.steps == 6
     assert torch.equal(resumed.weight, whole.weight) and torch.equal(resumed.bias, whole.bias)
     assert [r["lr"] for r in rest.history] == [r["lr"] for r in whole_result.history][-len(rest.history):]
+
+
+def test_eval_held_out_captions_come_from_outside_the_slice(tmp_path):
+    from sparsevid.cli import main
+    from sparsevid.data import ProceduralVideos
+
+    out = tmp_path / "eval"
+    assert main(["eval", "--tiny", "--held-out", "2", "--backgrounds", "navy", "--max-objects", "1", "--steps", "1",
+                 "--config", "rule=topk,topk=0.5", "--heldout-per-bin", "1", "--noise-bins", "1",
+                 "--oracle-sparsity", "0.5", "--out", str(out)]) == 0
+    captions = json.loads((out / "results.json").read_text())["settings"]["captions"]
+    narrow = ProceduralVideos(frames=4, height=32, width=32, max_objects=1, backgrounds=["navy"])
+    assert len(captions) == 2 and not any(narrow.fits(c) for c in captions)
+    assert main(["eval", "--tiny", "--backgrounds", "navy", "--out", str(out)]) == 2  # a slice without --held-out

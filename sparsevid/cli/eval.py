@@ -5,8 +5,8 @@ per noise level, predicted and oracle attention recall per layer, and wall time 
 plots)."""
 from __future__ import annotations
 
-from .args import (clip_arg, config_spec_arg, default_device, device_arg, model_dir_arg, positive_int_arg,
-                   sparsity_arg)
+from .args import (CommandError, add_slice_arguments, clip_arg, config_spec_arg, default_device, device_arg,
+                   model_dir_arg, positive_int_arg, sparsity_arg)
 
 DEFAULT_CONFIGS = ("rule=hybrid,topk=0.05,topp=0.9", "rule=topk,topk=0.1", "rule=topk,topk=0.25")
 SMOKE_TEST_NOTE = ("NOTE: --tiny evaluates an untrained tiny model: this is a smoke test of the pipeline and its "
@@ -26,6 +26,10 @@ def add_parser(subparsers) -> None:
                         "model's own attention (e.g. 0.75 0.9 0.95)")
     p.add_argument("--captions", type=positive_int_arg, default=4, help="how many of the fixed captions to use")
     p.add_argument("--caption", action="append", default=None, help="use this caption instead (repeatable)")
+    p.add_argument("--held-out", type=positive_int_arg, default=None, metavar="N",
+                   help="use N captions that the fine-tuning slice given by --max-objects, --backgrounds, --colours "
+                        "and --motions cannot draw (the captions a student fine-tuned on that slice never saw)")
+    add_slice_arguments(p, "with --held-out: the fine-tuning slice, clips")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--steps", type=positive_int_arg, default=None, help="sampler steps (default: the model's)")
     p.add_argument("--guidance", type=float, default=None)
@@ -49,6 +53,24 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _held_out(args, model) -> list[str]:
+    """--held-out N captions of the model's scenes that the slice of the slice options cannot draw."""
+    from ..data import ProceduralVideos, held_out_captions
+
+    if args.caption:
+        raise CommandError("give --caption or --held-out, not both")
+    words = {name: getattr(args, name) for name in ("backgrounds", "colours", "motions") if getattr(args, name)}
+    if args.max_objects is not None:
+        words["max_objects"] = args.max_objects
+    if not words:
+        raise CommandError("--held-out needs the fine-tuning slice: --max-objects, --backgrounds, --colours or "
+                           "--motions")
+    try:
+        return held_out_captions(model.data, ProceduralVideos(**{**model.data.config(), **words}), args.held_out)
+    except ValueError as error:
+        raise CommandError(f"--held-out: {error}") from None
+
+
 def run(args) -> int:
     from ..eval.harness import DEFAULT_CAPTIONS, parse_config
     from ..eval.plots import plot_suite
@@ -66,6 +88,11 @@ def run(args) -> int:
     model = load_model(args)
     captions = args.caption or [c for c in DEFAULT_CAPTIONS if model.data.fits(c)]
     captions = captions[: args.captions] if not args.caption else captions
+    if args.held_out is not None:
+        captions = _held_out(args, model)
+    elif any(getattr(args, name) is not None for name in ("max_objects", "backgrounds", "colours", "motions")):
+        raise CommandError("--max-objects, --backgrounds, --colours and --motions describe the slice whose captions "
+                           "--held-out leaves out: give --held-out N too")
     steps = args.steps or model.config["sampling"]["steps"]
     if args.rules_at:
         from ..eval.calibrate import rules_at_sparsity
