@@ -26,7 +26,7 @@ from .builtin import ASSETS, WEIGHTS_FILE
 
 STUDENT_DIR = "sparse_student"
 STUDENT_WEIGHTS, STUDENT_CONFIG = "student.safetensors", "student.json"
-TRAINABLE = ("all", "attention")
+TRAINABLE = ("all", "attention")  # what fine-tuning may change (``sparsevid distill --trainable``)
 
 
 def file_sha256(path: str | Path) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..models.sparse_student import TRAINABLE
 from ..schedules import SparseConfig
 from .checkpoint import export_builtin, write_text_atomic
 from .distributed import is_main_process, setup, wrap
@@ -25,7 +26,6 @@ from .loop import LoopConfig, train_loop
 from .sources import STREAM_NOISE, sample_generator
 
 OBJECTIVES = ("distill", "diffusion")
-TRAINABLE = ("all", "attention")
 STATE_FILE, LOG_FILE, SPARSE_CONFIG_FILE, TRANSFORMER_DIR = ("state.safetensors", "log.jsonl",
                                                              "sparse_config.json", "transformer")
 
