@@ -213,3 +213,16 @@ def test_held_out_triples_skip_the_slice():
                for lo, hi in [(b / 2, (b + 1) / 2)])
     first = next(i for i, c in enumerate(plain.captions) if not narrow.fits(c))
     assert skipped.captions[0] == plain.captions[first]  # a clip keeps its index: same clip as without exclude
+
+
+def test_a_fixed_set_of_clips_repeats_by_index():
+    from sparsevid.training.sources import ProceduralSource
+
+    data = ProceduralVideos(frames=2, height=8, width=8, max_objects=1, backgrounds=["gray"])
+    fixed, fresh = ProceduralSource(data, seed=5, clips=3), ProceduralSource(data, seed=5)
+    videos, captions = fixed.clips([0, 1, 2, 3, 4, 5])
+    assert torch.equal(videos[:3], videos[3:]) and captions[:3] == captions[3:]
+    assert torch.equal(videos[:3], fresh.clips([0, 1, 2])[0]) and fixed.describe()["clips"] == 3
+    assert not torch.equal(fresh.clips([3])[0], videos[:1])
+    with pytest.raises(ValueError, match="clips must be None or a positive int"):
+        ProceduralSource(data, clips=0)
