@@ -30,7 +30,8 @@ def test_gradient_checkpointing_with_mask_reuse_matches_the_plain_backward():
 
 
 class _HostReads(TorchFunctionMode):
-    """Counts the calls that copy a tensor's value to the host."""
+    """Counts the calls that copy a tensor's value to the host, and the writes of a Python number into a tensor
+    by indexing (on CUDA a host-to-device copy that waits for the device)."""
 
     READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
              torch.Tensor.__float__, torch.Tensor.cpu, torch.Tensor.numpy}
@@ -40,20 +41,30 @@ class _HostReads(TorchFunctionMode):
         self.reads = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in self.READS:
+        if func in self.READS or (func is torch.Tensor.__setitem__ and not isinstance(args[2], torch.Tensor)):
             self.reads.append(func.__name__)
         return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("refresh_interval", [1, 2])
-def test_a_training_forward_after_reset_reads_nothing_from_the_device(refresh_interval):
+def test_a_training_forward_and_its_reset_read_nothing_from_the_device(refresh_interval):
     model, inputs = build("wan")
     model.train()
     sv.apply_sparse_attention(model, sv.SparseConfig(**{**REUSE, "refresh_interval": refresh_interval}))
     model(**inputs, return_dict=False)  # warm caches (token orders)
     for _ in range(2):
-        sv.reset_denoising_step(model)
         with _HostReads() as host:
+            sv.reset_denoising_step(model)  # a training loop calls it before every forward
             model(**inputs, return_dict=False)[0].square().mean().backward()
         assert host.reads == []
     assert sv.denoising_step(model) == 0
+
+
+def test_pinning_the_step_writes_no_python_number_into_the_counter():
+    model, inputs = build("wan")
+    sv.apply_sparse_attention(model, sv.SparseConfig(**REUSE))
+    with _HostReads() as host:
+        sv.set_denoising_step(model, 3)
+        model(**inputs, return_dict=False)
+    assert host.reads == []
+    assert sv.denoising_step(model) == 3

@@ -130,8 +130,9 @@ class SparseAttnProcessor:
             heads = local_heads(parallel, attn.heads)
         record = None
         if context.collect_stats:
-            record = AttentionRecord(self.layer, context.step, plan is None, layout.video_len, layout.text_len,
-                                     Clock(hidden_states.device))
+            forward = context.forward_record
+            record = AttentionRecord(self.layer, None if forward is None else forward.step, plan is None,
+                                     layout.video_len, layout.text_len, Clock(hidden_states.device))
             context.records.append(record)
         interceptor = SDPAInterceptor(functools.partial(self._attend, layout=layout, record=record, heads=heads))
         with interceptor:

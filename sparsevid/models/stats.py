@@ -36,12 +36,17 @@ class Clock:
         return (self.marks[end] - self.marks[start]) * 1e3
 
 
+def _host_step(step: torch.Tensor | int | None) -> int | None:
+    return None if step is None else int(step)
+
+
 @dataclass
 class AttentionRecord:
-    """One self-attention call: layer, step, whether it ran dense, its video-to-video sparsity, timings."""
+    """One self-attention call: layer, step (a device scalar until read), whether it ran dense, its
+    video-to-video sparsity, timings."""
 
     layer: int
-    step: int | None
+    step: torch.Tensor | int | None
     dense: bool
     video_tokens: int
     text_tokens: int
@@ -53,7 +58,7 @@ class AttentionRecord:
         """Plain numbers (reads device values: call after the forward, not inside it)."""
         return {
             "layer": self.layer,
-            "step": self.step,
+            "step": _host_step(self.step),
             "dense": self.dense,
             "video_tokens": self.video_tokens,
             "text_tokens": self.text_tokens,
@@ -69,11 +74,11 @@ class AttentionRecord:
 
 @dataclass
 class ForwardRecord:
-    """One transformer forward: its step, the token order it ran in (a tile or None for raster order) and
+    """One transformer forward: its step (a device scalar until read), the token order it ran in (a tile or None for raster order) and
     the time spent putting tokens into that order ("reorder": patch embedding, RoPE tables, per-token
     inputs) and back ("restore": the output projection's tokens)."""
 
-    step: int | None
+    step: torch.Tensor | int | None
     tile: tuple[int, int, int] | None
     clock: Clock
     spans: list[tuple[str, str, str]] = field(default_factory=list)
@@ -92,4 +97,4 @@ class ForwardRecord:
         totals = {"reorder_ms": 0.0, "restore_ms": 0.0}
         for kind, start, end in self.spans:
             totals[f"{kind}_ms"] += self.clock.elapsed_ms(start, end)
-        return {"step": self.step, "tile": self.tile, **totals}
+        return {"step": _host_step(self.step), "tile": self.tile, **totals}

@@ -28,10 +28,16 @@ _TIMESTEP, _STEP, _BRANCH, _GENERATION = range(4)
 _NO_TIMESTEP = struct.unpack("<q", struct.pack("<d", float("-inf")))[0]  # -inf as float64 bits: any timestep is larger
 
 
+def _fill_slot(counter: torch.Tensor, slot: int, value: int) -> None:
+    """``counter[slot] = value`` as a fill kernel: assigning a Python number to one element of a CUDA tensor
+    copies it from host memory, and that copy waits for the device."""
+    counter[slot:slot + 1].fill_(value)
+
+
 def fresh_counter(device: torch.device | str | None = None) -> torch.Tensor:
     """A counter before any forward: int64 [4] (int64 so that ``module.to(dtype)`` leaves it alone)."""
     counter = torch.zeros(4, dtype=torch.int64, device=device)
-    counter[_TIMESTEP] = _NO_TIMESTEP
+    _fill_slot(counter, _TIMESTEP, _NO_TIMESTEP)
     return counter
 
 
@@ -78,7 +84,8 @@ class StepContext:
         tile: the 3D tile the video tokens of the current forward are ordered in, None for raster order.
         order: that order as a permutation of the raster tokens (None for raster order).
         reordering: inside a forward that runs in ``order`` (the token-order hooks act only then).
-        forward_record: the per-forward stats record of the last forward (with stats on).
+        forward_record: the per-forward stats record of the last forward (with stats on); the layers' records
+            share its step.
     """
 
     counter: torch.Tensor = field(default_factory=fresh_counter)
@@ -107,8 +114,8 @@ class StepContext:
         if timestep is not None:
             if isinstance(timestep, torch.Tensor):
                 value = timestep.detach().max().to(device=self.counter.device, dtype=torch.float64)
-            else:
-                value = torch.tensor(float(timestep), dtype=torch.float64, device=self.counter.device)
+            else:  # a fill, not torch.tensor: a host-to-device copy would wait for the device
+                value = torch.full((), float(timestep), dtype=torch.float64, device=self.counter.device)
             self.counter.copy_(advance_counter(self.counter, value, self._pinned_step))
         self.grid = grid
         self.values = ForwardValues()
@@ -151,17 +158,22 @@ class StepContext:
         return StepPosition(step, timestep, branch, self._generation)
 
     def begin_order(self, tile: tuple[int, int, int] | None, order: TokenOrder | None, device: torch.device) -> None:
-        """Set the video token order of the current forward (after :meth:`begin_forward`); starts its stats record."""
+        """Set the video token order of the current forward (after :meth:`begin_forward`); starts its stats record
+        (whose step stays on the device until the record is read)."""
         self.tile, self.order = tile, order
-        self.forward_record = ForwardRecord(self.step, tile, Clock(device)) if self.collect_stats else None
+        self.forward_record = None
+        if self.collect_stats:
+            step = self.counter[_STEP].clone() if self.has_timestep else None
+            self.forward_record = ForwardRecord(step, tile, Clock(device))
 
     def forward_span(self, kind: str):
         """Context timing a token-order span of the current forward ("reorder" | "restore") when stats are on."""
         return contextlib.nullcontext() if self.forward_record is None else self.forward_record.span(kind)
 
     def reset(self) -> None:
-        """Forget the step count: the next forward is step 0 of a new generation (no host read)."""
-        self.counter[_TIMESTEP] = _NO_TIMESTEP
+        """Forget the step count: the next forward is step 0 of a new generation (no host read, no sync: a
+        training loop calls it before every forward)."""
+        _fill_slot(self.counter, _TIMESTEP, _NO_TIMESTEP)
         self._fresh = True
         self.has_timestep = False
         self._pinned_step = None
@@ -172,4 +184,5 @@ class StepContext:
             raise ValueError(f"step must be None or an int >= 0, got {step!r}")
         self._pinned_step = step
         if step is not None:
-            self.counter[_STEP] = step
+            _fill_slot(self.counter, _STEP, step)
+

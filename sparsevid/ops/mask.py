@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .pooling import block_token_counts
+
 SUPPORTED_BLOCK_SIZES = (64, 128)
 
 
@@ -143,20 +145,20 @@ class SparseMask:
         """The same mask on another device."""
         return SparseMask(self.keep.to(device), self.q_len, self.kv_len, self.block_q, self.block_k)
 
+    def _block_lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """float64 [QB] and [KB]: tokens per query block and per key block (the last ones may be short)."""
+        return (block_token_counts(self.q_len, self.block_q, self.device, torch.float64),
+                block_token_counts(self.kv_len, self.block_k, self.device, torch.float64))
+
     def tile_areas(self) -> torch.Tensor:
         """float64 [QB, KB]: number of (query, key) pairs each tile covers (edge tiles are smaller)."""
-        # Built on the mask's device: a host-to-device copy would wait for the GPU work queued before it.
-        rows = torch.full((self.num_q_blocks,), self.block_q, dtype=torch.float64, device=self.device)
-        rows[-1] = self.q_len - (self.num_q_blocks - 1) * self.block_q
-        cols = torch.full((self.num_kv_blocks,), self.block_k, dtype=torch.float64, device=self.device)
-        cols[-1] = self.kv_len - (self.num_kv_blocks - 1) * self.block_k
-        return torch.outer(rows, cols)
+        return torch.outer(*self._block_lengths())
 
     @property
     def sparsity_per_head(self) -> torch.Tensor:
-        """float64 [B|1, H|1]: fraction of (query, key) pairs skipped, per batch entry and head."""
-        areas = self.tile_areas()
-        kept = (self.keep.to(torch.float64) * areas).sum(dim=(-2, -1))
+        """float64 [B|1, H|1]: fraction of (query, key) pairs skipped, per batch entry and head (device work
+        only: no host read)."""
+        kept = torch.einsum("bhqk,q,k->bh", self.keep.to(torch.float64), *self._block_lengths())
         return 1.0 - kept / (float(self.q_len) * float(self.kv_len))
 
     @property

@@ -32,12 +32,13 @@ def _block_sums(x: torch.Tensor, block: int) -> torch.Tensor:
     return torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0]
 
 
-def block_token_counts(length: int, block: int, device=None) -> torch.Tensor:
-    """float32 [NB]: number of real tokens in each block of a length-``length`` sequence."""
+def block_token_counts(length: int, block: int, device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[NB] of ``dtype``: number of real tokens in each block of a length-``length`` sequence. Computed on
+    ``device`` (writing a Python number into one element of a CUDA tensor copies it from the host, which waits
+    for the device)."""
     nb = (length + block - 1) // block
-    counts = torch.full((nb,), float(block), dtype=torch.float32, device=device)
-    counts[-1] = length - (nb - 1) * block
-    return counts
+    starts = torch.arange(0, nb * block, block, dtype=dtype, device=device)
+    return (length - starts).clamp_(max=block)
 
 
 def pool_blocks(x: torch.Tensor, block: int) -> torch.Tensor:

@@ -30,23 +30,25 @@ def _as_triple(name: str, value) -> tuple[int, int, int]:
     return tuple(int(v) for v in value)
 
 
-@functools.lru_cache(maxsize=64)
-def _cached_permutation(grid: tuple[int, int, int], tile: tuple[int, int, int],
-                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    if device.type != "cpu":
-        perm, inverse = _cached_permutation(grid, tile, torch.device("cpu"))
-        return perm.to(device), inverse.to(device)
+def _build_permutation(grid: tuple[int, int, int], tile: tuple[int, int, int],
+                       device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """perm, inverse int64 [T*H*W], computed on ``device`` (no host-to-device copy) by a handful of kernels."""
     (t, h, w), (tt, th, tw) = grid, tile
-    ti = torch.arange(t).view(t, 1, 1)
-    yi = torch.arange(h).view(1, h, 1)
-    xi = torch.arange(w).view(1, 1, w)
+    ti = torch.arange(t, device=device).view(t, 1, 1)
+    yi = torch.arange(h, device=device).view(1, h, 1)
+    xi = torch.arange(w, device=device).view(1, 1, w)
     tiles_h, tiles_w = -(-h // th), -(-w // tw)
     tile_id = ((ti // tt) * tiles_h + yi // th) * tiles_w + xi // tw
     within = ((ti % tt) * th + yi % th) * tw + xi % tw
-    perm = torch.argsort((tile_id * (tt * th * tw) + within).flatten())
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.numel())
+    perm = torch.argsort((tile_id * (tt * th * tw) + within).flatten())  # keys are distinct: one order
+    inverse = torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.numel(), device=device))
     return perm, inverse
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_permutation(grid: tuple[int, int, int], tile: tuple[int, int, int],
+                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return _build_permutation(grid, tile, device)
 
 
 def tile_permutation(grid, tile=None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,11 +61,16 @@ def tile_permutation(grid, tile=None, device=None) -> tuple[torch.Tensor, torch.
 
     Returns:
         perm, inverse: int64 [T*H*W]; ``x[..., perm, :]`` is x in tile order and ``y[..., inverse, :]``
-        undoes it. Cached per (grid, tile, device): treat them as read-only.
+        undoes it. Cached per (grid, tile, device): treat them as read-only. While ``torch.compile`` traces,
+        they are computed in the graph instead (a few small kernels; no cache lookup that the compiled code
+        would skip, and nothing on the host, so CUDA graphs can capture it).
     """
     grid = _as_triple("grid", grid)
     tile = DEFAULT_TILE if tile is None else _as_triple("tile", tile)
-    return _cached_permutation(grid, tile, torch.device(device) if device is not None else torch.device("cpu"))
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if torch.compiler.is_compiling():
+        return _build_permutation(grid, tile, device)
+    return _cached_permutation(grid, tile, device)
 
 
 def _reorder(x: torch.Tensor, grid, tile, inverse: bool) -> torch.Tensor:

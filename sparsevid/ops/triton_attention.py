@@ -17,6 +17,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .triton_launch import launch_tuned
+
 LOG2E = 1.4426950408889634
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -535,7 +537,9 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
     tile_lse = _alloc(q, (b * h * qb * slots * block_q,), torch.float32) if with_tile_mass else lse
     tile_mass = _alloc(q, (block_q // 64, b, h, qb, kb), torch.float32) if with_tile_mass else lse
     use_tma = _use_tma("fwd", k, v)
-    _bsa_fwd_kernel[lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h)](
+    # The tuning key beyond the constexprs: N, M, the dtypes (q, k, v share one; the rest are fixed) and the device.
+    config = launch_tuned(
+        _bsa_fwd_kernel, lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h), (n, m, q.dtype, q.device),
         q, *_sources(use_tma, k, v), out, lse, kv_count, kv_index, tile_lse, tile_mass,
         *q.stride(), *k.stride()[:3], *v.stride()[:3], *out.stride(),
         *_table_strides(kv_count, kv_index, b, h),
@@ -546,7 +550,7 @@ def triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: 
     if not with_tile_mass:
         return out, lse
     # Programs owning ROWS rows wrote the first block_q // ROWS splits, each over every tile.
-    splits = block_q // _bsa_fwd_kernel.best_config.kwargs["ROWS"]
+    splits = block_q // config.kwargs["ROWS"]
     return out, lse, tile_mass[0] if splits == 1 else tile_mass[:splits].sum(dim=0)
 
 

@@ -51,6 +51,7 @@ import triton.language as tl
 from .mask import num_blocks
 from .pooling import SIMILARITY_EPS
 from .triton_attention import _AUTOTUNE, _INTERPRET, LOG2E, padded_pow2
+from .triton_launch import launch_tuned
 
 # Candidate configs; the autotuner times them per shape key (the first alone runs when interpreted or with
 # autotuning off). POOL_TOKENS: tokens per pool program (a multiple of both block sizes, 64 and 128), read
@@ -530,6 +531,9 @@ class PredictLaunch:
         self._logits_stride = logits_stride
         self._bh, self._qb, self._kb, self._block_q, self._block_k = b * h, qb, kb, block_q, block_k
         self._scale_log2 = scale * LOG2E
+        # With the constexpr arguments, what fixes each kernel's tuning key (the dtypes of q and k; the rest
+        # are float32 / int32 / int8 buffers) and the device.
+        self._tuning_key = (q.dtype, k.dtype, device)
         block_d, block_kb = padded_pow2(d), padded_pow2(kb)
         self._pool_meta = dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_Q=block_q, BLOCK_K=block_k,
                                WITH_SIM=with_sim)
@@ -552,7 +556,7 @@ class PredictLaunch:
 
     def pool(self, config: triton.Config | None = None) -> None:
         """Stage 1: the pooled rows (and similarities) into the workspace."""
-        _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), self._bh),
+        _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), self._bh), self._tuning_key,
                 self._q, self._k, *self._means, *self._similarities, *self._strides, *self._dims, SIMILARITY_EPS,
                 **self._pool_meta)
 
@@ -560,12 +564,12 @@ class PredictLaunch:
         """Stage 2 (after ``pool``): the pooled logits into the logits buffer."""
         _launch(_logits_kernel, config,
                 lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), self._bh),
-                *self._means, self._pooled_logits, self._qb, self._kb, self._logits_stride, self._scale_log2,
-                **self._logits_meta)
+                self._tuning_key, *self._means, self._pooled_logits, self._qb, self._kb, self._logits_stride,
+                self._scale_log2, **self._logits_meta)
 
     def select(self, config: triton.Config | None = None) -> None:
         """Stage 3 (after ``logits``): the selection and the outputs."""
-        _launch(_select_kernel, config, lambda meta: (self._select_units(meta), self._bh),
+        _launch(_select_kernel, config, lambda meta: (self._select_units(meta), self._bh), self._tuning_key,
                 *self._similarities, *self._select_tensors, *self._rule_args, *self._dims, self._logits_stride,
                 **self._select_meta)
 
@@ -584,10 +588,11 @@ def _row_tiles(kb: int) -> tuple[int, int]:
     return head, (padded_pow2(kb - head) if kb > head else 0)
 
 
-def _launch(kernel, config: triton.Config | None, grid, *args, **meta) -> None:
-    """Launch an autotuned kernel, or with ``config`` (one of its candidates) without tuning."""
+def _launch(kernel, config: triton.Config | None, grid, key: tuple, *args, **meta) -> None:
+    """Launch an autotuned kernel with the config tuned for ``key`` (:func:`launch_tuned`), or with ``config``
+    (one of its candidates) without tuning."""
     if config is None:
-        kernel[grid](*args, **meta)
+        launch_tuned(kernel, grid, key, *args, **meta)
     else:
         kernel.fn[grid](*args, **meta, **config.all_kwargs())
 

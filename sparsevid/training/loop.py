@@ -172,6 +172,73 @@ class StepLog:
         return mean
 
 
+class Budget:
+    """The step / time budget of a run: when it stops and each step's learning rate. The clock counts the
+    seconds of earlier runs (``elapsed_before``, on resume); with a time budget or a ``stop_at`` moment every rank
+    follows rank 0's clock (one broadcast per step when distributed), so that all ranks stop together.
+    ``finished``: the call ended because the budget was used up (not at ``stop_at``)."""
+
+    def __init__(self, config: LoopConfig, elapsed_before: float, device: torch.device):
+        self.config, self.device = config, device
+        self.start = time.perf_counter() - elapsed_before
+        self.finished = False
+
+    def elapsed(self) -> float:
+        """Seconds of training so far (this process's clock)."""
+        return time.perf_counter() - self.start
+
+    def learning_rate(self, step: int) -> float | None:
+        """The learning rate of ``step`` (the number of steps done), or None when the call ends: the budget is
+        used up (``finished``) or the step would start after ``config.stop_at``."""
+        config, elapsed = self.config, self.elapsed()
+        if config.max_seconds is not None:
+            elapsed = broadcast_float(elapsed, self.device)
+        if (config.max_steps is not None and step >= config.max_steps) or \
+                (config.max_seconds is not None and elapsed >= config.max_seconds):
+            self.finished = True
+            return None
+        if config.stop_at is not None and broadcast_float(time.time(), self.device) >= config.stop_at:
+            return None
+        return learning_rate(config, step, elapsed)
+
+
+class Checkpointer:
+    """Writes the full training state (weights, EMA, optimiser, step, elapsed seconds, RNG states and
+    ``run_info``) to ``path`` (None: never), after flushing the per-step log so that the two agree on resume."""
+
+    def __init__(self, path: str | Path | None, module: torch.nn.Module, ema: EMA | None,
+                 optimizer: torch.optim.Optimizer, run_info: dict | None, flush_log: Callable[[], None]):
+        self.path, self.module, self.ema, self.optimizer = path, module, ema, optimizer
+        self.run_info, self.flush_log = run_info or {}, flush_log
+
+    def save(self, step: int, elapsed: float) -> None:
+        self.flush_log()
+        if self.path is not None:
+            save_training_state(self.path, self.module, {} if self.ema is None else self.ema.shadow, self.optimizer,
+                                step, {"elapsed": elapsed, "run": self.run_info})
+
+
+def optimizer_step(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], step: int,
+                   optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], lr: float, grad_clip: float,
+                   autocast) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimisation step at learning rate ``lr``: loss, backward, gradient clipping, optimiser update.
+    Returns the loss and the gradient norm before clipping (device scalars: nothing is read on the host)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with autocast:
+        loss = loss_fn(step)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    optimizer.step()
+    return loss, grad_norm
+
+
+def _autocast(config: LoopConfig, device_type: str):
+    """bf16 autocast on CUDA when ``config.bf16``, else nothing."""
+    return torch.autocast(device_type, dtype=torch.bfloat16) if config.bf16 and device_type == "cuda" else nullcontext()
+
+
 def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], config: LoopConfig,
                state_path: str | Path | None = None, resume: bool = False,
                log: Callable[[str], None] = print, *, run_info: dict | None = None,
@@ -186,9 +253,10 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
     size cannot continue under another). ``jsonl_path``: one JSON row per step (step, loss averaged over
     ranks, lr, grad_norm, seconds); on resume, rows past the restored step are dropped.
 
-    The parts: :func:`make_optimizer`, :class:`~sparsevid.training.ema.EMA`, :func:`resume_training`,
-    :class:`StepLog` (reports) and ``save_training_state`` (checkpoints); a step itself reads nothing from
-    the device but what ``StepLog`` reports.
+    The parts, one job each: :func:`make_optimizer`, :func:`resume_training` (resume), :class:`Budget` (when to
+    stop, learning rate), :func:`optimizer_step`, :class:`~sparsevid.training.ema.EMA`, :class:`StepLog`
+    (logging) and :class:`Checkpointer` (checkpoints). A step reads nothing from the device but what
+    ``StepLog`` reports.
     """
     module = unwrap(model)
     params = [p for p in module.parameters() if p.requires_grad]
@@ -204,52 +272,27 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
             log(f"resumed from {state_path} at step {step}")
     if jsonl_path is not None and main:
         _truncate_jsonl(Path(jsonl_path), step)
-    device_type = params[0].device.type
-    autocast = (torch.autocast(device_type, dtype=torch.bfloat16) if config.bf16 and device_type == "cuda"
-                else nullcontext())
-    start = time.perf_counter() - elapsed_before
+    autocast = _autocast(config, params[0].device.type)
+    budget = Budget(config, elapsed_before, params[0].device)
     first_step = step
     reports = StepLog(config, first_step, main, jsonl_path, log)
-
-    def checkpoint() -> None:
-        reports.flush()
-        if state_path is not None and main:
-            info = {"elapsed": time.perf_counter() - start, "run": run_info or {}}
-            save_training_state(state_path, module, {} if ema is None else ema.shadow, optimizer, step, info)
+    checkpoints = Checkpointer(state_path if main else None, module, ema, optimizer, run_info, reports.flush)
 
     model.train()
-    finished = True
-    while True:
-        elapsed = time.perf_counter() - start
-        if config.max_seconds is not None:  # every rank follows rank 0's clock (learning rate, stopping)
-            elapsed = broadcast_float(elapsed, params[0].device)
-        if (config.max_steps is not None and step >= config.max_steps) or \
-                (config.max_seconds is not None and elapsed >= config.max_seconds):
-            break
-        if config.stop_at is not None and broadcast_float(time.time(), params[0].device) >= config.stop_at:
-            finished = False
-            break
-        lr = learning_rate(config, step, elapsed)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        with autocast:
-            loss = loss_fn(step)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-        optimizer.step()
+    while (lr := budget.learning_rate(step)) is not None:
+        loss, grad_norm = optimizer_step(model, loss_fn, step, optimizer, params, lr, config.grad_clip, autocast)
         if ema is not None:
             ema.update(module)
         step += 1
-        reports.step(step, global_mean(loss.detach()), lr, grad_norm, time.perf_counter() - start)
+        reports.step(step, global_mean(loss.detach()), lr, grad_norm, budget.elapsed())
         if step % config.checkpoint_every == 0:
-            checkpoint()
-    reports.close(time.perf_counter() - start)
+            checkpoints.save(step, budget.elapsed())
+    reports.close(budget.elapsed())
     if step > first_step and step % config.checkpoint_every:
-        checkpoint()
+        checkpoints.save(step, budget.elapsed())
     model.eval()
-    return TrainResult(steps=step, seconds=time.perf_counter() - start, history=reports.history, ema=ema,
-                       finished=finished)
+    return TrainResult(steps=step, seconds=budget.elapsed(), history=reports.history, ema=ema,
+                       finished=budget.finished)
 
 
 def _row(step: int, loss: float, lr: float, grad_norm: float, seconds: float, digits: int) -> dict:
