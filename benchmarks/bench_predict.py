@@ -21,7 +21,14 @@ version and the 95%-sparse attention forward; and attention recall of predicted 
    (random mask) of the same shape. The stages are timed
    with every candidate config of their kernels (each checked against ``predict_mask``); the stage figures
    are the fastest of them.
-2. Recall: on the video-like field (amplitude 12) on a Wan-like grid (21x30x52), masks at ~95% sparsity
+2. Public-API overhead (``--parts api``): ``predict_mask`` + ``block_sparse_attention`` as a user calls them
+   (eager, video inputs, top-k 5% and the hybrid rule) against ``block_sparse_attention`` alone under the mask
+   the prediction gives, each timed four ways: ``triton.testing.do_bench`` (L2 flushed before each call: how
+   the kernel tables are measured), back to back (50 calls in a row between two CUDA events: a slow host shows
+   here), device time with a GPU spin ahead of each call (``timing.flushed_ms``: whatever the host's launch
+   rate) and replayed from a CUDA graph; plus host time per call. The target: predict + forward within 10% of
+   the forward alone.
+3. Recall: on the video-like field (amplitude 12) on a Wan-like grid (21x30x52), masks at ~95% sparsity
    (top-k 5%) are predicted in raster order and in several 3D-tile orders, and the exact attention recall
    (true softmax mass kept) of each is measured.
 
@@ -34,6 +41,7 @@ DiTs. Each head draws its own length scales l_t in [1, 4] frames and l_s in [2, 
 Writes results.json under --out and prints a short table last.
 
     python3 -m benchmarks.bench_predict --out results/predict
+    python3 -m benchmarks.bench_predict --out results/predict_api --parts api --shapes wan1.3b --recall-grid none
     python3 -m benchmarks.bench_predict --out /tmp/p --shapes tiny --recall-grid 6,12,16   # CPU, slow
 """
 from __future__ import annotations
@@ -55,7 +63,7 @@ import triton  # noqa: E402
 
 import sparsevid as sv  # noqa: E402
 from benchmarks.run_info import run_metadata  # noqa: E402
-from benchmarks.timing import median_ms  # noqa: E402
+from benchmarks.timing import flushed_ms, median_ms  # noqa: E402
 from sparsevid.eval import attention_recall  # noqa: E402
 from sparsevid.ops import triton_predict  # noqa: E402  (the stages and their candidate configs are timed alone)
 from sparsevid.ops.mask import kept_index_table  # noqa: E402
@@ -73,6 +81,9 @@ VIDEO_AMPLITUDE = 20.0
 TILES = {"2x8x8": (2, 8, 8), "4x4x8": (4, 4, 8), "1x8x16": (1, 8, 16), "2x4x16": (2, 4, 16)}
 RULE = dict(rule="hybrid", topk=0.05, topp=0.9)
 MAX_DIFFERING_ROWS = 1e-3
+PARTS = ("stages", "api")
+API_RULES = {"topk": dict(rule="topk", topk=0.05), "hybrid": RULE}
+API_TARGET = 1.10  # predict + forward within 10% of the forward alone
 
 
 def video_field(grid, heads: int, d: int, batch: int = 1, amp: float = 12.0, noise: float = 0.5,
@@ -267,6 +278,57 @@ def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, att
     return row
 
 
+def back_to_back_ms(fn, calls: int = 50) -> float:
+    """Mean ms per call of ``calls`` calls of ``fn`` in a row between two CUDA events (no flush, no spin): the
+    host's time per call when it launches slower than the device runs."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def api_case(name: str, rule_name: str, blocks: tuple[int, int], device, dtype) -> dict:
+    """predict_mask + block_sparse_attention against block_sparse_attention alone (module docstring, part 2)."""
+    b, h, n, d, _ = SHAPES[name]
+    rule = dict(API_RULES[rule_name], block_q=blocks[0], block_k=blocks[1])
+    q, k = timing_inputs("video", name, device, dtype)
+    v = torch.randn(b, n, h, d, device=device, dtype=dtype).transpose(1, 2)
+    mask, stats = sv.predict_mask(q, k, **rule)
+    calls = {"forward": lambda: sv.block_sparse_attention(q, k, v, mask),
+             "predict_forward": lambda: sv.block_sparse_attention(q, k, v, sv.predict_mask(q, k, **rule)[0]),
+             "predict": lambda: sv.predict_mask(q, k, **rule)}
+    row = {"shape": name, "rule_name": rule_name, "B": b, "H": h, "N": n, "D": d, **rule,
+           "dtype": str(dtype).removeprefix("torch."), "sparsity": stats.sparsity}
+    measure = functools.partial(median_ms, device=device)
+    for label, fn in calls.items():
+        row[label] = {"do_bench_ms": measure(fn)}
+        if device.type == "cuda":
+            row[label].update(back_to_back_ms=back_to_back_ms(fn), device_ms=flushed_ms(fn, clean=False),
+                              graph_ms=graph_ms(fn, measure), host_us=host_us(fn))
+    row["ratio"] = {how: row["predict_forward"][how] / row["forward"][how] for how in row["forward"]
+                    if how.endswith("_ms") and row["forward"][how] and row["predict_forward"][how]}
+    row["within_target"] = {how: ratio <= API_TARGET for how, ratio in row["ratio"].items()}
+    return row
+
+
+def print_api(rows: list[dict]) -> None:
+    print(f"\npredict + forward vs forward alone (target: ratio <= {API_TARGET:.2f})")
+    print(f"{'shape':<8}{'rule':>7}{'spars':>7}{'timing':>16}{'forward':>10}{'pred+fwd':>10}{'predict':>10}{'ratio':>7}")
+    for row in rows:
+        for how, ratio in row["ratio"].items():
+            print(f"{row['shape']:<8}{row['rule_name']:>7}{row['sparsity']:>7.3f}{how:>16}"
+                  f"{row['forward'][how]:>10.4f}{row['predict_forward'][how]:>10.4f}"
+                  f"{row['predict'].get(how) or float('nan'):>10.4f}{ratio:>7.3f}")
+        if "host_us" in row["forward"]:
+            print(f"{row['shape']:<8}{row['rule_name']:>7}{'':>7}{'host us/call':>16}{row['forward']['host_us']:>10.1f}"
+                  f"{row['predict_forward']['host_us']:>10.1f}{row['predict']['host_us']:>10.1f}")
+
+
 def recall_study(grid, heads: int, d: int, device, dtype, tiles: list[str]) -> list[dict]:
     q, k = video_field(grid, heads, d, device=device, dtype=dtype, seed=123)
     rows = []
@@ -291,7 +353,13 @@ def main() -> None:
                         help="T,H,W token grid of the recall study ('none' skips it)")
     parser.add_argument("--recall-heads", type=int, default=2)
     parser.add_argument("--tiles", default=",".join(TILES), help=f"comma list of {list(TILES)}")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma list of {list(PARTS)}: the stage timings (1.) and the public-API overhead (2.)")
+    parser.add_argument("--api-rules", default=",".join(API_RULES), help=f"comma list of {list(API_RULES)}")
     args = parser.parse_args()
+    parts = [p for p in args.parts.split(",") if p]
+    if not set(parts) <= set(PARTS):
+        parser.error(f"--parts: expected names from {list(PARTS)}, got {parts}")
 
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32  # the interpreter's dots need fp16/fp32
@@ -299,16 +367,22 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     blocks = [tuple(int(v) for v in spec.split("x")) for spec in args.blocks.split(",") if spec]
     attention_ms: dict = {}
-    timing = []
+    timing, api = [], []
     for name in [s for s in args.shapes.split(",") if s]:
         for block in blocks:
-            for kind in [s for s in args.inputs.split(",") if s]:
+            cases = [("stages", kind) for kind in args.inputs.split(",") if kind and "stages" in parts]
+            cases += [("api", rule) for rule in args.api_rules.split(",") if rule and "api" in parts]
+            for part, case in cases:
                 started = time.perf_counter()
-                timing.append(bench_case(name, kind, block, device, dtype, attention_ms))
-                print(f"{name} {block[0]}x{block[1]} {kind}: {time.perf_counter() - started:.1f} s", flush=True)
+                if part == "stages":
+                    timing.append(bench_case(name, case, block, device, dtype, attention_ms))
+                else:
+                    api.append(api_case(name, case, block, device, dtype))
+                print(f"{name} {block[0]}x{block[1]} {part} {case}: {time.perf_counter() - started:.1f} s",
+                      flush=True)
                 if cuda:
                     torch.cuda.empty_cache()
-    result = {**run_metadata(device), "timing": timing}
+    result = {**run_metadata(device), "timing": timing, "api": api}
     if args.recall_grid != "none":
         grid = tuple(int(v) for v in args.recall_grid.split(","))
         result["recall"] = {"grid": grid, "heads": args.recall_heads, "rule": "topk 5%",
@@ -317,8 +391,11 @@ def main() -> None:
     (out_dir / "results.json").write_text(json.dumps(result, indent=2))
 
     print(f"\n{result['gpu']}  torch {result['torch']}  triton {result['triton']}  commit {result['commit']}")
-    print(f"{'shape':<8}{'blocks':>8}{'input':>7}{'spars':>6}{'pool':>8}{'logits':>8}{'select':>8}{'staged':>8}"
-          f"{'e2e':>8}{'graph':>8}{'host us':>8}{'naive':>8}{'attn95':>8}{'best/attn':>10}{'TB/s':>6}{'floor':>7}")
+    if api:
+        print_api(api)
+    if timing:
+        print(f"{'shape':<8}{'blocks':>8}{'input':>7}{'spars':>6}{'pool':>8}{'logits':>8}{'select':>8}{'staged':>8}"
+              f"{'e2e':>8}{'graph':>8}{'host us':>8}{'naive':>8}{'attn95':>8}{'best/attn':>10}{'TB/s':>6}{'floor':>7}")
     for row in timing:
         graph, host, floor = (row.get(key) or float("nan")
                               for key in ("predict_mask_graph_ms", "predict_mask_host_us", "read_floor_ms"))

@@ -19,11 +19,20 @@
 #   tests       GPU tests (one fixed config per kernel, no tuning)
 #   parallel    (two GPUs) context-parallel Wan 14B forward, one vs two GPUs; distillation under DDP
 #   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
+#   runtime     GPU tests of the runtime (no host sync in the public calls, the step bookkeeping, inference and
+#               checkpointed training forwards; inductor-compiled models match eager); predict + forward
+#               through the public API vs the forward alone at the Wan 1.3B and 14B shapes (host and device)
+#   e2e13b      end to end, Wan 1.3B 480p at 95% (top-k 5%), dense and sparse, eager and torch.compile
+#   e2e13b_modes  the same under compile_repeated_blocks with mode reduce-overhead (CUDA graphs) and
+#               max-autotune-no-cudagraphs
+#   e2e14b      end to end, Wan 14B 720p at 95%, dense and sparse, eager
+#   e2e14b_compiled  the same compiled (compile_repeated_blocks, default mode)
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|motion|tests|parallel|ddp"
+PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|motion|tests|parallel|ddp|runtime|e2e13b|\
+e2e13b_modes|e2e14b|e2e14b_compiled"
 PART=${1:?usage: gpu_session.sh $PARTS}
 mkdir -p "$OUT"
 step() {  # step NAME SECONDS COMMAND...
@@ -78,6 +87,28 @@ parallel)
     ;;
 ddp)
     step distill_ddp 150 bash benchmarks/distill_ddp.sh "$OUT/ddp"
+    ;;
+runtime)
+    SPARSEVID_AUTOTUNE=off step runtime_tests 300 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu \
+        tests/test_runtime_gpu.py tests/test_integration_compile.py
+    step predict_api 220 "$PYTHON" -m benchmarks.bench_predict --out "$OUT/predict_api" --parts api \
+        --shapes wan1.3b,wan14b --recall-grid none
+    ;;
+e2e13b)
+    step e2e13b 540 "$PYTHON" -m benchmarks.bench_e2e --out "$OUT/e2e13b" --models wan1.3b --sparsity 0.95 \
+        --compile eager,default
+    ;;
+e2e13b_modes)
+    step e2e13b_modes 540 "$PYTHON" -m benchmarks.bench_e2e --out "$OUT/e2e13b_modes" --models wan1.3b \
+        --sparsity 0.95 --compile reduce-overhead,max-autotune-no-cudagraphs --compile-scope blocks
+    ;;
+e2e14b)
+    step e2e14b 540 "$PYTHON" -m benchmarks.bench_e2e --out "$OUT/e2e14b" --models wan14b --sparsity 0.95 \
+        --compile eager --iters 2
+    ;;
+e2e14b_compiled)
+    step e2e14b_compiled 540 "$PYTHON" -m benchmarks.bench_e2e --out "$OUT/e2e14b_compiled" --models wan14b \
+        --sparsity 0.95 --compile default --compile-scope blocks --iters 2
     ;;
 *)
     echo "unknown part: $PART ($PARTS)" >&2

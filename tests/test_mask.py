@@ -96,3 +96,11 @@ def test_max_kept_blocks_is_read_once_per_mask(monkeypatch):
     # Cached: a second request does not read the device again (the count table is not consulted).
     monkeypatch.setattr(type(mask), "kv_count", property(lambda self: pytest.fail("kv_count read again")))
     assert mask.max_kept_blocks == 4
+
+
+@pytest.mark.parametrize("lengths", [(300, 200), (128, 64), (1, 333)], ids=["N300-M200", "one-block-each", "N1-M333"])
+def test_full_mask_tables_are_the_ones_kept_index_table_builds(lengths):
+    full = sv.SparseMask.full(*lengths, block_q=128, block_k=64)
+    count, index = kept_index_table(full.keep)
+    assert torch.equal(full.kv_count, count) and torch.equal(full.kv_index, index)
+    assert full.kv_index.is_contiguous()

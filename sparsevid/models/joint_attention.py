@@ -85,11 +85,25 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
     return merged.to(out_a.dtype) if out is None else out.copy_(merged)
 
 
+_FULL_MASKS: dict[tuple, SparseMask] = {}
+
+
+def _full_mask(q_len: int, kv_len: int, block_q: int, block_k: int, device: torch.device) -> SparseMask:
+    """``SparseMask.full`` for these sizes, made once per (sizes, device) and shared by every layer and forward
+    (built in the graph while ``torch.compile`` traces: a cache the compiled code would skip is not consulted)."""
+    if torch.compiler.is_compiling():
+        return SparseMask.full(q_len, kv_len, block_q, block_k, device=device)
+    key = (q_len, kv_len, block_q, block_k, device)
+    if key not in _FULL_MASKS:
+        _FULL_MASKS[key] = SparseMask.full(q_len, kv_len, block_q, block_k, device=device)
+    return _FULL_MASKS[key]
+
+
 def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch.Tensor,
                       key_sets: list[torch.Tensor] | None, mask: SparseMask, scale: float | None, backend: str):
     """Dense attention of video rows [B, H, Nv, D] over the valid text keys: (out [B, H, Nv, D], lse [B, H, Nv])."""
     def attend(q, k, v):
-        full = SparseMask.full(q.shape[2], k.shape[2], mask.block_q, mask.block_k, device=q.device)
+        full = _full_mask(q.shape[2], k.shape[2], mask.block_q, mask.block_k, q.device)
         return block_sparse_attention(q, k, v, full, scale=scale, return_lse=True, backend=backend)
 
     if key_sets is None:

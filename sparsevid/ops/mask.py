@@ -121,8 +121,12 @@ class SparseMask:
         _check_block_size("block_k", block_k)
         _check_length("q_len", q_len)
         _check_length("kv_len", kv_len)
-        shape = (1, 1, num_blocks(q_len, block_q), num_blocks(kv_len, block_k))
-        return cls(torch.ones(shape, dtype=torch.bool, device=device), q_len, kv_len, block_q, block_k)
+        qb, kb = num_blocks(q_len, block_q), num_blocks(kv_len, block_k)
+        # Its kv table is known without the sort kept_index_table does: every row keeps 0 .. KB-1.
+        count = torch.full((1, 1, qb), kb, dtype=torch.int32, device=device)
+        index = torch.arange(kb, dtype=torch.int32, device=device).expand(1, 1, qb, kb).contiguous()
+        return cls.from_dense(torch.ones((1, 1, qb, kb), dtype=torch.bool, device=device), q_len, kv_len, block_q,
+                              block_k, kv_table=(count, index))
 
     # ---------------------------------------------------------------- shape helpers
     @property
