@@ -112,12 +112,15 @@ class StepLog:
     and at the first step, and a per-step JSONL row. Losses and gradient norms stay on the device until a
     report needs them (one device read per report, none per step).
 
-    Only the main process writes (``enabled``); every process keeps ``history``.
+    Only the main process writes (``enabled``); every process keeps ``history``. The JSONL file keeps the rows of
+    steps up to ``first_step`` (a resumed run's earlier rows) and continues after them.
     """
 
     def __init__(self, config: LoopConfig, first_step: int, enabled: bool, jsonl_path: str | Path | None,
                  log: Callable[[str], None]):
         self.config, self.first_step, self.enabled, self.log = config, first_step, enabled, log
+        if jsonl_path is not None and enabled:
+            _truncate_jsonl(Path(jsonl_path), first_step)
         self.history: list[dict] = []
         self._window: list[torch.Tensor] = []
         self._pending: list[tuple] = []  # per-step JSONL rows whose loss / grad norm are still on the device
@@ -270,8 +273,6 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
         step, elapsed_before = resume_training(state_path, module, ema, optimizer, run_info)
         if main:
             log(f"resumed from {state_path} at step {step}")
-    if jsonl_path is not None and main:
-        _truncate_jsonl(Path(jsonl_path), step)
     autocast = _autocast(config, params[0].device.type)
     budget = Budget(config, elapsed_before, params[0].device)
     first_step = step
