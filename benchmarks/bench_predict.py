@@ -318,7 +318,8 @@ def api_case(name: str, rule_name: str, blocks: tuple[int, int], device, dtype) 
 
 def print_api(rows: list[dict]) -> None:
     print(f"\npredict + forward vs forward alone (target: ratio <= {API_TARGET:.2f})")
-    print(f"{'shape':<8}{'rule':>7}{'spars':>7}{'timing':>16}{'forward':>10}{'pred+fwd':>10}{'predict':>10}{'ratio':>7}")
+    print(f"{'shape':<8}{'rule':>7}{'spars':>7}{'timing':>16}{'forward':>10}{'pred+fwd':>10}{'predict':>10}"
+          f"{'ratio':>7}")
     for row in rows:
         for how, ratio in row["ratio"].items():
             print(f"{row['shape']:<8}{row['rule_name']:>7}{row['sparsity']:>7.3f}{how:>16}"

@@ -48,9 +48,7 @@ STAGES = ("pool", "logits", "select")
 def tuned_configs(launch: triton_predict.PredictLaunch) -> tuple:
     """Autotune the three stages on ``launch``; their chosen configs (pool, logits, select). Launches given a
     config skip the autotuner's per-call dispatch, so that host time stays below device time."""
-    launch.run()
-    return tuple(kernel.best_config for kernel in (triton_predict._pool_kernel, triton_predict._logits_kernel,
-                                                    triton_predict._select_kernel))
+    return launch.run()
 
 
 def kernel_times(launch: triton_predict.PredictLaunch, configs: tuple) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """Per-layer attention and per-forward token-order statistics, recorded without host syncs and read on request.
 
 Timings use CUDA events on CUDA tensors (resolved when the stats are read) and ``time.perf_counter``
-elsewhere; the sparsity stays a device tensor until read.
+elsewhere; the sparsity and the step stay device tensors until read.
 """
 from __future__ import annotations
 
@@ -74,9 +74,9 @@ class AttentionRecord:
 
 @dataclass
 class ForwardRecord:
-    """One transformer forward: its step (a device scalar until read), the token order it ran in (a tile or None for raster order) and
-    the time spent putting tokens into that order ("reorder": patch embedding, RoPE tables, per-token
-    inputs) and back ("restore": the output projection's tokens)."""
+    """One transformer forward: its step (a device scalar until read), the token order it ran in (a tile or
+    None for raster order) and the time spent putting tokens into that order ("reorder": patch embedding, RoPE
+    tables, per-token inputs) and back ("restore": the output projection's tokens)."""
 
     step: torch.Tensor | int | None
     tile: tuple[int, int, int] | None

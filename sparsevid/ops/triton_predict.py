@@ -554,31 +554,30 @@ class PredictLaunch:
     def _select_units(self, meta) -> int:
         return num_blocks(self._qb, _select_rows_per_group(meta))
 
-    def pool(self, config: triton.Config | None = None) -> None:
-        """Stage 1: the pooled rows (and similarities) into the workspace."""
-        _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), self._bh), self._tuning_key,
+    def pool(self, config: triton.Config | None = None) -> triton.Config:
+        """Stage 1: the pooled rows (and similarities) into the workspace. Returns the config it ran with."""
+        return _launch(_pool_kernel, config, lambda meta: (self._pool_units(meta), self._bh), self._tuning_key,
                 self._q, self._k, *self._means, *self._similarities, *self._strides, *self._dims, SIMILARITY_EPS,
                 **self._pool_meta)
 
-    def logits(self, config: triton.Config | None = None) -> None:
-        """Stage 2 (after ``pool``): the pooled logits into the logits buffer."""
-        _launch(_logits_kernel, config,
+    def logits(self, config: triton.Config | None = None) -> triton.Config:
+        """Stage 2 (after ``pool``): the pooled logits into the logits buffer. Returns the config it ran with."""
+        return _launch(_logits_kernel, config,
                 lambda meta: (num_blocks(self._qb, meta["ROWS"]) * num_blocks(self._kb, meta["SPAN"]), self._bh),
                 self._tuning_key, *self._means, self._pooled_logits, self._qb, self._kb, self._logits_stride,
                 self._scale_log2, **self._logits_meta)
 
-    def select(self, config: triton.Config | None = None) -> None:
-        """Stage 3 (after ``logits``): the selection and the outputs."""
-        _launch(_select_kernel, config, lambda meta: (self._select_units(meta), self._bh), self._tuning_key,
+    def select(self, config: triton.Config | None = None) -> triton.Config:
+        """Stage 3 (after ``logits``): the selection and the outputs. Returns the config it ran with."""
+        return _launch(_select_kernel, config, lambda meta: (self._select_units(meta), self._bh), self._tuning_key,
                 *self._similarities, *self._select_tensors, *self._rule_args, *self._dims, self._logits_stride,
                 **self._select_meta)
 
-    def run(self, configs: tuple = (None, None, None)) -> None:
-        """The three stages; configs: (pool, logits, select) candidate configs, None to autotune."""
+    def run(self, configs: tuple = (None, None, None)) -> tuple[triton.Config, triton.Config, triton.Config]:
+        """The three stages; configs: (pool, logits, select) candidate configs, None to autotune. Returns the
+        configs they ran with."""
         pool_config, logits_config, select_config = configs
-        self.pool(pool_config)
-        self.logits(logits_config)
-        self.select(select_config)
+        return self.pool(pool_config), self.logits(logits_config), self.select(select_config)
 
 
 def _row_tiles(kb: int) -> tuple[int, int]:
@@ -588,13 +587,13 @@ def _row_tiles(kb: int) -> tuple[int, int]:
     return head, (padded_pow2(kb - head) if kb > head else 0)
 
 
-def _launch(kernel, config: triton.Config | None, grid, key: tuple, *args, **meta) -> None:
+def _launch(kernel, config: triton.Config | None, grid, key: tuple, *args, **meta) -> triton.Config:
     """Launch an autotuned kernel with the config tuned for ``key`` (:func:`launch_tuned`), or with ``config``
-    (one of its candidates) without tuning."""
+    (one of its candidates) without tuning. Returns the config it ran with."""
     if config is None:
-        launch_tuned(kernel, grid, key, *args, **meta)
-    else:
-        kernel.fn[grid](*args, **meta, **config.all_kwargs())
+        return launch_tuned(kernel, grid, key, *args, **meta)
+    kernel.fn[grid](*args, **meta, **config.all_kwargs())
+    return config
 
 
 def triton_predict(q: torch.Tensor, k: torch.Tensor, **options) -> tuple[torch.Tensor, ...]:
