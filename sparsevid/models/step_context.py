@@ -185,4 +185,3 @@ class StepContext:
         self._pinned_step = step
         if step is not None:
             _fill_slot(self.counter, _STEP, step)
-
