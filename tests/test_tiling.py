@@ -86,3 +86,20 @@ def test_helpers_reject_wrong_token_count():
         tile_tokens(torch.randn(1, 100, 4), (3, 5, 7))
     with pytest.raises(TypeError, match="x"):
         untile_tokens([1, 2, 3], (1, 1, 3))
+
+
+def test_compiled_code_computes_the_permutation_in_its_graph_without_the_cache():
+    """Under torch.compile the tables come from device ops in the graph: no cached lookup that the compiled code
+    would skip (dynamo warns when it traces through an lru_cache), and the same tables as eager."""
+    import warnings
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: sv.tile_permutation((3, 5, 7), (2, 2, 4), x.device), backend="eager",
+                             fullgraph=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        perm, inverse = compiled(torch.zeros(1))
+    assert not [w for w in caught if "lru_cache" in str(w.message)]
+    expected = sv.tile_permutation((3, 5, 7), (2, 2, 4))
+    assert torch.equal(perm, expected[0]) and torch.equal(inverse, expected[1])
+    torch._dynamo.reset()
