@@ -21,7 +21,7 @@ SHAPES = [
     pytest.param((1, 2, 256, 384, 128, 128, 64), id="even-d128-128x64"),
     pytest.param((1, 2, 256, 256, 80, 128, 128), id="even-d80-128x128"),
 ]
-KINDS = ["random", "empty-rows", "single", "full"]
+KINDS = ["random", "empty-rows", "whole-rows", "single", "full"]
 # Relative error vs float64 (DESIGN.md section 3): float32 arithmetic lands far below 1e-4.
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
 CPU = "cpu"
@@ -49,8 +49,9 @@ def nan_poisoned_outputs(monkeypatch):
 
 
 def make_mask(kind: str, b: int, h: int, n: int, m: int, block_q: int, block_k: int) -> sv.SparseMask:
-    """Random (per batch entry and head), full, a single tile (the short last key block), or random with
-    the first query block keeping nothing."""
+    """Random (per batch entry and head), full, a single tile (the short last key block), random with the
+    first query block keeping nothing, or random with the last query block keeping every key block (and, in
+    the first head, the first one too: heads with different numbers of such rows)."""
     qb, kb = -(-n // block_q), -(-m // block_k)
     if kind == "full":
         return sv.SparseMask.full(n, m, block_q, block_k)
@@ -61,6 +62,9 @@ def make_mask(kind: str, b: int, h: int, n: int, m: int, block_q: int, block_k: 
     keep = torch.rand(b, h, qb, kb) < 0.5
     if kind == "empty-rows":
         keep[..., 0, :] = False
+    if kind == "whole-rows":
+        keep[..., -1, :] = True
+        keep[0, 0, 0, :] = True
     return sv.SparseMask.from_dense(keep, n, m, block_q, block_k)
 
 
@@ -194,10 +198,11 @@ def test_strided_inputs_and_half_precision(chunk_path):
         assert rel_err(out, ref_out) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
 
 
+@pytest.mark.parametrize("kind", ["empty-rows", "whole-rows"])
 @pytest.mark.parametrize("shape", SHAPES[:4])
-def test_tile_mass_matches_reference(shape, chunk_path):
+def test_tile_mass_matches_reference(shape, kind, chunk_path):
     b, h, n, m, d, block_q, block_k = shape
-    mask = make_mask("empty-rows", b, h, n, m, block_q, block_k)
+    mask = make_mask(kind, b, h, n, m, block_q, block_k)
     q, k, v = rand_inputs(b, h, n, m, d, torch.float64, requires_grad=False)
     out, lse, mass = sv.block_sparse_attention(q, k, v, mask, return_lse=True, return_tile_mass=True,
                                                backend="gather")
@@ -211,18 +216,53 @@ def test_tile_mass_matches_reference(shape, chunk_path):
 
 def test_chunks_of_different_kept_counts_give_the_same_result(monkeypatch, chunk_path):
     """A budget of one query block per chunk (rows of different kept counts in separate chunks) gives the
-    result of one chunk for all."""
+    result of one chunk for all; query blocks that keep every key block are never chunked."""
     b, h, n, m, d = 2, 1, 400, 300, 32
-    mask = make_mask("empty-rows", b, h, n, m, 64, 64)
+    mask = make_mask("whole-rows", b, h, n, m, 64, 64)
     q, k, v = rand_inputs(b, h, n, m, d, torch.float64)
     grad_out = torch.randn(b, h, n, d, dtype=torch.float64)
     whole = run_gather(q, k, v, mask, grad_out)
     monkeypatch.setattr(gather_attention, "_CHUNK_ELEMENTS", 1)
-    assert len(gather_attention._make_plan(mask, b, h, d, 1.0, torch.float64, q.device).chunks) == int(
-        (mask.kv_count > 0).sum())
+    plan = gather_attention._make_plan(mask, b, h, d, 1.0, torch.float64, q.device)
+    assert len(plan.chunks) == int(((mask.kv_count > 0) & (mask.kv_count < mask.num_kv_blocks)).sum())
     chunked = run_gather(q, k, v, mask, grad_out)
     for got, expected in zip([chunked[0], chunked[1], *chunked[2]], [whole[0], whole[1], *whole[2]]):
         assert rel_err(got, expected) < 1e-12
+
+
+@pytest.mark.parametrize("whole_rows", [True, False], ids=["whole-rows-apart", "all-chunked"])
+def test_plan_covers_every_query_block_once_with_bounded_padding(whole_rows):
+    """Empty, chunked and whole query blocks partition the rows; a chunk pads at most max(kept tiles /
+    _PADDING_SHARE, _FREE_PADDING_TILES) tiles; whole rows are grouped by their count per head."""
+    b, h, qb, kb = 2, 3, 40, 24
+    keep = torch.rand(b, h, qb, kb) < torch.rand(b, h, qb, 1)  # rows keep from none to all key blocks
+    keep[0, 1, :5] = True
+    mask = sv.SparseMask.from_dense(keep, qb * 64, kb * 64, 64, 64)
+    plan = gather_attention._make_plan(mask, b, h, 64, 1.0, torch.float32, torch.device(CPU), whole_rows=whole_rows)
+    count = mask.kv_count.reshape(-1)
+    chunked = torch.cat([c.rows for c in plan.chunks])
+    assert torch.equal(chunked, plan.rows)
+    whole = [w.rows for w in plan.whole_rows]
+    every = torch.cat([plan.empty_rows, chunked, *whole]).sort().values
+    assert torch.equal(every, torch.arange(b * h * qb))
+    assert bool((count[plan.empty_rows] == 0).all())
+    for chunk in plan.chunks:
+        kept = count[chunk.rows]
+        assert int(kept.max()) == chunk.slots
+        padding = len(kept) * chunk.slots - int(kept.sum())
+        assert padding <= max(int(kept.sum()) // gather_attention._PADDING_SHARE,
+                              gather_attention._FREE_PADDING_TILES)
+    assert len(plan.chunks) < len(torch.unique(count[plan.rows]))  # rows of different counts share chunks
+    if whole_rows:
+        assert all(bool((count[w] == kb).all()) for w in whole) and not bool((count[chunked] == kb).any())
+        whole_per_head = (mask.kv_count == kb).sum(-1).reshape(-1)
+        for group in plan.whole_rows:  # every head of a group has the group's number of whole rows
+            assert torch.equal(torch.unique(group.rows // qb), group.heads)
+            assert bool((whole_per_head[group.heads] * len(group.heads) == len(group.rows)).all())
+        sizes = [len(g.rows) // len(g.heads) for g in plan.whole_rows]
+        assert len(set(sizes)) == len(sizes) and 5 <= max(sizes)
+    else:
+        assert not plan.whole_rows
 
 
 def test_auto_backend_is_gather_off_cuda():

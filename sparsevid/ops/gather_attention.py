@@ -3,11 +3,15 @@
 For every query block the kept key/value blocks (the mask's index table) are gathered into one contiguous
 slab ``[kept * block_k, D]`` and the softmax runs over that slab only, so work and memory follow the kept
 tiles, not N * M. Query blocks (over all batch entries and heads) are sorted by their number of kept blocks
-and processed in chunks of similar counts with batched matrix products; inside a chunk each query block is
-padded to the chunk's largest count, the padding columns (and the columns past ``kv_len`` of a short last
-key block) get a score of -inf. A chunk's tensors hold at most about ``_CHUNK_ELEMENTS`` elements each. On
-the CPU each chunk runs PyTorch's fused attention kernel (the one ``scaled_dot_product_attention`` uses);
-elsewhere batched matrix products and an explicit softmax.
+and processed in chunks of near-equal counts with batched matrix products: inside a chunk each query block
+is padded to the chunk's largest count (the padded tiles bounded by ``_PADDING_SHARE`` and
+``_FREE_PADDING_TILES``); the padding columns (and the columns past ``kv_len`` of a short last key block) get a score of -inf. A
+chunk's tensors hold at most about ``_CHUNK_ELEMENTS`` elements each. The query blocks are put in chunk
+order once (one copy, each chunk a slice of it) and the outputs written back once. Query blocks
+that keep every key block are not gathered: per head they attend the head's keys and values as they are, in
+one call (so a fully kept mask costs what dense attention costs). On the CPU each chunk runs PyTorch's fused
+attention kernel (the one ``scaled_dot_product_attention`` uses); elsewhere batched matrix products and an
+explicit softmax.
 
 The backward pass recomputes each chunk's scores from q, k, v and the saved row log-sum-exp (nothing of
 size N * M, and no probabilities, are kept between the passes) and scatters the key/value gradients back
@@ -17,6 +21,7 @@ Computation runs in float32 (float64 for float64 inputs); outputs are cast back 
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import torch
@@ -30,23 +35,45 @@ from .validation import grad_requested
 # 10% of the fastest (2**20) when the machine was idle and twice as fast as 2**20 when it was shared (fewer
 # chunks, fewer parallel regions waiting for a descheduled thread); see benchmarks/NOTES.md.
 _CHUNK_ELEMENTS = 1 << 22
+# A chunk pads at most _PADDING_SHARE-th of its kept tiles, or _FREE_PADDING_TILES tiles where that is more:
+# a bound on the padded work that still keeps chunks few (every chunk is a few parallel regions, each of which
+# waits for a descheduled thread on a shared machine; one chunk per distinct count was slower there, most of
+# all at high sparsity, where a tile costs little next to a parallel region).
+_PADDING_SHARE = 8
+_FREE_PADDING_TILES = 32
 
 
 @dataclass(frozen=True)
 class _Chunk:
     """One batch of query blocks that keep ``1 <= count <= slots`` key blocks each.
 
-    rows: int64 [r] query-block rows (flattened over B, H, QB); blocks: int64 [r * slots] flattened key
-    blocks (over B, H, KB) to gather, row-major; bias: float [r, 1, slots * block_k] with 0 on real columns
-    and -inf on padding, or None when every column is real; kept: int64 [r, slots] each slot's key-block
-    index within its row's head (for tile masses).
+    start, stop: the chunk's slice of the plan's ``rows``; rows: int64 [r] its query-block rows (flattened
+    over B, H, QB); blocks: int64 [r * slots] flattened key blocks (over B, H, KB) to gather, row-major; bias:
+    float [r, 1, slots * block_k] with 0 on real columns and -inf on padding, or None when every column is
+    real; kept: int64 [r, slots] each slot's key-block index within its row's head (for tile masses).
     """
 
+    start: int
+    stop: int
     rows: torch.Tensor
     blocks: torch.Tensor
     bias: torch.Tensor | None
     kept: torch.Tensor
     slots: int
+
+
+@dataclass(frozen=True)
+class _WholeRows:
+    """Query blocks that keep every key block, of the heads that have the same number ``w`` of them.
+
+    heads: int64 [g] the heads (flattened over B, H), ascending; rows: int64 [g * w] their query-block rows
+    (flattened over B, H, QB), head by head, ascending. Each head's rows attend its keys and values as they
+    are, all heads in one call (PyTorch's fused CPU backward runs one thread per head: one call per head
+    would run on one core).
+    """
+
+    heads: torch.Tensor
+    rows: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -61,7 +88,9 @@ class _Plan:
     block_k: int
     scale: float
     compute: torch.dtype
+    rows: torch.Tensor  # int64 [A]: the query-block rows of all chunks, in chunk order
     chunks: tuple[_Chunk, ...]
+    whole_rows: tuple[_WholeRows, ...]
     empty_rows: torch.Tensor  # int64 [e]: query-block rows that keep no key block
 
     @property
@@ -74,29 +103,49 @@ class _Plan:
 
 
 def _make_plan(mask: SparseMask, batch: int, heads: int, head_dim: int, scale: float, compute: torch.dtype,
-               device: torch.device) -> _Plan:
+               device: torch.device, whole_rows: bool = True) -> _Plan:
+    """Chunks of the query blocks by their kept count; with ``whole_rows`` the query blocks that keep every
+    key block are set apart per head (:class:`_WholeRows`), else they form chunks like the others."""
     qb, kb, block_q, block_k = mask.num_q_blocks, mask.num_kv_blocks, mask.block_q, mask.block_k
-    count = mask.kv_count.expand(batch, heads, qb).reshape(-1).long()
+    count = mask.kv_count.expand(batch, heads, qb).reshape(-1)
     index = mask.kv_index.expand(batch, heads, qb, kb).reshape(-1, kb)
     head_offset = torch.arange(batch * heads, device=device).repeat_interleave(qb) * kb
-    sorted_count, order = torch.sort(count, stable=True)
+    sorted_count, order = torch.sort(count, stable=True)  # stable: equal counts stay in row order
     counts = sorted_count.tolist()
-    first = next((i for i, c in enumerate(counts) if c > 0), len(counts))
-    empty_rows, chunks = order[:first], []
-    while first < len(counts):
-        last = len(counts)
-        while True:  # shrink until the chunk (padded to its largest count) fits the budget
-            fit = max(1, _CHUNK_ELEMENTS // (max(block_q, head_dim) * block_k * counts[last - 1]))
-            if last - first <= fit:
-                break
-            last = first + fit
-        rows = order[first:last]
-        slots = counts[last - 1]
+    first = bisect.bisect_right(counts, 0)
+    end = bisect.bisect_left(counts, kb) if whole_rows else len(counts)
+    empty_rows, begin, chunks = order[:first], first, []
+    while first < end:
+        stop = _chunk_end(counts, first, end, _CHUNK_ELEMENTS // (max(block_q, head_dim) * block_k))
+        rows, slots = order[first:stop], counts[stop - 1]
         kept = index[rows, :slots].long()
-        chunks.append(_Chunk(rows, (kept + head_offset[rows, None]).reshape(-1),
-                             _padding_bias(kept, count[rows], slots, mask.kv_len, block_k, compute), kept, slots))
-        first = last
-    return _Plan(batch, heads, mask.q_len, mask.kv_len, block_q, block_k, scale, compute, tuple(chunks), empty_rows)
+        bias = _padding_bias(kept, count[rows], slots, mask.kv_len, block_k, compute)
+        chunks.append(_Chunk(first - begin, stop - begin, rows, (kept + head_offset[rows, None]).reshape(-1),
+                             bias, kept, slots))
+        first = stop
+    whole = order[end:]
+    head_of_whole = whole // qb
+    head_ids, per_head = torch.unique_consecutive(head_of_whole, return_counts=True)
+    groups = []
+    for w in sorted(set(per_head.tolist())):
+        heads_w = head_ids[per_head == w]
+        groups.append(_WholeRows(heads_w, whole[torch.isin(head_of_whole, heads_w)]))
+    return _Plan(batch, heads, mask.q_len, mask.kv_len, block_q, block_k, scale, compute, order[begin:end],
+                 tuple(chunks), tuple(groups), empty_rows)
+
+
+def _chunk_end(counts: list[int], first: int, end: int, budget_tiles: int) -> int:
+    """The end of the chunk that starts at ``first`` in the ascending ``counts[:end]``: as long as its padded
+    tiles fit ``budget_tiles`` (at least one row) and its padding the bounds above."""
+    kept, stop = 0, first
+    while stop < end:
+        rows, slots = stop - first + 1, counts[stop]
+        padding = rows * slots - kept - slots
+        if stop > first and (rows * slots > budget_tiles
+                             or padding > max((kept + slots) // _PADDING_SHARE, _FREE_PADDING_TILES)):
+            break
+        kept, stop = kept + slots, stop + 1
+    return stop
 
 
 def _padding_bias(kept: torch.Tensor, count: torch.Tensor, slots: int, kv_len: int, block_k: int,
@@ -143,6 +192,18 @@ def _gather(blocks: torch.Tensor, chunk: _Chunk, plan: _Plan, buffer: torch.Tens
 def _gather_buffer(blocks: torch.Tensor, plan: _Plan) -> torch.Tensor:
     """Room for the largest chunk's gathered blocks, like ``blocks`` [*, bk, D]."""
     return blocks.new_empty((max((len(c.blocks) for c in plan.chunks), default=0),) + blocks.shape[1:])
+
+
+def _per_head(blocks: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """The keys or values (or their gradients) ``blocks`` [B * H * KB, bk, D] as a view [B * H, kv_len, D]
+    (the zero padding of a short last block left out)."""
+    return blocks.view(plan.batch * plan.heads, plan.kv_blocks * plan.block_k, -1)[:, :plan.kv_len]
+
+
+def _heads(blocks: torch.Tensor, whole: _WholeRows, plan: _Plan) -> torch.Tensor:
+    """[g, kv_len, D]: the keys or values of ``whole``'s heads (a view when they are all heads)."""
+    per_head = _per_head(blocks, plan)
+    return per_head if len(whole.heads) == len(per_head) else per_head.index_select(0, whole.heads)
 
 
 def _fused_kernel_runs_on(t: torch.Tensor) -> bool:
@@ -195,14 +256,24 @@ def _forward(q_blocks, k_blocks, v_blocks, plan: _Plan, with_tile_mass: bool = F
     lse = _alloc(q_blocks.shape[:2], q_blocks).index_fill_(0, plan.empty_rows, float("-inf"))
     mass = q_blocks.new_zeros((q_blocks.shape[0], plan.kv_blocks)) if with_tile_mass else None
     k_buffer, v_buffer = _gather_buffer(k_blocks, plan), _gather_buffer(v_blocks, plan)
+    q_sorted, outs, lses = q_blocks.index_select(0, plan.rows), [], []
     for chunk in plan.chunks:
-        q, k = q_blocks.index_select(0, chunk.rows), _gather(k_blocks, chunk, plan, k_buffer)
+        q, k = q_sorted[chunk.start:chunk.stop], _gather(k_blocks, chunk, plan, k_buffer)
         chunk_out, chunk_lse = _attend(q, k, _gather(v_blocks, chunk, plan, v_buffer), chunk.bias, plan.scale)
-        out.index_copy_(0, chunk.rows, chunk_out)
-        lse.index_copy_(0, chunk.rows, chunk_lse)
+        outs.append(chunk_out)
+        lses.append(chunk_lse)
         if mass is not None:
             probs = _scores(q, k, chunk.bias, plan.scale).sub_(chunk_lse[:, :, None]).exp_()
             mass.index_copy_(0, chunk.rows, _chunk_tile_mass(probs, chunk, plan))
+    if plan.chunks:
+        out.index_copy_(0, plan.rows, torch.cat(outs))
+        lse.index_copy_(0, plan.rows, torch.cat(lses))
+    for whole in plan.whole_rows:
+        q = q_blocks.index_select(0, whole.rows).view(len(whole.heads), -1, q_blocks.shape[-1])
+        whole_out, whole_lse = _attend(q, _heads(k_blocks, whole, plan), _heads(v_blocks, whole, plan), None,
+                                       plan.scale)
+        out.index_copy_(0, whole.rows, whole_out.view(-1, plan.block_q, whole_out.shape[-1]))
+        lse.index_copy_(0, whole.rows, whole_lse.view(-1, plan.block_q))
     if mass is not None:
         mass = mass.float().view(plan.batch, plan.heads, plan.q_blocks, plan.kv_blocks)
     return out, lse, mass
@@ -227,17 +298,32 @@ def _backward(grad_out, grad_lse, q_blocks, k_blocks, v_blocks, out, lse, plan: 
     dk = torch.zeros_like(k_blocks)
     dv = torch.zeros_like(v_blocks)
     k_buffer, v_buffer = _gather_buffer(k_blocks, plan), _gather_buffer(v_blocks, plan)
+    rows = plan.rows
+    d_out_s, q_s, out_s, lse_s = (t.index_select(0, rows) for t in (grad_out, q_blocks, out, lse))
+    d_lse_s = None if grad_lse is None else grad_lse.index_select(0, rows)
+    dqs = []
     for chunk in plan.chunks:
-        rows = chunk.rows
-        d_lse = None if grad_lse is None else grad_lse.index_select(0, rows)
+        part = slice(chunk.start, chunk.stop)
         dq_c, dk_c, dv_c = _attend_backward(
-            grad_out.index_select(0, rows), d_lse, q_blocks.index_select(0, rows),
+            d_out_s[part], None if d_lse_s is None else d_lse_s[part], q_s[part],
             _gather(k_blocks, chunk, plan, k_buffer), _gather(v_blocks, chunk, plan, v_buffer), chunk.bias,
-            out.index_select(0, rows), lse.index_select(0, rows), plan.scale)
-        dq.index_copy_(0, rows, dq_c)
+            out_s[part], lse_s[part], plan.scale)
+        dqs.append(dq_c)
         # Padding slots repeat a kept block and get zero gradient: adding them changes nothing.
         dk.index_add_(0, chunk.blocks, dk_c.reshape(-1, plan.block_k, dk_c.shape[-1]))
         dv.index_add_(0, chunk.blocks, dv_c.reshape(-1, plan.block_k, dv_c.shape[-1]))
+    if plan.chunks:
+        dq.index_copy_(0, rows, torch.cat(dqs))
+    for whole in plan.whole_rows:
+        rows, g, d = whole.rows, len(whole.heads), q_blocks.shape[-1]
+        d_lse = None if grad_lse is None else grad_lse.index_select(0, rows).view(g, -1)
+        dq_w, dk_w, dv_w = _attend_backward(
+            grad_out.index_select(0, rows).view(g, -1, d), d_lse, q_blocks.index_select(0, rows).view(g, -1, d),
+            _heads(k_blocks, whole, plan), _heads(v_blocks, whole, plan), None,
+            out.index_select(0, rows).view(g, -1, d), lse.index_select(0, rows).view(g, -1), plan.scale)
+        dq.index_copy_(0, rows, dq_w.view(-1, plan.block_q, d))
+        _per_head(dk, plan).index_add_(0, whole.heads, dk_w)
+        _per_head(dv, plan).index_add_(0, whole.heads, dv_w)
     return dq, dk, dv
 
 
@@ -289,7 +375,8 @@ def gather_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     ``torch.compile`` runs it eagerly (it reads the mask's block counts on the host).
     """
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    plan = _make_plan(mask, q.shape[0], q.shape[1], q.shape[3], scale, compute, q.device)
+    plan = _make_plan(mask, q.shape[0], q.shape[1], q.shape[3], scale, compute, q.device,
+                      whole_rows=not return_tile_mass)
     if return_tile_mass or not grad_requested(q, k, v):
         with torch.no_grad():
             q_blocks = _to_blocks(q, plan.block_q, compute)
