@@ -15,14 +15,54 @@ def test_demo_runs_and_writes_its_files(tmp_path, capsys):
     for name in ("dense_vs_sparse.gif", "dense_vs_sparse.png", "demo.json"):
         assert (tmp_path / name).stat().st_size > 0, name
     summary = json.loads((tmp_path / "demo.json").read_text())
-    assert list(summary["runs"]) == ["dense", "sparse topk"]
-    dense, sparse = summary["runs"]["dense"], summary["runs"]["sparse topk"]
+    # the tiny model's dense generation is fast: --noise-floor auto measures the noise floor
+    assert list(summary["runs"]) == ["dense", "training-free top-k 0.25", "noise floor"]
+    dense, sparse, floor = summary["runs"].values()
     assert sparse["sparsity"] == pytest.approx(0.75)  # one of four key blocks per query block
     assert dense["sparsity"] == 0.0 and dense["speedup"] == 1.0 and dense["ssim"] == pytest.approx(1.0)
     assert sparse["seconds"] > 0 and sparse["attention_s"] > 0
     assert sparse["speedup"] == pytest.approx(dense["seconds"] / sparse["seconds"])
     assert all(0 <= run["faithfulness"] <= 1 for run in (dense, sparse)) and "faithful" in printed
+    assert floor["sparsity"] == 0.0 and floor["config"]["topk"] == 1.0 and floor["psnr"] > 60
+    assert f"noise floor {floor['psnr']:.2f} dB" in printed and "measured in this run" in printed
+    assert "What the numbers mean" in printed
     assert summary["settings"]["steps"] == 2
+
+
+def test_demo_student_column_and_noise_floor_reuse(tmp_path, capsys, monkeypatch):
+    """--student adds the student's clip under its own sparse setting; without a measured noise floor the
+    printout says so, and a later run with the same settings reuses an earlier measured one."""
+    import torch
+
+    import sparsevid as sv
+    from sparsevid.cli import demo
+    from sparsevid.models.builtin import BuiltinVideoDiT, tiny_config
+    from sparsevid.training.distill import save_student
+
+    torch.manual_seed(1)
+    student_dir = save_student(BuiltinVideoDiT(tiny_config()), sv.SparseConfig(rule="topk", topk=0.5),
+                               tmp_path / "student")
+    out = tmp_path / "demo"
+    common = ["demo", "--tiny", "--out", str(out), "--steps", "2", "--student", str(student_dir)]
+    assert main(common + ["--noise-floor", "off"]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "demo.json").read_text())
+    assert list(summary["runs"]) == ["dense", "training-free top-k 0.25", "sparse student"]
+    student = summary["runs"]["sparse student"]
+    assert student["sparsity"] == pytest.approx(0.5) and student["config"]["topk"] == 0.5
+    assert 0 < student["psnr"] < 60  # other weights (seed 1) than the tiny dense model (seed 0)
+    assert "noise floor not measured" in printed and "--noise-floor on" in printed
+
+    assert main(common + ["--noise-floor", "on"]) == 0
+    measured = json.loads((out / "demo.json").read_text())["runs"]["noise floor"]
+    assert "measured in this run" in capsys.readouterr().out
+    monkeypatch.setattr(demo, "AUTO_NOISE_FLOOR_S", 0.0)  # auto now skips measuring: as on a slow machine
+    assert main(common) == 0
+    printed = capsys.readouterr().out
+    assert f"noise floor {measured['psnr']:.2f} dB" in printed and "reused from the run of" in printed
+    assert json.loads((out / "demo.json").read_text())["runs"]["noise floor"]["psnr"] == measured["psnr"]
+    assert main(common + ["--seed", "3"]) == 0  # other noise: the earlier floor does not apply
+    assert "noise floor not measured" in capsys.readouterr().out
 
 
 def test_clip_header_names_each_clip_and_fits_the_caption():
@@ -65,7 +105,19 @@ def test_eval_command_writes_table_json_and_plots(tmp_path, capsys):
         assert (tmp_path / name).stat().st_size > 0, name
 
 
-def test_demo_rejects_bad_sparse_settings(tmp_path, capsys):
+@pytest.mark.parametrize("argv, message", [(["--topp", "1.5"], "--topp"), (["--student", "no/such/dir"], "--student"),
+                                           (["--noise-floor", "sometimes"], "--noise-floor")])
+def test_demo_rejects_bad_arguments(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
-        main(["demo", "--tiny", "--out", str(tmp_path), "--topp", "1.5"])
-    assert exit_info.value.code == 2 and "--topp" in capsys.readouterr().err
+        main(["demo", "--tiny", "--out", str(tmp_path)] + argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_demo_student_needs_its_sparse_config(tmp_path, capsys):
+    from sparsevid.models.builtin import BuiltinVideoDiT, tiny_config
+    from sparsevid.training.checkpoint import export_builtin
+
+    export_builtin(BuiltinVideoDiT(tiny_config()), tmp_path / "model")  # a model directory, not a student
+    with pytest.raises(SystemExit):
+        main(["demo", "--tiny", "--out", str(tmp_path), "--student", str(tmp_path / "model")])
+    assert "sparse_config.json not found" in capsys.readouterr().err

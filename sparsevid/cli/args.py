@@ -159,6 +159,19 @@ def model_dir_arg(text: str) -> str:
     return text
 
 
+def student_dir_arg(text: str) -> str:
+    """``--student``: a distilled student's directory (a model directory with its sparse_config.json)."""
+    from pathlib import Path
+
+    from ..training.distill import SPARSE_CONFIG_FILE
+
+    model_dir_arg(text)
+    if not (Path(text) / SPARSE_CONFIG_FILE).is_file():
+        raise argparse.ArgumentTypeError(f"{SPARSE_CONFIG_FILE} not found in {text!r} (a `sparsevid distill` "
+                                         f"output directory?)")
+    return text
+
+
 def config_spec_arg(text: str) -> str:
     """``--config``-like options: a SparseConfig as 'key=value,...' or a JSON file, checked here."""
     from ..eval.harness import parse_config

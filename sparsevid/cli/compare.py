@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from .args import (CommandError, clip_arg, config_spec_arg, default_device, device_arg, model_dir_arg,
-                   positive_int_arg)
+                   positive_int_arg, student_dir_arg)
 
 
 def add_parser(subparsers) -> None:
@@ -41,15 +41,10 @@ def add_parser(subparsers) -> None:
 
 def student_arg(spec: str) -> str:
     """``--student``: LABEL=DIR, DIR a `sparsevid distill` output."""
-    from ..training.distill import SPARSE_CONFIG_FILE
-
     label, sep, directory = spec.partition("=")
     if not sep or not label or not directory:
         raise argparse.ArgumentTypeError(f"expected LABEL=DIR, got {spec!r}")
-    model_dir_arg(directory)
-    if not (Path(directory) / SPARSE_CONFIG_FILE).is_file():
-        raise argparse.ArgumentTypeError(f"{spec!r}: {SPARSE_CONFIG_FILE} not found in {directory} (a `sparsevid "
-                                         f"distill` output directory?)")
+    student_dir_arg(directory)
     return spec
 
 

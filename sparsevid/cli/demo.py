@@ -10,24 +10,31 @@ from pathlib import Path
 import torch
 
 from .args import (CommandError, check_caption_fits, check_caption_words, clip_arg, default_device, device_arg, fraction_arg,
-                   model_dir_arg, positive_int_arg, topk_arg)
+                   model_dir_arg, positive_int_arg, student_dir_arg, topk_arg)
 
 DEFAULT_CAPTION = "big green striped square moving left and small magenta plain circle moving up on a beige background"
-DENSE = "dense"
-# The default sparse setting, chosen from measured demo runs on a 2-core CPU (docs/builtin_model.md, "Demo"):
-# top-k 0.25 (75% sparsity) ran 1.8x faster than dense with SSIM 0.65; hybrid 0.05 / 0.9 (45%) was no faster.
+DENSE, STUDENT, NOISE_FLOOR = "dense", "sparse student", "noise floor"
+# The default training-free setting, chosen from measured demo runs on a 2-core CPU (docs/builtin_model.md,
+# "Demo"): top-k 0.25 (75% sparsity) ran 1.8x faster than dense; hybrid 0.05 / 0.9 (45%) was no faster.
 DEFAULT_RULE, DEFAULT_TOPK, DEFAULT_TOPP = "topk", 0.25, 0.9
-MEANING = ("wall s: the whole generation; attention s: its self-attention calls (mask prediction included); "
-           "speed-up: dense time / this run's time (above 1 = faster); sparsity: share of attention tiles "
-           "skipped; PSNR / SSIM: closeness to the dense clip of the same noise (higher = closer, SSIM 1 = identical); "
-           "faithful: how well the clip shows its caption, read back from the pixels (0 to 1).")
+# --noise-floor auto measures the noise floor (one more generation as long as the dense one) when the dense
+# generation took at most this long (a GPU); otherwise it reuses a matching earlier run's or says it skipped it.
+AUTO_NOISE_FLOOR_S = 20.0
+MEANING = ("What the numbers mean: wall s is the whole generation, attention s its self-attention calls (mask "
+           "prediction included), speed-up dense time / this run's time (above 1 = faster), sparsity the share of "
+           "attention tiles skipped; PSNR / SSIM say how close a clip is to the dense clip of the same noise "
+           "(higher = closer, SSIM 1 = identical) and the noise floor is how close dense gets to itself through the "
+           "block-sparse path with every tile kept (sampling amplifies rounding differences: no sparse setting "
+           "can be expected above it); faithful is how well a clip shows its caption, read back from the pixels "
+           "(0 to 1).")
 
 
 def add_parser(subparsers) -> None:
-    summary = ("Generate one clip with dense and with sparse attention, print the time, the sparsity and how "
-               "close the two clips are, and write them side by side, labelled (GIF and PNG).")
+    summary = ("Generate one clip with dense attention, with a training-free sparse setting and (with --student) "
+               "with a distilled sparse student; print the time, the sparsity, how close each clip is to the dense "
+               "one next to the noise floor, and write the clips side by side, labelled (GIF and PNG).")
     p = subparsers.add_parser("demo", description=summary,
-                              help="Generate a clip with dense and with sparse attention and compare the two.")
+                              help="Generate a clip with dense and with sparse attention and compare them.")
     p.add_argument("--caption", default=DEFAULT_CAPTION,
                    help="what the clip shows, in the built-in caption grammar: '<size> <colour> <texture> <shape> "
                         "<motion> [and <object>...] on a <background> background'")
@@ -49,6 +56,15 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", type=model_dir_arg, default=None,
                    help="directory with builtin.safetensors and builtin.json, as `sparsevid train` or "
                         "`sparsevid distill` write (without it: the shipped model)")
+    p.add_argument("--student", type=student_dir_arg, default=None, metavar="DIR",
+                   help="a distilled sparse student (builtin.safetensors, builtin.json and sparse_config.json, as "
+                        "`sparsevid distill` writes them): a third clip, sampled with its own sparse setting "
+                        "(without it: that column is left out)")
+    p.add_argument("--noise-floor", choices=("auto", "on", "off"), default="auto",
+                   help="measure the noise floor (dense through the block-sparse path with every tile kept; one more "
+                        "generation as long as the dense one): on, off, or auto: measured when the dense generation "
+                        f"took at most {AUTO_NOISE_FLOOR_S:.0f} s, else reused from a matching earlier run's "
+                        "demo.json in --out, else skipped (and said so)")
     p.add_argument("--tiny", action="store_true", help="use an untrained tiny model instead (a quick smoke test)")
     p.add_argument("--device", type=device_arg, default=default_device(),
                    help="where to run: cpu, cuda or cuda:N")
@@ -77,29 +93,57 @@ def load_model(args):
     return model
 
 
-def demo_settings(args, steps: int) -> dict:
-    """{label: SparseConfig} of the runs, dense first. "dense" runs every step dense through the sparse
-    processors (the unmodified model's computation), so its attention is timed like the sparse runs'."""
+def load_student(directory: str, like):
+    """The sparse student in ``directory`` (``sparsevid distill``'s output: builtin.safetensors, builtin.json,
+    sparse_config.json) on the device and in the dtype of ``like`` (the dense model), making clips of its shape.
+    Returns (model, SparseConfig)."""
+    from ..models.builtin import load_builtin
+    from ..schedules import SparseConfig
+    from ..training.distill import SPARSE_CONFIG_FILE
+
+    parameter = next(like.parameters())
+    model = load_builtin(directory, device=parameter.device, dtype=parameter.dtype)
+    try:
+        model.use_clip(*like.clip_shape[1:])
+    except ValueError as error:
+        raise CommandError(f"--student: {error}") from None
+    return model, SparseConfig.from_json((Path(directory) / SPARSE_CONFIG_FILE).read_text())
+
+
+def setting_name(config) -> str:
+    """A short name of a training-free setting, e.g. "top-k 0.25" or "hybrid 0.05 / 0.9"."""
+    return {"topk": f"top-k {config.topk:g}", "topp": f"top-p {config.topp:g}",
+            "hybrid": f"hybrid {config.topk:g} / {config.topp:g}"}[config.rule]
+
+
+def demo_settings(args, model, steps: int) -> dict:
+    """{label: (model, SparseConfig)} of the clips to compare, dense first, then the training-free setting and
+    the student (with ``--student``). "dense" runs every step dense through the sparse processors (the
+    unmodified model's computation), so its attention is timed like the sparse runs'."""
     from ..schedules import SparseConfig
 
     sparse = SparseConfig(rule=args.rule, topk=args.topk, topp=args.topp)
-    return {DENSE: SparseConfig(dense_steps=steps), f"sparse {args.rule}": sparse}
+    settings = {DENSE: (model, SparseConfig(dense_steps=steps)), f"training-free {setting_name(sparse)}": (model, sparse)}
+    if args.student is not None:
+        settings[STUDENT] = load_student(args.student, model)
+    return settings
 
 
-def run_settings(model, settings: dict, caption: str, seed: int, steps: int, guidance: float | None) -> dict:
-    """Sample the caption once per setting (a per-step progress bar each, after a one-step warm-up): per label
-    the clip float32 [3, T, H, W], wall and attention seconds, mean sparsity, speed-ups, PSNR / SSIM against
-    the dense clip and the clip's caption faithfulness (``sparsevid.eval.faithfulness``, overall in [0, 1])."""
-    from ..eval.faithfulness import faithfulness
+def sample_run(model, config, caption: str, seed: int, steps: int, guidance: float | None, label: str) -> dict:
+    """One clip under ``config`` with a per-step progress bar: the clip float32 [1, 3, T, H, W], wall and
+    attention seconds, mean sparsity."""
     from ..eval.harness import sample_with_stats, summarize_calls
+
+    clips, seconds, calls = sample_with_stats(model, config, [(caption, seed)], steps, guidance, progress=label)
+    return {"config": config.to_dict(), "seconds": seconds, **summarize_calls(calls), "clip": clips}
+
+
+def compare_runs(runs: dict, caption: str) -> None:
+    """Adds to every run its speed-ups, PSNR / SSIM against the dense clip and its caption faithfulness
+    (``sparsevid.eval.faithfulness``, overall in [0, 1]); the clips become [3, T, H, W]."""
+    from ..eval.faithfulness import faithfulness
     from ..eval.video_metrics import psnr, ssim
 
-    jobs = [(caption, seed)]
-    sample_with_stats(model, list(settings.values())[-1], jobs, 1, guidance)  # warm-up: first calls are slow
-    runs = {}
-    for label, config in settings.items():
-        clips, seconds, calls = sample_with_stats(model, config, jobs, steps, guidance, progress=label)
-        runs[label] = {"config": config.to_dict(), "seconds": seconds, **summarize_calls(calls), "clip": clips}
     dense = runs[DENSE]
     for r in runs.values():
         r["speedup"] = dense["seconds"] / r["seconds"]
@@ -108,17 +152,70 @@ def run_settings(model, settings: dict, caption: str, seed: int, steps: int, gui
         r["faithfulness"] = faithfulness(r["clip"].float(), [caption])[0]["overall"]
     for r in runs.values():
         r["clip"] = r["clip"][0]
+
+
+def run_settings(settings: dict, caption: str, seed: int, steps: int, guidance: float | None,
+                 noise_floor: str = "off") -> dict:
+    """Sample the caption once per setting ({label: (model, config)}, dense first), after a one-step warm-up,
+    and with ``noise_floor`` "on" (or "auto" when the dense generation took at most ``AUTO_NOISE_FLOOR_S``)
+    once more with the dense model through the block-sparse path with every tile kept, as :data:`NOISE_FLOOR`.
+    Returns {label: run} (see :func:`sample_run`, :func:`compare_runs`)."""
+    from ..eval.harness import sample_with_stats
+    from ..eval.noise_floor import every_tile_config
+
+    warm_up_model, warm_up_config = list(settings.values())[1]
+    sample_with_stats(warm_up_model, warm_up_config, [(caption, seed)], 1, guidance)  # first calls are slow
+    runs = {label: sample_run(model, config, caption, seed, steps, guidance, label)
+            for label, (model, config) in settings.items()}
+    if noise_floor == "on" or (noise_floor == "auto" and runs[DENSE]["seconds"] <= AUTO_NOISE_FLOOR_S):
+        runs[NOISE_FLOOR] = sample_run(settings[DENSE][0], every_tile_config(), caption, seed, steps, guidance,
+                                       NOISE_FLOOR)
+    compare_runs(runs, caption)
     return runs
 
 
+def run_key(args, steps: int, model) -> dict:
+    """What makes two demo runs' noise floors comparable: model, clip, caption, seed, steps, guidance, device."""
+    parameter = next(model.parameters())
+    return {"model": "tiny" if args.tiny else str(args.model or "shipped"), "clip": list(model.clip_shape[1:]),
+            "caption": args.caption, "seed": args.seed, "steps": steps, "guidance": args.guidance,
+            "device": parameter.device.type, "dtype": str(parameter.dtype).removeprefix("torch."),
+            "threads": torch.get_num_threads()}
+
+
+def earlier_noise_floor(summary_path: Path, key: dict) -> dict | None:
+    """The noise floor measured by an earlier demo run written to ``summary_path`` with the same ``key``
+    (with its "measured_at"), or None."""
+    try:
+        earlier = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        return None
+    row = earlier.get("runs", {}).get(NOISE_FLOOR)
+    if earlier.get("key") != key or row is None:
+        return None
+    return {**row, "measured_at": row.get("measured_at", earlier.get("finished"))}
+
+
 def print_table(runs: dict) -> None:
-    print(f"{'setting':<16} {'wall s':>7} {'attention s':>11} {'speed-up wall / attention':>26} "
+    print(f"{'setting':<30} {'wall s':>7} {'attention s':>11} {'speed-up wall / attention':>26} "
           f"{'sparsity':>8} {'PSNR dB':>8} {'SSIM':>7} {'faithful':>8}")
     for label, r in runs.items():
         speedup = f"{r['speedup']:.2f}x / {r['attention_speedup']:.2f}x"
-        print(f"{label:<16} {r['seconds']:7.1f} {r['attention_s']:11.1f} {speedup:>26} {r['sparsity']:8.1%} "
+        print(f"{label:<30} {r['seconds']:7.1f} {r['attention_s']:11.1f} {speedup:>26} {r['sparsity']:8.1%} "
               f"{r['psnr']:8.2f} {r['ssim']:7.4f} {r['faithfulness']:8.2f}")
-    print(MEANING)
+
+
+def noise_floor_line(runs: dict, floor: dict | None, reused: bool) -> str:
+    """One line: the noise floor next to the sparse clips' PSNR / SSIM, or why it is missing."""
+    sparse = ", ".join(f"{label} {r['psnr']:.2f} dB / {r['ssim']:.4f}" for label, r in runs.items()
+                       if label not in (DENSE, NOISE_FLOOR))
+    if floor is None:
+        return (f"PSNR / SSIM vs dense: {sparse}; noise floor not measured in this run (it costs one more "
+                f"generation as long as the dense one, {runs[DENSE]['seconds']:.0f} s here): --noise-floor on "
+                f"measures it, later runs into the same --out reuse it")
+    source = f"reused from the run of {floor['measured_at']}" if reused else "measured in this run"
+    return (f"PSNR / SSIM vs dense: {sparse}; noise floor {floor['psnr']:.2f} dB / {floor['ssim']:.4f} "
+            f"(dense through the block-sparse path with every tile kept, {source})")
 
 
 def clip_label(label: str, sparsity: float) -> str:
@@ -133,7 +230,7 @@ def run(args) -> int:
     model = load_model(args)
     check_caption_fits(model, args.caption)
     steps = args.steps or model.config["sampling"]["steps"]
-    settings = demo_settings(args, steps)
+    settings = demo_settings(args, model, steps)
     patch = model.transformer.config.patch_size
     grid = [s // p for s, p in zip(model.clip_shape[1:], patch)]
     device = next(model.parameters()).device
@@ -143,16 +240,30 @@ def run(args) -> int:
           f"device {args.device} ({next(model.parameters()).dtype}, {torch.get_num_threads()} threads), "
           f"sparse attention by the {backend}; loaded in {time.perf_counter() - start:.1f}s")
     print(f"caption: {args.caption!r}, seed {args.seed}, {steps} steps")
-    runs = run_settings(model, settings, args.caption, args.seed, steps, args.guidance)
-    print_table(runs)
     out = Path(args.out)
-    paths = write_clips([r["clip"] for r in runs.values()], out / "dense_vs_sparse",
-                        labels=[clip_label(label, r["sparsity"]) for label, r in runs.items()], caption=args.caption)
-    summary = {"caption": args.caption, "seed": args.seed,
+    key = run_key(args, steps, model)
+    runs = run_settings(settings, args.caption, args.seed, steps, args.guidance, args.noise_floor)
+    finished = time.strftime("%Y-%m-%d %H:%M:%S")
+    floor, reused = runs.get(NOISE_FLOOR), False
+    if floor is not None:
+        floor["measured_at"] = finished
+    if floor is None and args.noise_floor == "auto":
+        floor = earlier_noise_floor(out / "demo.json", key)
+        reused = floor is not None
+    print_table(runs)
+    print(noise_floor_line(runs, floor, reused))
+    print(MEANING)
+    clips = {label: r for label, r in runs.items() if label != NOISE_FLOOR}
+    paths = write_clips([r["clip"] for r in clips.values()], out / "dense_vs_sparse",
+                        labels=[clip_label(label, r["sparsity"]) for label, r in clips.items()], caption=args.caption)
+    rows = {label: {k: v for k, v in r.items() if k != "clip"} for label, r in runs.items()}
+    if reused:
+        rows[NOISE_FLOOR] = floor
+    summary = {"caption": args.caption, "seed": args.seed, "key": key, "finished": finished,
                "settings": {"steps": steps, "guidance": args.guidance or model.config["sampling"]["guidance"],
-                            "device": str(device),
-                            "threads": torch.get_num_threads()},
-               "runs": {label: {k: v for k, v in r.items() if k != "clip"} for label, r in runs.items()}}
+                            "device": str(device), "threads": torch.get_num_threads(),
+                            "student": args.student, "noise_floor": args.noise_floor},
+               "runs": rows}
     (out / "demo.json").write_text(json.dumps(summary, indent=2))
     print("wrote " + ", ".join(str(p) for p in paths + [out / "demo.json"]))
     print(f"total {time.perf_counter() - start:.1f}s")
