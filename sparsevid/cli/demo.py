@@ -24,8 +24,8 @@ MEANING = ("What the numbers mean: wall s is the whole generation, attention s i
            "prediction included), speed-up dense time / this run's time (above 1 = faster), sparsity the share of "
            "attention tiles skipped; PSNR / SSIM say how close a clip is to the dense clip of the same noise "
            "(higher = closer, SSIM 1 = identical) and the noise floor is how close dense gets to itself through the "
-           "block-sparse path with every tile kept (sampling amplifies rounding differences: no sparse setting "
-           "can be expected above it); faithful is how well a clip shows its caption, read back from the pixels "
+           "block-sparse path with every tile kept (rounding differences only: no sparse setting can be expected "
+           "above it); faithful is how well a clip shows its caption, read back from the pixels "
            "(0 to 1).")
 
 
