@@ -123,7 +123,8 @@ def demo_settings(args, model, steps: int) -> dict:
     from ..schedules import SparseConfig
 
     sparse = SparseConfig(rule=args.rule, topk=args.topk, topp=args.topp)
-    settings = {DENSE: (model, SparseConfig(dense_steps=steps)), f"training-free {setting_name(sparse)}": (model, sparse)}
+    settings = {DENSE: (model, SparseConfig(dense_steps=steps)),
+                f"training-free {setting_name(sparse)}": (model, sparse)}
     if args.student is not None:
         settings[STUDENT] = load_student(args.student, model)
     return settings

@@ -5,13 +5,13 @@ slab ``[kept * block_k, D]`` and the softmax runs over that slab only, so work a
 tiles, not N * M. Query blocks (over all batch entries and heads) are sorted by their number of kept blocks
 and processed in chunks of near-equal counts with batched matrix products: inside a chunk each query block
 is padded to the chunk's largest count (the padded tiles bounded by ``_PADDING_SHARE`` and
-``_FREE_PADDING_TILES``); the padding columns (and the columns past ``kv_len`` of a short last key block) get a score of -inf. A
-chunk's tensors hold at most about ``_CHUNK_ELEMENTS`` elements each. The query blocks are put in chunk
-order once (one copy, each chunk a slice of it) and the outputs written back once. Query blocks
-that keep every key block are not gathered: per head they attend the head's keys and values as they are, in
-one call (so a fully kept mask costs what dense attention costs). On the CPU each chunk runs PyTorch's fused
-attention kernel (the one ``scaled_dot_product_attention`` uses); elsewhere batched matrix products and an
-explicit softmax.
+``_FREE_PADDING_TILES``); the padding columns (and the columns past ``kv_len`` of a short last key block)
+get a score of -inf. A chunk's tensors hold at most about ``_CHUNK_ELEMENTS`` elements each. The query
+blocks are put in chunk order once (one copy, each chunk a slice of it) and the outputs written back once.
+Query blocks that keep every key block are not gathered: they attend their heads' keys and values as they
+are, the heads with equally many such blocks in one call (so a fully kept mask costs what dense attention
+costs). On the CPU each chunk runs PyTorch's fused attention kernel (the one ``scaled_dot_product_attention``
+uses); elsewhere batched matrix products and an explicit softmax.
 
 The backward pass recomputes each chunk's scores from q, k, v and the saved row log-sum-exp (nothing of
 size N * M, and no probabilities, are kept between the passes) and scatters the key/value gradients back
