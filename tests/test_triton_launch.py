@@ -13,7 +13,11 @@ from oracles import DEVICE, rel_err
 
 @pytest.fixture
 def autotuner_calls(monkeypatch):
-    """The autotuned kernels that go through their autotuner, in call order."""
+    """The autotuned kernels that go through their autotuner, in call order, starting from no chosen configs
+    (other tests may already have launched the same keys)."""
+    from sparsevid.ops import triton_launch
+
+    monkeypatch.setattr(triton_launch, "_CHOSEN", {})
     calls, original = [], Autotuner.run
 
     def run(self, *args, **kwargs):
