@@ -1,12 +1,23 @@
 """Obviously-right attention for tests: dense scores with the token-level mask, any precision."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sparsevid.ops.mask import SparseMask, expand_block_mask
 
 # On a GPU machine the kernel checks run on the GPU; elsewhere through Triton's interpreter (conftest.py).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# Attention test shapes (B, H, N, M, D, block_q, block_k): odd lengths, N < one block, N != M, B > 1, head dims
+# 16..128.
+ATTENTION_SHAPES = [
+    pytest.param((1, 2, 200, 333, 64, 128, 64), id="N200-M333-d64-128x64"),
+    pytest.param((2, 1, 100, 100, 32, 64, 64), id="B2-N100-d32-64x64"),
+    pytest.param((1, 1, 50, 70, 16, 64, 128), id="N-below-block-d16-64x128"),
+    pytest.param((2, 3, 333, 200, 128, 64, 128), id="B2-H3-N333-M200-d128-64x128"),
+    pytest.param((1, 2, 256, 256, 80, 128, 128), id="even-d80-128x128"),
+]
 
 
 def dense_masked_attention(q, k, v, mask: SparseMask, scale: float | None = None,

@@ -7,16 +7,9 @@ import torch
 
 import sparsevid as sv
 from sparsevid.ops import triton_attention
-from oracles import DEVICE, dense_masked_attention, rel_err
+from oracles import ATTENTION_SHAPES, DEVICE, dense_masked_attention, rel_err
 
-# (B, H, N, M, D, block_q, block_k): odd lengths, N < one block, N != M, B > 1, head dims 16..128.
-SHAPES = [
-    pytest.param((1, 2, 200, 333, 64, 128, 64), id="N200-M333-d64-128x64"),
-    pytest.param((2, 1, 100, 100, 32, 64, 64), id="B2-N100-d32-64x64"),
-    pytest.param((1, 1, 50, 70, 16, 64, 128), id="N-below-block-d16-64x128"),
-    pytest.param((2, 3, 333, 200, 128, 64, 128), id="B2-H3-N333-M200-d128-64x128"),
-    pytest.param((1, 2, 256, 256, 80, 128, 128), id="even-d80-128x128"),
-]
+SHAPES = ATTENTION_SHAPES
 
 
 def make_mask(kind: str, b: int, h: int, n: int, m: int, block_q: int, block_k: int) -> sv.SparseMask:

@@ -9,18 +9,11 @@ import torch
 
 import sparsevid as sv
 from sparsevid.ops import attention, gather_attention
-from oracles import dense_masked_attention, rel_err
+from oracles import ATTENTION_SHAPES, dense_masked_attention, rel_err
 
-# (B, H, N, M, D, block_q, block_k): N not a multiple of the block, N below one block, N != M, B > 1, head
-# dims 64 and 128 (and others).
-SHAPES = [
-    pytest.param((1, 2, 200, 333, 64, 128, 64), id="N200-M333-d64-128x64"),
-    pytest.param((2, 1, 100, 100, 32, 64, 64), id="B2-N100-d32-64x64"),
-    pytest.param((1, 1, 50, 70, 16, 64, 128), id="N-below-block-d16-64x128"),
-    pytest.param((2, 3, 333, 200, 128, 64, 128), id="B2-H3-N333-M200-d128-64x128"),
-    pytest.param((1, 2, 256, 384, 128, 128, 64), id="even-d128-128x64"),
-    pytest.param((1, 2, 256, 256, 80, 128, 128), id="even-d80-128x128"),
-]
+# The kernel tests' shapes with a head dim 128 at 128x64 blocks added (the demo's blocks).
+SHAPES = [*ATTENTION_SHAPES[:4], pytest.param((1, 2, 256, 384, 128, 128, 64), id="even-d128-128x64"),
+          *ATTENTION_SHAPES[4:]]
 KINDS = ["random", "empty-rows", "whole-rows", "single", "full"]
 # Relative error vs float64 (DESIGN.md section 3): float32 arithmetic lands far below 1e-4.
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
