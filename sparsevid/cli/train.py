@@ -67,6 +67,7 @@ def clip_mix(args, model):
     """The :class:`ClipMix` of the command line: one clip source per ``--clip`` (the model's clip without
     one), with the model's data options, paired in order with ``--batch-size`` and ``--clip-weight``."""
     from ..data import ClipMix, ProceduralVideos
+    from ..models.builtin import check_clip_shape
 
     shapes = args.clip or [None]
     batch_sizes = args.batch_size or [64]
@@ -76,18 +77,15 @@ def clip_mix(args, model):
     if args.clip_weight is not None and len(args.clip_weight) != len(shapes):
         raise CommandError(f"give one --clip-weight per --clip: {len(shapes)} clip shape(s), "
                            f"{len(args.clip_weight)} weight(s)")
-    patch = model.config["transformer"]["patch_size"]
     datasets = []
     for shape in shapes:
         data = dict(model.config["data"])
         if shape is not None:
-            frames, height, width = shape
-            for name, size, step in (("frames", frames, patch[0]), ("height", height, patch[1]),
-                                     ("width", width, patch[2])):
-                if size < 1 or size % step:
-                    raise CommandError(f"--clip {','.join(map(str, shape))}: {name} must be a positive multiple "
-                                       f"of the patch size {step}, got {size}")
-            data.update(frames=frames, height=height, width=width)
+            try:
+                check_clip_shape(model.config["transformer"]["patch_size"], *shape)
+            except ValueError as error:
+                raise CommandError(f"--clip {','.join(map(str, shape))}: {error}") from None
+            data.update(frames=shape[0], height=shape[1], width=shape[2])
         for key, value in (("background_texture", args.background_texture), ("pan", args.pan)):
             if value is not None:
                 data[key] = value

@@ -45,6 +45,13 @@ def tiny_config() -> dict:
     return config
 
 
+def check_clip_shape(patch_size, frames: int, height: int, width: int) -> None:
+    """ValueError unless frames, height and width are positive multiples of ``patch_size`` (t, h, w)."""
+    for name, size, step in zip(("frames", "height", "width"), (frames, height, width), patch_size):
+        if size < 1 or size % step:
+            raise ValueError(f"clip {name} must be a positive multiple of the patch size {step}, got {size}")
+
+
 class BuiltinVideoDiT(nn.Module):
     """Caption encoder + Wan transformer. ``config`` has the layout of :data:`DEFAULT_CONFIG`."""
 
@@ -73,10 +80,7 @@ class BuiltinVideoDiT(nn.Module):
     def use_clip(self, frames: int, height: int, width: int) -> None:
         """Generate and evaluate clips of ``frames`` x ``height`` x ``width`` from now on (the weights serve any
         shape whose sizes are multiples of the patch size; quality depends on the shapes they were trained on)."""
-        patch = self.config["transformer"]["patch_size"]
-        for name, size, step in (("frames", frames, patch[0]), ("height", height, patch[1]), ("width", width, patch[2])):
-            if size < 1 or size % step:
-                raise ValueError(f"clip {name} must be a positive multiple of the patch size {step}, got {size}")
+        check_clip_shape(self.config["transformer"]["patch_size"], frames, height, width)
         self.config["data"].update(frames=frames, height=height, width=width)
         self.data = ProceduralVideos(**self.config["data"])
 
