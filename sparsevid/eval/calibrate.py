@@ -73,13 +73,17 @@ def calibrate_topp(calls, target: float, topk: float | None = None, **blocks) ->
     return (low + high) / 2
 
 
+def _check_targets(targets: Sequence[float]) -> None:
+    if not targets or not all(isinstance(s, (int, float)) and 0 < s < 1 for s in targets):
+        raise ValueError(f"targets must be sparsities in (0, 1), got {targets!r}")
+
+
 def calibrate_rules(calls, targets: Sequence[float], block_q: int = 128, block_k: int = 64) -> dict:
     """{label: SparseConfig}: top-k, top-p and hybrid at every target sparsity in ``targets`` (each in (0, 1)),
     calibrated on recorded ``calls`` (:func:`record_video_attention`); labels like "topp 90%"."""
     from ..schedules import SparseConfig
 
-    if not targets or not all(isinstance(s, (int, float)) and 0 < s < 1 for s in targets):
-        raise ValueError(f"targets must be sparsities in (0, 1), got {targets!r}")
+    _check_targets(targets)
     blocks = dict(block_q=block_q, block_k=block_k)
     configs = {}
     for target in targets:
@@ -94,8 +98,8 @@ def calibrate_rules(calls, targets: Sequence[float], block_q: int = 128, block_k
 
 def rules_at_sparsity(model, targets: Sequence[float], caption: str, seed: int = 0, steps: int | None = None,
                       guidance: float | None = None, block_q: int = 128, block_k: int = 64) -> dict:
-    """:func:`calibrate_rules` on ``model``'s attention for ``caption`` and ``seed`` (one dense generation)."""
-    if not targets or not all(isinstance(s, (int, float)) and 0 < s < 1 for s in targets):
-        raise ValueError(f"targets must be sparsities in (0, 1), got {targets!r}")
+    """:func:`calibrate_rules` on ``model``'s attention for ``caption`` and ``seed`` (one dense generation; the
+    targets are checked before it runs)."""
+    _check_targets(targets)
     calls = record_video_attention(model, caption, seed, steps, guidance)
     return calibrate_rules(calls, targets, block_q, block_k)
