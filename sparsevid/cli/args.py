@@ -119,6 +119,15 @@ def add_slice_arguments(parser, purpose: str) -> None:
                                  f"without it: all of them)")
 
 
+def slice_options(args) -> dict:
+    """The slice options given on the command line (see :func:`add_slice_arguments`) as ``ProceduralVideos``
+    keyword arguments: {"max_objects": n, "backgrounds": [...], ...}, empty when none is given."""
+    from ..data import SLICE_FIELDS
+
+    names = ("max_objects", *SLICE_FIELDS)
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
 def positive_float_arg(text: str) -> float:
     return _number(text, float, lambda v: v > 0, "a number > 0")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .args import (CommandError, add_slice_arguments, clip_arg, config_spec_arg, default_device, device_arg,
-                   model_dir_arg, positive_float_arg, positive_int_arg)
+                   model_dir_arg, positive_float_arg, positive_int_arg, slice_options)
 
 DEFAULT_SPARSE = "rule=hybrid,topk=0.05,topp=0.9"
 DATA_KINDS = ("procedural", "dir", "teacher")
@@ -71,7 +71,7 @@ def add_parser(subparsers) -> None:
 
 def _source(args, model, job):
     """The fine-tuning data named by --data."""
-    from ..data import SLICE_FIELDS, ProceduralVideos
+    from ..data import ProceduralVideos
     from ..training.sources import DirectorySource, ProceduralSource
     from ..training.teacher_cache import teacher_cache
 
@@ -81,14 +81,12 @@ def _source(args, model, job):
         except ValueError as error:  # the user's clip files
             raise CommandError(f"--data-dir {args.data_dir}: {error}") from None
     data = model.data
-    if args.max_objects is not None:
-        if args.max_objects > data.max_objects:
-            raise CommandError(f"--max-objects must be at most {data.max_objects} (the model's captions), "
-                               f"got {args.max_objects}")
-        data = ProceduralVideos(**{**data.config(), "max_objects": args.max_objects})
-    words = {field: getattr(args, field) for field in SLICE_FIELDS if getattr(args, field) is not None}
-    if words:
-        data = ProceduralVideos(**{**data.config(), **words})
+    if args.max_objects is not None and args.max_objects > data.max_objects:
+        raise CommandError(f"--max-objects must be at most {data.max_objects} (the model's captions), "
+                           f"got {args.max_objects}")
+    options = slice_options(args)
+    if options:
+        data = ProceduralVideos(**{**data.config(), **options})
     if args.data == "procedural":
         return ProceduralSource(data, seed=args.data_seed)
     directory = Path(args.data_dir) if args.data_dir else Path(args.out) / "teacher_cache"

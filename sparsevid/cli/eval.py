@@ -6,7 +6,7 @@ plots)."""
 from __future__ import annotations
 
 from .args import (CommandError, add_slice_arguments, clip_arg, config_spec_arg, default_device, device_arg,
-                   model_dir_arg, positive_int_arg, sparsity_arg)
+                   model_dir_arg, positive_int_arg, slice_options, sparsity_arg)
 
 DEFAULT_CONFIGS = ("rule=hybrid,topk=0.05,topp=0.9", "rule=topk,topk=0.1", "rule=topk,topk=0.25")
 SMOKE_TEST_NOTE = ("NOTE: --tiny evaluates an untrained tiny model: this is a smoke test of the pipeline and its "
@@ -59,9 +59,7 @@ def _held_out(args, model) -> list[str]:
 
     if args.caption:
         raise CommandError("give --caption or --held-out, not both")
-    words = {name: getattr(args, name) for name in ("backgrounds", "colours", "motions") if getattr(args, name)}
-    if args.max_objects is not None:
-        words["max_objects"] = args.max_objects
+    words = slice_options(args)
     if not words:
         raise CommandError("--held-out needs the fine-tuning slice: --max-objects, --backgrounds, --colours or "
                            "--motions")
@@ -90,7 +88,7 @@ def run(args) -> int:
     captions = captions[: args.captions] if not args.caption else captions
     if args.held_out is not None:
         captions = _held_out(args, model)
-    elif any(getattr(args, name) is not None for name in ("max_objects", "backgrounds", "colours", "motions")):
+    elif slice_options(args):
         raise CommandError("--max-objects, --backgrounds, --colours and --motions describe the slice whose captions "
                            "--held-out leaves out: give --held-out N too")
     steps = args.steps or model.config["sampling"]["steps"]
