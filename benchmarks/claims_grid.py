@@ -37,15 +37,15 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shutil
 import time
 from pathlib import Path
 
 import torch
 
-from .claims_report import grid_markdown
+from .claims_report import RULES, entry_name, grid_markdown
 
 OBJECTIVES = ("distill", "diffusion")
-RULES = ("hybrid", "topk", "topp")
 DENSE_CONTROL = "dense diffusion"
 # Seconds per training step at batch 8 on the long clip (32 x 128 x 128) on one H200, used until this grid has
 # measured its own: dense training 0.52 s (measured); a distillation step adds a teacher forward (~1/3 of that)
@@ -58,7 +58,7 @@ CALL_OVERHEAD_SECONDS = 60.0  # per call: imports, loading the teacher, its refe
 
 def student_name(objective: str, rule: str | None, target: float | None) -> str:
     """Folder name of a student: "distill_hybrid_95", "dense_diffusion"."""
-    return "dense_diffusion" if rule is None else f"{objective}_{rule}_{round(target * 100):d}"
+    return "dense_diffusion" if rule is None else entry_name(objective, rule, target)
 
 
 def student_plan(targets: list[float], rules=RULES) -> list[dict]:
@@ -73,6 +73,11 @@ def student_plan(targets: list[float], rules=RULES) -> list[dict]:
 def rule_label(rule: str, target: float) -> str:
     """The calibration's label of a rule at a target ("hybrid 95%", as ``calibrate_rules`` names it)."""
     return f"{rule} {target:.0%}"
+
+
+def reference_name(rule: str, target: float) -> str:
+    """File stem of a training-free entry under ``OUT/reference`` ("hybrid_95")."""
+    return rule_label(rule, target).replace(" ", "_").rstrip("%")
 
 
 class Grid:
@@ -219,13 +224,17 @@ def part_calibrate(grid: Grid) -> None:
     print(f"calibrate: wrote {path}")
 
 
-def _student_config(grid: Grid, student: dict, configs: dict):
+def _student_config(student: dict, configs: dict):
     return None if student["rule"] is None else configs[rule_label(student["rule"], student["target"])]
 
 
+def _timing_kind(student: dict) -> str:
+    """The ``timing.json`` key of a student's training steps: its objective, or the dense control."""
+    return DENSE_CONTROL if student["rule"] is None else student["objective"]
+
+
 def _estimate(grid: Grid, student: dict) -> float:
-    kind = DENSE_CONTROL if student["rule"] is None else student["objective"]
-    return grid.args.steps * grid.seconds_per_step(kind) + grid.eval_seconds()
+    return grid.args.steps * grid.seconds_per_step(_timing_kind(student)) + grid.eval_seconds()
 
 
 def pending_students(grid: Grid) -> list[dict]:
@@ -249,7 +258,7 @@ def part_train(grid: Grid) -> None:
                   f"left); run --part train again")
             return
         print(f"train: {student['name']}: about {estimate:.0f} s")
-        if not train_student(grid, student, _student_config(grid, student, configs)):
+        if not train_student(grid, student, _student_config(student, configs)):
             print(f"train: {student['name']} was cut short by the budget; its state is in "
                   f"{grid.path('work', student['name'])}; run --part train again")
             return
@@ -258,6 +267,7 @@ def part_train(grid: Grid) -> None:
 
 def train_student(grid: Grid, student: dict, sparse) -> bool:
     """Fine-tune one student, save its fine-tuned tensors, evaluate it. False if the budget cut it short."""
+    from sparsevid.models import remove_sparse_attention
     from sparsevid.training import DistillConfig, LoopConfig, ProceduralSource, distill
     from sparsevid.training.student_asset import save_sparse_student
 
@@ -280,27 +290,22 @@ def train_student(grid: Grid, student: dict, sparse) -> bool:
         return False
     trained = result.steps - done_before
     if trained > 0 and result.seconds > 0:
-        kind = DENSE_CONTROL if sparse is None else student["objective"]
-        grid.record_timing(kind, result.seconds / max(result.steps, 1))
+        grid.record_timing(_timing_kind(student), result.seconds / max(result.steps, 1))
     rows = [json.loads(line) for line in (work / "log.jsonl").read_text().splitlines() if line.strip()]
     summary = {**student, "steps": result.steps, "batch": a.batch, "clips": a.clips, "lr": a.lr,
                "trainable": a.trainable, "seconds": round(result.seconds, 1),
                "first_loss": _mean([r["loss"] for r in rows[:10]]), "last_loss": _mean([r["loss"] for r in rows[-10:]]),
                "data": source.describe()}
-    folder = grid.path("students", name)
     if sparse is not None:
-        save_sparse_student(model, sparse, a.trainable, _base_dir(grid), folder,
+        save_sparse_student(model, sparse, a.trainable, _base_dir(grid), grid.path("students", name),
                             extra={"run": {k: summary[k] for k in ("objective", "steps", "batch", "clips")}})
-    from sparsevid.models import remove_sparse_attention
-
-    if sparse is not None:
         remove_sparse_attention(model.transformer)
     model.eval()
     start = time.time()
     entry = evaluate_entry(grid, model.to(grid.eval_dtype), sparse)
     grid.record_timing("eval", time.time() - start)
     grid.write({"training": summary, **entry}, "students", name, "eval.json")
-    _remove_state(work)
+    shutil.rmtree(work)  # the finished student's training state (its tensors and log summary are kept)
     print(f"train: {name}: loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}, PSNR "
           f"{entry['psnr']:.2f} dB, faithfulness {entry['faithfulness']['overall']:.3f}, "
           f"sparsity {entry['sparsity']:.3f}")
@@ -328,13 +333,6 @@ def _state_step(work: Path) -> int:
         return 0
     with safe_open(str(state), framework="pt") as f:
         return int((f.metadata() or {}).get("step", 0))
-
-
-def _remove_state(work: Path) -> None:
-    """The finished student's training folder is no longer needed (its tensors and log summary are kept)."""
-    for path in sorted(work.rglob("*"), reverse=True):
-        path.rmdir() if path.is_dir() else path.unlink()
-    work.rmdir()
 
 
 def _mean(values: list[float]) -> float | None:
@@ -397,7 +395,7 @@ def part_evaluate(grid: Grid) -> None:
                     "heldout_loss": flow_matching_loss(context["reference_velocity"], context["heldout"])},
                    "reference", "dense.json")
     entries = {"noise_floor": every_tile_config(),
-               **{rule_label(r, t).replace(" ", "_").rstrip("%"): configs[rule_label(r, t)]
+               **{reference_name(r, t): configs[rule_label(r, t)]
                   for t in grid.args.targets for r in grid.args.rules}}
     for name, config in entries.items():
         if grid.read("reference", f"{name}.json") is not None:
@@ -418,7 +416,7 @@ def write_grid(grid: Grid) -> None:
     training_free = {}
     for target in a.targets:
         for rule in a.rules:
-            entry = reference.get(f"{rule}_{round(target * 100):d}")
+            entry = reference.get(reference_name(rule, target))
             if entry is not None:
                 training_free[student_name("training-free", rule, target)] = {
                     "objective": "training-free", "rule": rule, "target": target, **entry}
@@ -445,8 +443,6 @@ def write_grid(grid: Grid) -> None:
 
 def part_ship(grid: Grid) -> None:
     """Copy the best student at the highest target sparsity (PSNR against dense) to ``--ship-to``."""
-    import shutil
-
     from sparsevid.models.sparse_student import STUDENT_CONFIG, STUDENT_WEIGHTS
 
     if not grid.args.ship_to:
@@ -471,18 +467,18 @@ def part_plan(grid: Grid) -> None:
     loading and sampling the teacher's reference clips)."""
     a = grid.args
     pending = pending_students(grid)
+    estimates = {s["name"]: _estimate(grid, s) for s in pending}
     usable = a.budget_minutes * 60 - CALL_OVERHEAD_SECONDS
     calls, left = [], 0.0
-    for student in pending:
-        estimate = _estimate(grid, student)
+    for name, estimate in estimates.items():
         if not calls or estimate > left:
             calls.append([])
             left = usable
-        calls[-1].append(f"{student['name']} ~{estimate:.0f}s")
+        calls[-1].append(f"{name} ~{estimate:.0f}s")
         left -= estimate
     source = "measured" if grid.read("timing.json") else "H200 estimates"
     print(f"plan: {len(pending)} students pending ({source}: {a.steps} steps x batch {a.batch}); "
-          f"{sum(_estimate(grid, s) for s in pending) / 60:.1f} min of training and evaluation in "
+          f"{sum(estimates.values()) / 60:.1f} min of training and evaluation in "
           f"{len(calls)} train call(s) of {a.budget_minutes} min")
     for number, names in enumerate(calls, 1):
         print(f"  train call {number}: {', '.join(names)}")
@@ -500,6 +496,8 @@ def _words(text: str) -> list[str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from sparsevid.cli.args import clip_arg
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", required=True, help="the grid's folder (resumed across calls)")
@@ -512,7 +510,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budget-minutes", type=float, default=8.5, help="wall-clock budget of this call")
     p.add_argument("--model", default="checkpoints/builtin_gen2", help="the dense teacher's directory")
     p.add_argument("--tiny", action="store_true", help="an untrained tiny teacher instead (CPU smoke run)")
-    p.add_argument("--clip", default=None, help="T,H,W clip shape (default: the teacher's own)")
+    p.add_argument("--clip", type=clip_arg, default=None, help="T,H,W clip shape (default: the teacher's own)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, default=200, help="training steps of every student")
     p.add_argument("--batch", type=int, default=8, help="clips per step of every student")
@@ -539,8 +537,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.started = time.time()
     if args.tiny:
         args.model = None
-    if args.clip is not None:
-        args.clip = tuple(int(x) for x in args.clip.split(","))
     if not args.targets or any(not 0 < t < 1 for t in args.targets):
         p.error(f"--targets must be sparsities in (0, 1), got {args.targets}")
     for name in ("steps", "batch", "clips", "captions"):

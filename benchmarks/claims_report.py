@@ -17,7 +17,8 @@ RULES = ("hybrid", "topk", "topp")
 TARGET_FAITHFULNESS_GAP, TARGET_PSNR = 0.03, 24.0  # the distilled hybrid student at the highest sparsity
 
 
-def _name(objective: str, rule: str, target: float) -> str:
+def entry_name(objective: str, rule: str, target: float) -> str:
+    """Name of a grid entry: "distill_hybrid_95", "training-free_topk_63"."""
     return f"{objective}_{rule}_{round(target * 100):d}"
 
 
@@ -53,9 +54,9 @@ def claims(grid: dict) -> list[dict]:
     entries, targets = _entries(grid), grid["settings"]["targets"]
     found = []
     for target in targets:
-        pairs1 = [(_name("distill", r, target), _name("training-free", r, target)) for r in RULES]
-        pairs2 = [(_name("distill", "hybrid", target), _name("distill", r, target)) for r in ("topk", "topp")]
-        pairs3 = [(_name("distill", r, target), _name("diffusion", r, target)) for r in RULES]
+        pairs1 = [(entry_name("distill", r, target), entry_name("training-free", r, target)) for r in RULES]
+        pairs2 = [(entry_name("distill", "hybrid", target), entry_name("distill", r, target)) for r in ("topk", "topp")]
+        pairs3 = [(entry_name("distill", r, target), entry_name("diffusion", r, target)) for r in RULES]
         for number, text, pairs in ((1, "trainable (distilled) beats training-free, for every rule", pairs1),
                                     (2, "hybrid beats top-k and top-p (distilled students)", pairs2),
                                     (3, "distillation beats the diffusion loss on mismatched data, for every rule",
@@ -86,7 +87,7 @@ def _control(grid: dict) -> dict:
 
 
 def _target(grid: dict, target: float) -> dict:
-    dense, student = grid.get("dense"), grid["students"].get(_name("distill", "hybrid", target))
+    dense, student = grid.get("dense"), grid["students"].get(entry_name("distill", "hybrid", target))
     claim = {"claim": "target", "target": target,
              "text": f"the distilled hybrid student keeps faithfulness within {TARGET_FAITHFULNESS_GAP} of dense and "
                      f"reaches PSNR >= {TARGET_PSNR:.0f} dB"}

@@ -221,8 +221,8 @@ class Checkpointer:
                                 step, {"elapsed": elapsed, "run": self.run_info})
 
 
-def optimizer_step(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], step: int,
-                   optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], lr: float, grad_clip: float,
+def optimizer_step(loss_fn: Callable[[int], torch.Tensor], step: int, optimizer: torch.optim.Optimizer,
+                   params: list[torch.nn.Parameter], lr: float, grad_clip: float,
                    autocast) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimisation step at learning rate ``lr``: loss, backward, gradient clipping, optimiser update.
     Returns the loss and the gradient norm before clipping (device scalars: nothing is read on the host)."""
@@ -281,7 +281,7 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
 
     model.train()
     while (lr := budget.learning_rate(step)) is not None:
-        loss, grad_norm = optimizer_step(model, loss_fn, step, optimizer, params, lr, config.grad_clip, autocast)
+        loss, grad_norm = optimizer_step(loss_fn, step, optimizer, params, lr, config.grad_clip, autocast)
         if ema is not None:
             ema.update(module)
         step += 1
