@@ -4,7 +4,6 @@ and seeds (Markdown table + JSON)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
@@ -49,14 +48,11 @@ def student_arg(spec: str) -> str:
 
 
 def _student(spec: str, device):
-    from ..models.builtin import load_builtin
-    from ..schedules import SparseConfig
-    from ..training.distill import SPARSE_CONFIG_FILE
+    from ..training.distill import load_student
 
     label, _, directory = spec.partition("=")  # checked by student_arg
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config = SparseConfig.from_json((Path(directory) / SPARSE_CONFIG_FILE).read_text())
-    return label, (load_builtin(directory, device=device, dtype=dtype), config)
+    return label, load_student(directory, device=device, dtype=dtype)
 
 
 def run(args) -> int:

@@ -97,17 +97,15 @@ def load_student(directory: str, like):
     """The sparse student in ``directory`` (``sparsevid distill``'s output: builtin.safetensors, builtin.json,
     sparse_config.json) on the device and in the dtype of ``like`` (the dense model), making clips of its shape.
     Returns (model, SparseConfig)."""
-    from ..models.builtin import load_builtin
-    from ..schedules import SparseConfig
-    from ..training.distill import SPARSE_CONFIG_FILE
+    from ..training.distill import load_student as load_distilled
 
     parameter = next(like.parameters())
-    model = load_builtin(directory, device=parameter.device, dtype=parameter.dtype)
+    model, config = load_distilled(directory, device=parameter.device, dtype=parameter.dtype)
     try:
         model.use_clip(*like.clip_shape[1:])
     except ValueError as error:
         raise CommandError(f"--student: {error}") from None
-    return model, SparseConfig.from_json((Path(directory) / SPARSE_CONFIG_FILE).read_text())
+    return model, config
 
 
 def setting_name(config) -> str:

@@ -248,6 +248,15 @@ def save_student(model, sparse: SparseConfig | None, directory: str | Path, summ
     return directory
 
 
+def load_student(directory: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+    """(model, SparseConfig) of a student that :func:`save_student` wrote into ``directory``, the model in eval
+    mode on ``device`` in ``dtype``."""
+    from ..models.builtin import load_builtin
+
+    config = SparseConfig.from_json((Path(directory) / SPARSE_CONFIG_FILE).read_text())
+    return load_builtin(directory, device=device, dtype=dtype), config
+
+
 def _plot_log(log_path: Path, png: Path, objective: str) -> None:
     from .plots import plot_loss
 
