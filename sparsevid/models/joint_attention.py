@@ -7,12 +7,14 @@ are merged exactly through their log-sum-exps. Text query rows attend every key 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ..ops import SparseMask, block_sparse_attention
+from .stats import mark
 
 
 @dataclass(frozen=True)
@@ -85,18 +87,16 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
     return merged.to(out_a.dtype) if out is None else out.copy_(merged)
 
 
-_FULL_MASKS: dict[tuple, SparseMask] = {}
+_cached_full_mask = functools.lru_cache(maxsize=64)(SparseMask.full)
 
 
 def _full_mask(q_len: int, kv_len: int, block_q: int, block_k: int, device: torch.device) -> SparseMask:
     """``SparseMask.full`` for these sizes, made once per (sizes, device) and shared by every layer and forward
-    (built in the graph while ``torch.compile`` traces: a cache the compiled code would skip is not consulted)."""
+    (built in the graph while ``torch.compile`` traces: a cache the compiled code would skip is not consulted),
+    as ``tile_permutation`` caches its permutations."""
     if torch.compiler.is_compiling():
         return SparseMask.full(q_len, kv_len, block_q, block_k, device=device)
-    key = (q_len, kv_len, block_q, block_k, device)
-    if key not in _FULL_MASKS:
-        _FULL_MASKS[key] = SparseMask.full(q_len, kv_len, block_q, block_k, device=device)
-    return _FULL_MASKS[key]
+    return _cached_full_mask(q_len, kv_len, block_q, block_k, device=device)
 
 
 def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch.Tensor,
@@ -114,11 +114,6 @@ def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch
     outs, lses = zip(*(attend(q_video[b:b + 1], k_text[b:b + 1].index_select(2, keys),
                               v_text[b:b + 1].index_select(2, keys)) for b, keys in enumerate(key_sets)))
     return torch.cat(outs), torch.cat(lses)
-
-
-def _mark(clock, name: str) -> None:
-    if clock is not None:
-        clock.mark(name)
 
 
 def video_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout,
@@ -166,7 +161,7 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     if layout.text_len == 0 and order is None:
         # The triton kernels write q's layout: for diffusers' transposed [B, N, H, D] view, where diffusers reads.
         out_v, mass = attend(return_lse=False)
-        _mark(clock, "attended")
+        mark(clock, "attended")
         return out_v, mass
     out = q.new_empty(batch, total, heads, dim).transpose(1, 2)
     out_video = out[:, :, layout.video]
@@ -177,7 +172,7 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
         out_vt, lse_vt = _attend_text_keys(q_v, k[:, :, layout.text], v[:, :, layout.text], key_sets, mask, scale,
                                            backend)
         out_v = merge_partials(out_vv, lse_vv, out_vt, lse_vt, out=out_video if order is None else None)
-    _mark(clock, "attended")
+    mark(clock, "attended")
     if order is not None:
         out_video.index_copy_(2, order.perm, out_v)
     if layout.text_len:

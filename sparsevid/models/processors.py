@@ -21,7 +21,7 @@ from ..schedules.runtime import LayerRuntime
 from .adapters import ModelAdapter
 from .context_parallel import check_parallel_config, check_video_only, local_heads
 from .joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets, video_tokens
-from .stats import AttentionRecord, Clock
+from .stats import AttentionRecord, Clock, mark
 from .step_context import StepContext
 from .token_order import plan_tile, relative_order, tile_order
 
@@ -190,11 +190,11 @@ class SparseAttnProcessor:
                 record.video_tokens = layout.video_len
                 record.extra["heads"] = (heads.start, heads.stop)
         clock = None if record is None else record.clock
-        _mark(clock, "start")
+        mark(clock, "start")
         if plan is None:
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-            _mark(clock, "end")
+            mark(clock, "end")
             return out
         if dropout_p or is_causal:
             raise ValueError("sparse attention supports dropout_p=0 and is_causal=False only")
@@ -205,10 +205,10 @@ class SparseAttnProcessor:
             raise ValueError("sparse attention does not support an attention mask over video tokens")
         order = self._token_order(plan.tile, layout, query.device)
         video = video_tokens(query, key, value, layout, order)
-        _mark(clock, "reordered")
+        mark(clock, "reordered")
         wants_tile_mass = runtime.wants_tile_mass(query)
         mask = runtime.mask(video[0], video[1], scale)
-        _mark(clock, "predicted")
+        mark(clock, "predicted")
         out, tile_mass = joint_sparse_attention(
             query, key, value, layout, mask, order, video=video, scale=scale, backend=plan.backend,
             attn_mask=attn_mask, key_sets=self._key_sets(attn_mask, layout, query.shape[0]),
@@ -217,10 +217,5 @@ class SparseAttnProcessor:
         if record is not None:
             record.extra["mask_source"] = runtime.source
             record.sparsity = mask.sparsity_per_head.mean()
-        _mark(clock, "end")
+        mark(clock, "end")
         return out
-
-
-def _mark(clock: Clock | None, name: str) -> None:
-    if clock is not None:
-        clock.mark(name)

@@ -36,6 +36,12 @@ class Clock:
         return (self.marks[end] - self.marks[start]) * 1e3
 
 
+def mark(clock: Clock | None, name: str) -> None:
+    """``clock.mark(name)`` when there is a clock (stats on), else nothing."""
+    if clock is not None:
+        clock.mark(name)
+
+
 def _host_step(step: torch.Tensor | int | None) -> int | None:
     return None if step is None else int(step)
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .mask import SparseMask
+from .mask import SparseMask, num_blocks
+from .pooling import block_token_counts
 from .validation import grad_requested
 
 # Elements of the largest tensor a chunk of query blocks materialises (its scores [r, bq, kept * bk] or its
@@ -95,11 +96,11 @@ class _Plan:
 
     @property
     def q_blocks(self) -> int:
-        return -(-self.q_len // self.block_q)
+        return num_blocks(self.q_len, self.block_q)
 
     @property
     def kv_blocks(self) -> int:
-        return -(-self.kv_len // self.block_k)
+        return num_blocks(self.kv_len, self.block_k)
 
 
 def _make_plan(mask: SparseMask, batch: int, heads: int, head_dim: int, scale: float, compute: torch.dtype,
@@ -164,7 +165,7 @@ def _padding_bias(kept: torch.Tensor, count: torch.Tensor, slots: int, kv_len: i
 def _to_blocks(t: torch.Tensor, block: int, compute: torch.dtype) -> torch.Tensor:
     """[B, H, L, D] -> contiguous [B * H * ceil(L / block), block, D] in ``compute``, zero-padded past L."""
     b, h, length, d = t.shape
-    padded = -(-length // block) * block
+    padded = num_blocks(length, block) * block
     t = t.to(compute)
     if padded != length:
         t = F.pad(t, (0, 0, 0, padded - length))
@@ -284,8 +285,7 @@ def _chunk_tile_mass(probs: torch.Tensor, chunk: _Chunk, plan: _Plan) -> torch.T
     past q_len, the zero padding of a short last block, are left out of the mean)."""
     r = len(chunk.rows)
     per_slot = probs.view(r, plan.block_q, chunk.slots, plan.block_k).sum(-1)
-    last_rows = plan.q_len - (plan.q_blocks - 1) * plan.block_q
-    real_rows = torch.where(chunk.rows % plan.q_blocks == plan.q_blocks - 1, last_rows, plan.block_q)
+    real_rows = block_token_counts(plan.q_len, plan.block_q, probs.device, torch.int64)[chunk.rows % plan.q_blocks]
     row_weight = (torch.arange(plan.block_q, device=probs.device) < real_rows[:, None]).to(probs.dtype)
     per_slot = (per_slot * row_weight[:, :, None]).sum(1) / real_rows[:, None].to(probs.dtype)
     # Padding slots repeat a kept block with probability 0: adding them changes nothing.
