@@ -13,7 +13,8 @@
 #   predict     mask-prediction benchmark (every kernel config, Wan 1.3B and 14B shapes)
 #   limits      what bounds mask prediction: kernel device times, pool vs a plain read, TF32 logits, budget
 #   training    one call of the claims grid on the built-in model (benchmarks/claims_grid.py; repeat the part
-#               until OUT/claims/grid.md lists nothing missing: each call resumes where the last stopped)
+#               until OUT/claims/grid.md lists nothing missing: each call resumes where the last stopped);
+#               arguments after the part name go to the grid, e.g. `training --targets 0.95`
 #   motion      why the built-in model misses the captioned motion: sampler settings, then three equal-budget
 #               training levers (warm restarts of checkpoints/builtin_gen2/, 100 s each), by dense faithfulness
 #   tests       GPU tests (one fixed config per kernel, no tuning)
@@ -34,6 +35,7 @@ PYTHON=${PYTHON:-python3}
 PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|motion|tests|parallel|ddp|runtime|e2e13b|\
 e2e13b_modes|e2e14b|e2e14b_compiled"
 PART=${1:?usage: gpu_session.sh $PARTS}
+shift
 mkdir -p "$OUT"
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 seconds=$2; shift 2
@@ -75,7 +77,8 @@ limits)
     step predict_limits 180 "$PYTHON" -m benchmarks.predict_limits --out "$OUT/predict_limits"
     ;;
 training)
-    step claims_grid 560 "$PYTHON" -m benchmarks.claims_grid --out "$OUT/claims" --part calibrate train evaluate
+    step claims_grid 580 "$PYTHON" -m benchmarks.claims_grid --out "$OUT/claims" --budget-minutes 9 \
+        --part calibrate evaluate train evaluate "$@"
     ;;
 tests)
     SPARSEVID_AUTOTUNE=off step gpu_tests 300 "$PYTHON" -m pytest -q -rfE --tb=line -p no:cacheprovider -m gpu tests

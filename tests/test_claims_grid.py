@@ -22,6 +22,11 @@ def test_grid_smoke_run_on_the_tiny_model(tmp_path, capsys):
     calibration = json.loads((out / "calibration.json").read_text())["rules"]
     assert set(calibration) == {"topk 75%", "topp 75%", "hybrid 75%"}
     assert calibration["topk 75%"]["achieved"] == 0.75 and calibration["topk 75%"]["within_one_point"]
+    more = [*TINY, "--targets", "0.5", "0.75"]  # the later --targets wins
+    assert claims_grid.main(["--out", str(out), "--part", "calibrate", *more]) == 0
+    both = json.loads((out / "calibration.json").read_text())["rules"]
+    assert set(both) == set(calibration) | {"topk 50%", "topp 50%", "hybrid 50%"}
+    assert all(both[label] == calibration[label] for label in calibration)  # an earlier target is kept as is
 
     (out / "timing.json").write_text(json.dumps({"distill": 1e6}))  # a step would take days: nothing fits
     claims_grid.main(["--out", str(out), "--part", "train", *TINY])
