@@ -2,7 +2,7 @@
 # GPU checks and benchmarks in bounded parts, each sized to fit a few minutes of one H200. On a machine with
 # two GPUs run them side by side, one per GPU (`kernels` with `model`, `tests` with `throughput` or
 # `training`); `parallel` needs both.
-# Usage (repo root, CUDA machine): OUT=DIR bash benchmarks/gpu_session.sh PART
+# Usage (repo root, CUDA machine): OUT=DIR bash benchmarks/gpu_session.sh PART [ARGS]
 #   (env: OUT, the output folder, by default outside the repository; PYTHON, the interpreter, python3)
 #   kernels     kernel benchmark, Wan 1.3B 128x128 fwd and fwd+bwd vs SDPA and FlexAttention; 128x64 fwd
 #   kernels14b  kernel benchmark, Wan 14B 720p forward at 95%, 128x128 and 128x64
