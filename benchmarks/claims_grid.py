@@ -18,6 +18,8 @@ The run is split into parts that each fit one GPU call (``--budget-minutes``) an
 * ``evaluate``: the dense teacher, the noise floor (every tile kept) and the training-free rules, as many as
   the budget allows; then the grid so far (``OUT/grid.json``, ``OUT/grid.md`` with the claims,
   :mod:`benchmarks.claims_report`; entries not measured yet are listed);
+* ``report``: ``grid.json`` and ``grid.md`` again from the files alone (no model, no GPU), e.g. for every
+  target once calls have run with one ``--targets`` each;
 * ``ship``: the best student at the highest target sparsity (PSNR against dense) as a small asset
   (``--ship-to``; :func:`sparsevid.load_sparse_student`).
 
@@ -158,7 +160,16 @@ class Grid:
                              "dense_seconds": seconds, "heldout": heldout,
                              "reference_velocity": predict_velocities(teacher, heldout), "slice": data.config(),
                              "guidance": teacher.config["sampling"]["guidance"] if a.guidance is None else a.guidance}
+            self.write(self.describe_context(), "context.json")
         return self._context
+
+    def describe_context(self) -> dict:
+        """What the evaluation compares against, in words (``context.json``, read by ``--part report``)."""
+        context = self._context
+        return {"slice": context["slice"], "captions": context["texts"], "seeds": self.args.seeds,
+                "sample_steps": context["steps"], "guidance": context["guidance"],
+                "heldout": context["heldout"].describe(),
+                "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else str(self.device)}
 
     # ---- timing
     def seconds_per_step(self, kind: str) -> float:
@@ -411,9 +422,12 @@ def part_evaluate(grid: Grid) -> None:
 
 
 def write_grid(grid: Grid) -> None:
-    """Collect every measured entry into ``grid.json`` and render ``grid.md`` (missing entries are listed)."""
+    """Collect every measured entry into ``grid.json`` and render ``grid.md`` (missing entries are listed), from
+    the files alone (``context.json`` describes the evaluation)."""
     a = grid.args
-    context = grid.context()
+    context = grid.read("context.json")
+    if context is None:
+        raise ValueError(f"{grid.path('context.json')} not found: run --part evaluate or train first")
     reference = {p.stem: json.loads(p.read_text()) for p in sorted(grid.path("reference").glob("*.json"))}
     training_free = {}
     for target in a.targets:
@@ -429,17 +443,15 @@ def write_grid(grid: Grid) -> None:
             students[student["name"]] = {**student, **measured}
     planned = [s["name"] for s in student_plan(a.targets, a.rules)]
     result = {"settings": {"targets": a.targets, "steps": a.steps, "batch": a.batch, "clips": a.clips, "lr": a.lr,
-                           "trainable": a.trainable, "slice": context["slice"], "captions": context["texts"],
-                           "seeds": a.seeds, "sample_steps": context["steps"], "guidance": context["guidance"],
-                           "heldout": context["heldout"].describe(),
+                           "trainable": a.trainable, **context,
                            "model": a.model or ("tiny" if a.tiny else "shipped"),
-                           "device": str(grid.device), "calibration": grid.read("calibration.json")},
+                           "calibration": grid.read("calibration.json")},
               "dense": reference.get("dense"), "noise_floor": reference.get("noise_floor"),
               "training_free": training_free, "students": students,
               "missing": [n for n in planned if n not in students]}
     grid.write(result, "grid.json")
     grid.path("grid.md").write_text(grid_markdown(result))
-    print(f"evaluate: wrote {grid.path('grid.json')} and {grid.path('grid.md')}"
+    print(f"report: wrote {grid.path('grid.json')} and {grid.path('grid.md')}"
           + (f" ({len(result['missing'])} students missing)" if result["missing"] else ""))
 
 
@@ -490,7 +502,7 @@ def part_plan(grid: Grid) -> None:
 
 
 PARTS = {"plan": part_plan, "calibrate": part_calibrate, "train": part_train, "evaluate": part_evaluate,
-         "ship": part_ship}
+         "report": write_grid, "ship": part_ship}
 
 
 def _words(text: str) -> list[str]:

@@ -35,6 +35,15 @@ def _short(entry: dict) -> str:
     return f"{entry['psnr']:.2f} dB / {entry['velocity_error']['overall']:.4f}"
 
 
+def clips_won(a: dict, b: dict) -> str:
+    """On how many of the evaluation clips ``a``'s PSNR exceeds ``b``'s ("6/8"): whether a difference of the
+    means holds clip by clip or rests on a few clips (the verdict itself uses the means)."""
+    pa, pb = a.get("psnr_per_clip"), b.get("psnr_per_clip")
+    if not pa or not pb or len(pa) != len(pb):
+        return "per clip: -"
+    return f"higher PSNR on {sum(x > y for x, y in zip(pa, pb))}/{len(pa)} clips"
+
+
 def _compare(entries: dict, pairs: list[tuple[str, str]]) -> tuple[str, list[str]]:
     """(verdict, evidence lines) for "every first beats its second" over ``pairs`` of entry names."""
     missing = sorted({n for pair in pairs for n in pair if n not in entries})
@@ -44,7 +53,8 @@ def _compare(entries: dict, pairs: list[tuple[str, str]]) -> tuple[str, list[str
     for a, b in pairs:
         won = beats(entries[a], entries[b])
         held &= won
-        evidence.append(f"{a} {_short(entries[a])} {'beats' if won else 'does not beat'} {b} {_short(entries[b])}")
+        evidence.append(f"{a} {_short(entries[a])} {'beats' if won else 'does not beat'} {b} {_short(entries[b])} "
+                        f"({clips_won(entries[a], entries[b])})")
     return ("confirmed" if held else "not confirmed"), evidence
 
 

@@ -112,3 +112,12 @@ def test_verdicts_follow_the_numbers():
     verdicts = {c["claim"]: c["verdict"] for c in claims(worse)}
     assert verdicts["control"] == "not confirmed" and verdicts["target"] == "not met"
     assert "**not met**" in grid_markdown(worse)
+
+
+def test_evidence_counts_the_clips_each_comparison_wins():
+    grid = _grid()
+    grid["students"]["distill_hybrid_95"]["psnr_per_clip"] = [20.0, 21.0, 9.0]
+    grid["students"]["diffusion_hybrid_95"]["psnr_per_clip"] = [19.0, 22.0, 8.0]
+    claim3 = next(c for c in claims(grid) if c["claim"] == 3)
+    assert "higher PSNR on 2/3 clips" in claim3["evidence"][0]
+    assert "per clip: -" in claim3["evidence"][1]  # entries without per-clip PSNR

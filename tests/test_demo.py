@@ -120,4 +120,43 @@ def test_demo_student_needs_its_sparse_config(tmp_path, capsys):
     export_builtin(BuiltinVideoDiT(tiny_config()), tmp_path / "model")  # a model directory, not a student
     with pytest.raises(SystemExit):
         main(["demo", "--tiny", "--out", str(tmp_path), "--student", str(tmp_path / "model")])
-    assert "sparse_config.json not found" in capsys.readouterr().err
+    assert "neither student.json (a student asset) nor sparse_config.json" in capsys.readouterr().err
+
+
+def test_demo_runs_the_student_shipped_beside_the_model(tmp_path, capsys):
+    """--student auto (the default) finds the asset in the model's sparse_student folder; 'none' leaves the
+    column out; an asset fine-tuned from other weights is refused with a clear error."""
+    import torch
+
+    import sparsevid as sv
+    from sparsevid.models.builtin import BuiltinVideoDiT, tiny_config
+    from sparsevid.training.checkpoint import export_builtin
+    from sparsevid.training.student_asset import save_sparse_student
+
+    torch.manual_seed(0)
+    base = export_builtin(BuiltinVideoDiT(tiny_config()), tmp_path / "model", dtype=torch.float32).parent
+    student = sv.models.load_builtin(base)
+    with torch.no_grad():
+        for name, tensor in student.transformer.named_parameters():
+            if ".attn1." in name:
+                tensor.add_(0.01)  # "fine-tuned" self-attention
+    save_sparse_student(student, sv.SparseConfig(rule="topk", topk=0.5), "attention", base, base / "sparse_student")
+    out = tmp_path / "demo"
+    common = ["demo", "--model", str(base), "--out", str(out), "--steps", "2", "--noise-floor", "off"]
+    assert main(common) == 0
+    summary = json.loads((out / "demo.json").read_text())
+    assert list(summary["runs"]) == ["dense", "training-free top-k 0.25", "sparse student"]
+    assert summary["settings"]["student"] == str(base / "sparse_student")
+    assert summary["runs"]["sparse student"]["sparsity"] == pytest.approx(0.5)
+    assert 0 < summary["runs"]["sparse student"]["psnr"] < 60  # its attention weights differ from the base's
+
+    assert main(common + ["--student", "none"]) == 0
+    assert list(json.loads((out / "demo.json").read_text())["runs"]) == ["dense", "training-free top-k 0.25"]
+
+    torch.manual_seed(1)
+    other = export_builtin(BuiltinVideoDiT(tiny_config()), tmp_path / "other", dtype=torch.float32).parent
+    capsys.readouterr()
+    code = main(["demo", "--model", str(other), "--out", str(out), "--steps", "2",
+                 "--student", str(base / "sparse_student")])
+    error = capsys.readouterr().err
+    assert code == 2 and "--student" in error and "not the base this student was fine-tuned from" in error

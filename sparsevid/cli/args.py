@@ -169,15 +169,21 @@ def model_dir_arg(text: str) -> str:
 
 
 def student_dir_arg(text: str) -> str:
-    """``--student``: a distilled student's directory (a model directory with its sparse_config.json)."""
+    """``--student``: a sparse student's directory, either a shipped asset (student.json and
+    student.safetensors, as `sparsevid export-student` writes) or a `sparsevid distill` output directory (a
+    model directory with its sparse_config.json)."""
     from pathlib import Path
 
+    from ..models.sparse_student import STUDENT_CONFIG, STUDENT_WEIGHTS
     from ..training.distill import SPARSE_CONFIG_FILE
 
+    folder = Path(text)
+    if (folder / STUDENT_CONFIG).is_file() and (folder / STUDENT_WEIGHTS).is_file():
+        return text
     model_dir_arg(text)
-    if not (Path(text) / SPARSE_CONFIG_FILE).is_file():
-        raise argparse.ArgumentTypeError(f"{SPARSE_CONFIG_FILE} not found in {text!r} (a `sparsevid distill` "
-                                         f"output directory?)")
+    if not (folder / SPARSE_CONFIG_FILE).is_file():
+        raise argparse.ArgumentTypeError(f"neither {STUDENT_CONFIG} (a student asset) nor {SPARSE_CONFIG_FILE} (a "
+                                         f"`sparsevid distill` output directory) found in {text!r}")
     return text
 
 

@@ -1,4 +1,4 @@
-"""``sparsevid compare``: sparse students (``sparsevid distill`` outputs) and training-free sparse
+"""``sparsevid compare``: sparse students (shipped assets or ``sparsevid distill`` outputs) and training-free sparse
 configurations against the dense reference model, by PSNR / SSIM of clips sampled from the same captions
 and seeds (Markdown table + JSON)."""
 from __future__ import annotations
@@ -18,7 +18,9 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("compare", description=summary,
                               help="Compare distilled students and training-free sparse settings with the dense model.")
     p.add_argument("--student", type=student_arg, action="append", default=[], metavar="LABEL=DIR",
-                   help="a distilled model directory (builtin.* and sparse_config.json) and its label; repeatable")
+                   help="a sparse student and its label: a student asset (student.json and student.safetensors, "
+                        "checked against the reference model's weights) or a `sparsevid distill` output directory "
+                        "(builtin.* and sparse_config.json); repeatable")
     p.add_argument("--training-free", type=config_spec_arg, action="append", default=[], metavar="SPEC",
                    help="a sparse setting applied to the dense model without training, SparseConfig fields as "
                         "'key=value,...' or a JSON file; repeatable")
@@ -39,7 +41,7 @@ def add_parser(subparsers) -> None:
 
 
 def student_arg(spec: str) -> str:
-    """``--student``: LABEL=DIR, DIR a `sparsevid distill` output."""
+    """``--student``: LABEL=DIR, DIR a student asset or a `sparsevid distill` output."""
     label, sep, directory = spec.partition("=")
     if not sep or not label or not directory:
         raise argparse.ArgumentTypeError(f"expected LABEL=DIR, got {spec!r}")
@@ -47,12 +49,12 @@ def student_arg(spec: str) -> str:
     return spec
 
 
-def _student(spec: str, device):
-    from ..training.distill import load_student
+def _student(spec: str, device, base):
+    from .students import read_student
 
     label, _, directory = spec.partition("=")  # checked by student_arg
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return label, load_student(directory, device=device, dtype=dtype)
+    return label, read_student(directory, device, dtype, base=base)
 
 
 def run(args) -> int:
@@ -60,6 +62,7 @@ def run(args) -> int:
     from ..eval.harness import DEFAULT_CAPTIONS, parse_config
     from .demo import load_model
     from .reports import save_report
+    from .students import student_base
 
     if not args.student and not args.training_free:
         raise CommandError("give at least one --student or --training-free configuration to compare")
@@ -67,7 +70,7 @@ def run(args) -> int:
         raise CommandError(f"--captions must be at most {len(DEFAULT_CAPTIONS)}, got {args.captions}")
     reference = load_model(args)
     device = next(reference.parameters()).device
-    candidates = dict(_student(spec, device) for spec in args.student)
+    candidates = dict(_student(spec, device, student_base(args)) for spec in args.student)
     candidates.update({f"training-free {spec}": (reference, parse_config(spec)) for spec in args.training_free})
     captions = [c for c in DEFAULT_CAPTIONS if reference.data.fits(c)][: args.captions]
     results = compare_to_reference(reference, candidates, captions, args.seeds, steps=args.steps,

@@ -14,6 +14,7 @@ from .args import (CommandError, check_caption_fits, check_caption_words, clip_a
 
 DEFAULT_CAPTION = "big green striped square moving left and small magenta plain circle moving up on a beige background"
 DENSE, STUDENT, NOISE_FLOOR = "dense", "sparse student", "noise floor"
+AUTO, NONE = "auto", "none"  # --student: the shipped student if there is one; no student
 # The default training-free setting, chosen from measured demo runs on a 2-core CPU (docs/builtin_model.md,
 # "Demo"): top-k 0.25 (75% sparsity) ran 1.8x faster than dense; hybrid 0.05 / 0.9 (45%) was no faster.
 DEFAULT_RULE, DEFAULT_TOPK, DEFAULT_TOPP = "topk", 0.25, 0.9
@@ -30,8 +31,8 @@ MEANING = ("What the numbers mean: wall s is the whole generation, attention s i
 
 
 def add_parser(subparsers) -> None:
-    summary = ("Generate one clip with dense attention, with a training-free sparse setting and (with --student) "
-               "with a distilled sparse student; print the time, the sparsity, how close each clip is to the dense "
+    summary = ("Generate one clip with dense attention, with a training-free sparse setting and with a distilled "
+               "sparse student (the shipped one, or --student); print the time, the sparsity, how close each clip is to the dense "
                "one next to the noise floor, and write the clips side by side, labelled (GIF and PNG).")
     p = subparsers.add_parser("demo", description=summary,
                               help="Generate a clip with dense and with sparse attention and compare them.")
@@ -56,10 +57,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", type=model_dir_arg, default=None,
                    help="directory with builtin.safetensors and builtin.json, as `sparsevid train` or "
                         "`sparsevid distill` write (without it: the shipped model)")
-    p.add_argument("--student", type=student_dir_arg, default=None, metavar="DIR",
-                   help="a distilled sparse student (builtin.safetensors, builtin.json and sparse_config.json, as "
-                        "`sparsevid distill` writes them): a third clip, sampled with its own sparse setting "
-                        "(without it: that column is left out)")
+    p.add_argument("--student", type=student_arg, default=AUTO, metavar="DIR",
+                   help="a sparse student for the third clip, sampled with its own sparse setting: a student asset "
+                        "(student.json and student.safetensors, fine-tuned from the --model weights) or a "
+                        "`sparsevid distill` output directory; 'auto' (default): the student shipped beside the "
+                        "model's weights (its sparse_student folder) if there is one; 'none': no student column")
     p.add_argument("--noise-floor", choices=("auto", "on", "off"), default="auto",
                    help="measure the noise floor (dense through the block-sparse path with every tile kept; one more "
                         "generation as long as the dense one): on, off, or auto: measured when the dense generation "
@@ -93,15 +95,32 @@ def load_model(args):
     return model
 
 
-def load_student(directory: str, like):
-    """The sparse student in ``directory`` (``sparsevid distill``'s output: builtin.safetensors, builtin.json,
-    sparse_config.json) on the device and in the dtype of ``like`` (the dense model), making clips of its shape.
-    Returns (model, SparseConfig)."""
-    from ..training.distill import load_student as load_distilled
+def student_arg(text: str) -> str:
+    """``--student``: 'auto', 'none' or a student directory (:func:`student_dir_arg`)."""
+    return text if text in (AUTO, NONE) else student_dir_arg(text)
+
+
+def student_dir(args) -> str | None:
+    """The student directory the demo runs: ``--student`` resolved ('auto': the shipped student beside the
+    model's weights, none for --tiny), or None for no student column."""
+    from .students import shipped_student
+
+    if args.student == NONE or (args.student == AUTO and args.tiny):
+        return None
+    if args.student == AUTO:
+        found = shipped_student(args.model)
+        return None if found is None else str(found)
+    return args.student
+
+
+def load_student(args, like):
+    """The sparse student of :func:`student_dir` on the device and in the dtype of ``like`` (the dense model),
+    making clips of its shape. Returns (model, SparseConfig)."""
+    from .students import read_student, student_base
 
     parameter = next(like.parameters())
-    model, config = load_distilled(directory, device=parameter.device, dtype=parameter.dtype)
     try:
+        model, config = read_student(student_dir(args), parameter.device, parameter.dtype, base=student_base(args))
         model.use_clip(*like.clip_shape[1:])
     except ValueError as error:
         raise CommandError(f"--student: {error}") from None
@@ -123,8 +142,8 @@ def demo_settings(args, model, steps: int) -> dict:
     sparse = SparseConfig(rule=args.rule, topk=args.topk, topp=args.topp)
     settings = {DENSE: (model, SparseConfig(dense_steps=steps)),
                 f"training-free {setting_name(sparse)}": (model, sparse)}
-    if args.student is not None:
-        settings[STUDENT] = load_student(args.student, model)
+    if student_dir(args) is not None:
+        settings[STUDENT] = load_student(args, model)
     return settings
 
 
@@ -261,7 +280,7 @@ def run(args) -> int:
     summary = {"caption": args.caption, "seed": args.seed, "key": key, "finished": finished,
                "settings": {"steps": steps, "guidance": args.guidance or model.config["sampling"]["guidance"],
                             "device": str(device), "threads": torch.get_num_threads(),
-                            "student": args.student, "noise_floor": args.noise_floor},
+                            "student": student_dir(args), "noise_floor": args.noise_floor},
                "runs": rows}
     (out / "demo.json").write_text(json.dumps(summary, indent=2))
     print("wrote " + ", ".join(str(p) for p in paths + [out / "demo.json"]))

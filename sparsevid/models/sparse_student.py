@@ -53,18 +53,17 @@ def trained_tensor_names(model, trainable: str) -> list[str]:
     return [name for name in names if name.startswith(prefixes)]
 
 
-def load_sparse_student(directory: str | Path | None = None, device: torch.device | str = "cpu",
+def read_sparse_student(directory: str | Path | None = None, device: torch.device | str = "cpu",
                         dtype: torch.dtype = torch.float32, base: str | Path | None = None):
-    """The shipped sparse student: the dense built-in model from ``base`` (default: the folder that holds
+    """(model, SparseConfig): the dense built-in model from ``base`` (default: the folder that holds
     ``directory``) with the student's tensors from ``directory`` (default: ``sparsevid/assets/sparse_student``)
-    loaded over it and sparse attention applied with the student's SparseConfig; in eval mode on ``device``
-    in ``dtype``. Raises FileNotFoundError for a missing asset and ValueError when the base weights are not
-    those the student was fine-tuned from."""
+    loaded over it, in eval mode on ``device`` in ``dtype``, and the sparse attention it was trained for (not
+    applied). Raises FileNotFoundError for a missing asset and ValueError when the base weights are not those
+    the student was fine-tuned from."""
     from safetensors.torch import load_file
 
     from ..schedules import SparseConfig
     from .builtin import load_builtin
-    from .integration import apply_sparse_attention
 
     directory = Path(directory) if directory is not None else ASSETS / STUDENT_DIR
     base = Path(base) if base is not None else directory.parent
@@ -84,5 +83,15 @@ def load_sparse_student(directory: str | Path | None = None, device: torch.devic
         raise ValueError(f"{directory / STUDENT_WEIGHTS} holds tensors the base model lacks or shapes it differs "
                          f"in: {wrong[:3]}")
     model.load_state_dict(tensors, strict=False)  # cast into the model's dtype on the way
-    apply_sparse_attention(model.transformer, SparseConfig.from_dict(record["sparse_config"]))
+    return model, SparseConfig.from_dict(record["sparse_config"])
+
+
+def load_sparse_student(directory: str | Path | None = None, device: torch.device | str = "cpu",
+                        dtype: torch.dtype = torch.float32, base: str | Path | None = None):
+    """The shipped sparse student in one call: :func:`read_sparse_student` with sparse attention applied in
+    its SparseConfig."""
+    from .integration import apply_sparse_attention
+
+    model, config = read_sparse_student(directory, device, dtype, base)
+    apply_sparse_attention(model.transformer, config)
     return model

@@ -1,0 +1,44 @@
+"""Sparse students as the commands take them (``--student DIR``): a shipped asset (``student.json`` and
+``student.safetensors``, :mod:`sparsevid.models.sparse_student`) or a ``sparsevid distill`` output directory
+(a whole model with its ``sparse_config.json``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..models.sparse_student import STUDENT_CONFIG, STUDENT_DIR
+
+
+def is_student_asset(directory: str | Path) -> bool:
+    return (Path(directory) / STUDENT_CONFIG).is_file()
+
+
+def shipped_student(model_dir: str | Path | None) -> Path | None:
+    """The student asset shipped beside the dense weights in ``model_dir`` (default: the shipped model's
+    folder), or None if there is none."""
+    from ..models.builtin import ASSETS
+
+    folder = (Path(model_dir) if model_dir is not None else ASSETS) / STUDENT_DIR
+    return folder if is_student_asset(folder) else None
+
+
+def student_base(args) -> Path | None:
+    """The dense weights a student asset given to a command must have been fine-tuned from: those of the
+    command's model (``--model``, else the shipped model); None for ``--tiny`` (the asset's own folder)."""
+    from ..models.builtin import ASSETS
+
+    return None if args.tiny else Path(args.model) if args.model else ASSETS
+
+
+def read_student(directory: str | Path, device: torch.device | str, dtype: torch.dtype,
+                 base: str | Path | None = None):
+    """(model, SparseConfig) of the student in ``directory``, the model dense (sparse attention not applied),
+    in eval mode on ``device`` in ``dtype``. An asset's dense base is ``base`` (default: the folder holding
+    it); a distill output is a whole model and needs none."""
+    from ..models.sparse_student import read_sparse_student
+    from ..training.distill import load_student
+
+    if is_student_asset(directory):
+        return read_sparse_student(directory, device=device, dtype=dtype, base=base)
+    return load_student(directory, device=device, dtype=dtype)
