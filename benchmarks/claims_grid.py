@@ -29,7 +29,7 @@ about 3 MB for the built-in model) in ``OUT/students/NAME/`` beside its ``eval.j
     python3 -m benchmarks.claims_grid --out outputs/claims --part plan        # the calls it will take
     python3 -m benchmarks.claims_grid --out outputs/claims --part calibrate train evaluate   # repeat until
                                                                             # grid.md lists nothing missing
-    python3 -m benchmarks.claims_grid --out outputs/claims --part ship --ship-to checkpoints/builtin_gen2/sparse_student
+    python3 -m benchmarks.claims_grid --out outputs/claims --part ship --ship-to sparsevid/assets/sparse_student_95
 
 CPU smoke run (untrained tiny model, seconds): ``--tiny --device cpu --steps 2 --batch 2 --captions 1
 --heldout-per-bin 1 --noise-bins 2 --targets 0.5 0.75``.
@@ -522,7 +522,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rules", nargs="+", choices=RULES, default=list(RULES),
                    help="mask rules of the grid (the claims need all three; fewer for a quick run)")
     p.add_argument("--budget-minutes", type=float, default=8.5, help="wall-clock budget of this call")
-    p.add_argument("--model", default="checkpoints/builtin_gen2", help="the dense teacher's directory")
+    p.add_argument("--model", default=None, help="the dense teacher's directory (default: the shipped model)")
     p.add_argument("--tiny", action="store_true", help="an untrained tiny teacher instead (CPU smoke run)")
     p.add_argument("--clip", type=clip_arg, default=None, help="T,H,W clip shape (default: the teacher's own)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -16,7 +16,10 @@
 #               until OUT/claims/grid.md lists nothing missing: each call resumes where the last stopped);
 #               arguments after the part name go to the grid, e.g. `training --targets 0.95`
 #   motion      why the built-in model misses the captioned motion: sampler settings, then three equal-budget
-#               training levers (warm restarts of checkpoints/builtin_gen2/, 100 s each), by dense faithfulness
+#               training levers (warm restarts of the shipped model, 100 s each), by dense faithfulness
+#   demo_student  the demo's sparse student: the shipped model distilled for top-k 0.25 (75%) at the CPU clip
+#               (16 x 64 x 64, whole procedural distribution, attention trainable, ~2 min), exported as an asset
+#               (OUT/sparse_student: copy it to sparsevid/assets/sparse_student/)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
 #   parallel    (two GPUs) context-parallel Wan 14B forward, one vs two GPUs; distillation under DDP
 #   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
@@ -32,7 +35,7 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|motion|tests|parallel|ddp|runtime|e2e13b|\
+PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|motion|demo_student|tests|parallel|ddp|runtime|e2e13b|\
 e2e13b_modes|e2e14b|e2e14b_compiled"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
@@ -79,6 +82,13 @@ limits)
 training)
     step claims_grid 580 "$PYTHON" -m benchmarks.claims_grid --out "$OUT/claims" --budget-minutes 9 \
         --part calibrate evaluate train evaluate "$@"
+    ;;
+demo_student)
+    step demo_student 200 "$PYTHON" -m sparsevid distill --out "$OUT/demo_student" --clip 16,64,64 \
+        --config rule=topk,topk=0.25 --trainable attention --batch-size 32 --max-steps 500 --minutes 1.9 --lr 1e-4 \
+        --warmup 20 --train-shift 2.0 --log-every 25 --no-progress
+    step demo_student_export 60 "$PYTHON" -m sparsevid export-student --run "$OUT/demo_student" \
+        --out "$OUT/sparse_student"
     ;;
 tests)
     SPARSEVID_AUTOTUNE=off step gpu_tests 300 "$PYTHON" -m pytest -q -rfE --tb=line -p no:cacheprovider -m gpu tests

@@ -104,7 +104,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--part", choices=("sampler", "train"), required=True)
-    parser.add_argument("--model", type=Path, default=Path("checkpoints/builtin_gen2"))
+    parser.add_argument("--model", type=Path, default=None, help="model directory (default: the shipped model)")
     parser.add_argument("--seconds", type=float, default=100.0, help="training budget of each lever (part train)")
     parser.add_argument("--max-steps", type=int, default=None, help="step cap of each lever (a CPU smoke run)")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -114,7 +114,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = run_part(args)
-    meta = run_metadata(model=str(args.model), clip=list(SHORT), seeds=list(SEEDS), part=args.part,
+    meta = run_metadata(model=str(args.model or "shipped"), clip=list(SHORT), seeds=list(SEEDS), part=args.part,
                         seconds=args.seconds if args.part == "train" else None)
     (args.out / f"motion_{args.part}.json").write_text(json.dumps({**meta, "settings": rows}, indent=1))
     (args.out / f"motion_{args.part}.md").write_text(table(rows))

@@ -1,28 +1,32 @@
 #!/usr/bin/env bash
 # The second-generation built-in model, trained in resumable chunks (one GPU each, a warm restart from the
 # weights the last chunk committed). Usage: bash benchmarks/train_builtin_gen2.sh CHUNK OUT
-#   chunk 1: from the first-generation weights, textured panning backgrounds, short clips then long clips.
-#   chunk 2: from chunk 1's committed weights (checkpoints/builtin_gen2/), long clips, then mixed resolutions
-#            (long and short clips alternating, one step each) so that one set of weights serves both.
+#   chunk 1: from the first-generation weights (GEN1: a folder with the builtin.* that sparsevid/assets/ held
+#            at commit fa556b2, e.g. from `git show fa556b2:sparsevid/assets/builtin.safetensors`), textured
+#            panning backgrounds, short clips then long clips.
+#   chunk 2: from chunk 1's committed weights, long clips, then mixed resolutions (long and short clips
+#            alternating, one step each) so that one set of weights serves both.
+#   Later chunks continue the same way from the shipped weights (sparsevid/assets/).
 # Each chunk trains for at most 7.5 minutes: chunk 1 (7.5 min of training) took 558 s of one 10-minute GPU
 # call with its sampling and measurement; chunk 2 leaves the measurement to a later call
-# (python3 -m benchmarks.builtin_study --out DIR --model checkpoints/builtin_gen2).
+# (python3 -m benchmarks.builtin_study --out DIR).
 # Each chunk writes OUT/<phase>/ (weights, config with every phase so far, loss curve, samples, log);
 # chunk 1 also OUT/oracle.json (oracle recall of the result on short and long clips). Commit
-# OUT/<last phase>/builtin.* to checkpoints/builtin_gen2/ to continue from there.
+# OUT/<last phase>/builtin.* to sparsevid/assets/ to continue from there (new weights void the shipped
+# students in sparsevid/assets/sparse_student*/: they are fine-tuned from one set of weights, checked by hash).
 set -euo pipefail
 chunk=$1; out=$2
 texture=(--background-texture 0.7 --pan 0.5)
 case "$chunk" in
   1)
-    python3 -m sparsevid train --out "$out/short" --init sparsevid/assets --clip 16,64,64 "${texture[@]}" \
+    python3 -m sparsevid train --out "$out/short" --init "${GEN1:?GEN1: the first-generation weights}" --clip 16,64,64 "${texture[@]}" \
         --minutes 3.5 --batch-size 64 --lr 3e-4 --warmup 100 --ema 0.998 --log-every 100 --checkpoint-every 100000
     python3 -m sparsevid train --out "$out/long" --init "$out/short" --clip 32,128,128 "${texture[@]}" \
         --minutes 4 --batch-size 8 --lr 2e-4 --warmup 50 --ema 0.995 --log-every 50 --checkpoint-every 100000
     python3 -m benchmarks.builtin_study --out "$out" --model "$out/long"
     ;;
   2)
-    python3 -m sparsevid train --out "$out/long" --init checkpoints/builtin_gen2 --clip 32,128,128 "${texture[@]}" \
+    python3 -m sparsevid train --out "$out/long" --init sparsevid/assets --clip 32,128,128 "${texture[@]}" \
         --minutes 4 --batch-size 8 --lr 2e-4 --warmup 50 --ema 0.995 --log-every 50 --checkpoint-every 100000
     python3 -m sparsevid train --out "$out/mixed" --init "$out/long" "${texture[@]}" \
         --clip 32,128,128 --clip 16,64,64 --batch-size 8 --batch-size 64 --clip-weight 1 --clip-weight 1 \

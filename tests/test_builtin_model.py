@@ -166,8 +166,18 @@ def test_export_and_load_builtin(tmp_path, tiny):
 
 def test_shipped_weights_load():
     model = load_builtin()
-    assert model.clip_shape == (3, 16, 64, 64)
-    assert model.config["training"]["steps"] > 0
+    assert model.clip_shape == (3, 32, 128, 128)  # Wan2.1-1.3B's length: 32 x 32 x 32 = 32,768 tokens
+    assert model.config["training"]["steps"] > 0 and model.config["sampling"]["steps"] == 10
+    assert model.use_cpu_defaults() == {"clip": [16, 64, 64], "steps": 6}
+    assert model.clip_shape == (3, 16, 64, 64) and model.config["sampling"]["steps"] == 6
+
+
+def test_cpu_defaults_are_optional_and_can_keep_the_clip():
+    tiny = BuiltinVideoDiT(tiny_config())  # its own instance: the test changes its clip
+    assert tiny.use_cpu_defaults() == {}  # no CPU defaults in its config: nothing changes
+    tiny.config["sampling"]["cpu"] = {"clip": [2, 16, 16], "steps": 3}
+    assert tiny.use_cpu_defaults(clip=False) == {"steps": 3} and tiny.clip_shape == (3, 4, 32, 32)
+    assert tiny.use_cpu_defaults() == {"clip": [2, 16, 16], "steps": 3} and tiny.clip_shape == (3, 2, 16, 16)
 
 
 def test_sampler_is_deterministic_and_seeded(tiny):

@@ -129,6 +129,7 @@ def test_demo_runs_the_student_shipped_beside_the_model(tmp_path, capsys):
     import torch
 
     import sparsevid as sv
+    from sparsevid.cli.students import read_student_like
     from sparsevid.models.builtin import BuiltinVideoDiT, tiny_config
     from sparsevid.training.checkpoint import export_builtin
     from sparsevid.training.student_asset import save_sparse_student
@@ -141,6 +142,10 @@ def test_demo_runs_the_student_shipped_beside_the_model(tmp_path, capsys):
             if ".attn1." in name:
                 tensor.add_(0.01)  # "fine-tuned" self-attention
     save_sparse_student(student, sv.SparseConfig(rule="topk", topk=0.5), "attention", base, base / "sparse_student")
+    reference = sv.models.load_builtin(base)
+    reference.use_clip(2, 16, 16)  # as --clip does: the student must sample the reference's clip shape
+    like, config = read_student_like(base / "sparse_student", reference, base)
+    assert like.clip_shape == reference.clip_shape == (3, 2, 16, 16) and config.topk == 0.5
     out = tmp_path / "demo"
     common = ["demo", "--model", str(base), "--out", str(out), "--steps", "2", "--noise-floor", "off"]
     assert main(common) == 0

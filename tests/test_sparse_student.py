@@ -168,3 +168,18 @@ def test_eval_held_out_captions_come_from_outside_the_slice(tmp_path):
     narrow = ProceduralVideos(frames=4, height=32, width=32, max_objects=1, backgrounds=["navy"])
     assert len(captions) == 2 and not any(narrow.fits(c) for c in captions)
     assert main(["eval", "--tiny", "--backgrounds", "navy", "--out", str(out)]) == 2  # a slice without --held-out
+
+
+def test_the_shipped_students_load_on_the_shipped_weights():
+    """The demo's student (75%, fine-tuned at the CPU clip) and the best 95% student of the claims grid (long
+    clip) both load in one call over the shipped dense weights, each with its own sparse setting."""
+    from sparsevid.models.builtin import ASSETS
+    from sparsevid.models.sparse_student import read_sparse_student
+
+    assert sv.is_sparse(sv.load_sparse_student().transformer)
+    for folder, topk in ((ASSETS / "sparse_student", 0.25), (ASSETS / "sparse_student_95", 0.05)):
+        model, config = read_sparse_student(folder)
+        assert (config.rule, config.topk) == ("topk", topk)
+        dense = sv.models.load_builtin()
+        changed = [n for n, t in model.state_dict().items() if not torch.equal(t, dense.state_dict()[n])]
+        assert changed and all(".attn1." in n for n in changed)  # only the self-attention was fine-tuned

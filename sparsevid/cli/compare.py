@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from .args import (CommandError, clip_arg, config_spec_arg, default_device, device_arg, model_dir_arg,
                    positive_int_arg, student_dir_arg)
 
@@ -49,12 +47,16 @@ def student_arg(spec: str) -> str:
     return spec
 
 
-def _student(spec: str, device, base):
-    from .students import read_student
+def _student(spec: str, reference, base):
+    """(label, (model, SparseConfig)) of a --student LABEL=DIR, on the reference's device and dtype, making
+    clips of the reference's shape."""
+    from .students import read_student_like
 
     label, _, directory = spec.partition("=")  # checked by student_arg
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return label, read_student(directory, device, dtype, base=base)
+    try:
+        return label, read_student_like(directory, reference, base)
+    except ValueError as error:
+        raise CommandError(f"--student {label}: {error}") from None
 
 
 def run(args) -> int:
@@ -69,8 +71,7 @@ def run(args) -> int:
     if args.captions > len(DEFAULT_CAPTIONS):
         raise CommandError(f"--captions must be at most {len(DEFAULT_CAPTIONS)}, got {args.captions}")
     reference = load_model(args)
-    device = next(reference.parameters()).device
-    candidates = dict(_student(spec, device, student_base(args)) for spec in args.student)
+    candidates = dict(_student(spec, reference, student_base(args)) for spec in args.student)
     candidates.update({f"training-free {spec}": (reference, parse_config(spec)) for spec in args.training_free})
     captions = [c for c in DEFAULT_CAPTIONS if reference.data.fits(c)][: args.captions]
     results = compare_to_reference(reference, candidates, captions, args.seeds, steps=args.steps,

@@ -76,7 +76,8 @@ def add_parser(subparsers) -> None:
 
 def load_model(args):
     """The model named by ``--model`` / ``--tiny`` (shipped weights by default), on ``--device``, making clips of
-    ``--clip`` (default: the model's own shape). GPUs run it in bf16 (sparse attention then uses the Triton
+    ``--clip`` (default: the model's own shape; on the CPU its CPU defaults, see
+    :meth:`BuiltinVideoDiT.use_cpu_defaults`). GPUs run it in bf16 (sparse attention then uses the Triton
     kernels), the CPU in fp32 (the gather backend)."""
     from ..models.builtin import BuiltinVideoDiT, load_builtin, tiny_config
 
@@ -87,6 +88,13 @@ def load_model(args):
         model = BuiltinVideoDiT(tiny_config()).to(device, dtype).eval()
     else:
         model = load_builtin(args.model, device=device, dtype=dtype)
+    if device.type == "cpu":
+        own = "x".join(map(str, model.clip_shape[1:])), model.config["sampling"]["steps"]
+        changed = model.use_cpu_defaults(clip=args.clip is None)
+        if changed:
+            print("on the CPU the model runs its CPU defaults: " + ", ".join(
+                f"{k} {'x'.join(map(str, v)) if k == 'clip' else v}" for k, v in changed.items())
+                  + f" (its own: clip {own[0]}, {own[1]} steps)")
     if args.clip is not None:
         try:
             model.use_clip(*args.clip)
@@ -116,15 +124,12 @@ def student_dir(args) -> str | None:
 def load_student(args, like):
     """The sparse student of :func:`student_dir` on the device and in the dtype of ``like`` (the dense model),
     making clips of its shape. Returns (model, SparseConfig)."""
-    from .students import read_student, student_base
+    from .students import read_student_like, student_base
 
-    parameter = next(like.parameters())
     try:
-        model, config = read_student(student_dir(args), parameter.device, parameter.dtype, base=student_base(args))
-        model.use_clip(*like.clip_shape[1:])
+        return read_student_like(student_dir(args), like, student_base(args))
     except ValueError as error:
         raise CommandError(f"--student: {error}") from None
-    return model, config
 
 
 def setting_name(config) -> str:

@@ -42,3 +42,12 @@ def read_student(directory: str | Path, device: torch.device | str, dtype: torch
     if is_student_asset(directory):
         return read_sparse_student(directory, device=device, dtype=dtype, base=base)
     return load_student(directory, device=device, dtype=dtype)
+
+
+def read_student_like(directory: str | Path, reference, base: str | Path | None = None):
+    """:func:`read_student` on the device and in the dtype of ``reference`` (a dense BuiltinVideoDiT), making
+    clips of its shape, so that its clips compare with the reference's. ValueError if they cannot."""
+    parameter = next(reference.parameters())
+    model, config = read_student(directory, parameter.device, parameter.dtype, base=base)
+    model.use_clip(*reference.clip_shape[1:])
+    return model, config
