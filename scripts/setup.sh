@@ -4,15 +4,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+# Install sparsevid and its extras once per version of pyproject.toml (the stamp records which); a matching
+# stamp means the set-up is complete, so later runs start at once (no torch import to check).
+stamp=.venv/.sparsevid-installed
+wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ -x .venv/bin/python ] && [ "$(cat "$stamp" 2>/dev/null)" = "$wanted" ]; then
+    exit 0
+fi
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv --system-site-packages .venv
 fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
-# Install sparsevid and its extras once per version of pyproject.toml (the stamp records which).
-stamp=.venv/.sparsevid-installed
-wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     .venv/bin/python -m pip install -q -e ".[all]"
     echo "$wanted" > "$stamp"
