@@ -174,14 +174,14 @@ def student_dir_arg(text: str) -> str:
     model directory with its sparse_config.json)."""
     from pathlib import Path
 
-    from ..models.sparse_student import STUDENT_CONFIG, STUDENT_WEIGHTS
+    from ..models.sparse_student import STUDENT_CONFIG
     from ..training.distill import SPARSE_CONFIG_FILE
+    from .students import is_student_asset
 
-    folder = Path(text)
-    if (folder / STUDENT_CONFIG).is_file() and (folder / STUDENT_WEIGHTS).is_file():
+    if is_student_asset(text):
         return text
     model_dir_arg(text)
-    if not (folder / SPARSE_CONFIG_FILE).is_file():
+    if not (Path(text) / SPARSE_CONFIG_FILE).is_file():
         raise argparse.ArgumentTypeError(f"neither {STUDENT_CONFIG} (a student asset) nor {SPARSE_CONFIG_FILE} (a "
                                          f"`sparsevid distill` output directory) found in {text!r}")
     return text

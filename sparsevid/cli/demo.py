@@ -113,21 +113,21 @@ def student_dir(args) -> str | None:
     model's weights, none for --tiny), or None for no student column."""
     from .students import shipped_student
 
-    if args.student == NONE or (args.student == AUTO and args.tiny):
+    if args.student == NONE:
         return None
     if args.student == AUTO:
-        found = shipped_student(args.model)
+        found = shipped_student(args)
         return None if found is None else str(found)
     return args.student
 
 
-def load_student(args, like):
-    """The sparse student of :func:`student_dir` on the device and in the dtype of ``like`` (the dense model),
-    making clips of its shape. Returns (model, SparseConfig)."""
+def load_student(directory: str, args, like):
+    """The sparse student in ``directory`` on the device and in the dtype of ``like`` (the dense model), making
+    clips of its shape. Returns (model, SparseConfig)."""
     from .students import read_student_like, student_base
 
     try:
-        return read_student_like(student_dir(args), like, student_base(args))
+        return read_student_like(directory, like, student_base(args))
     except ValueError as error:
         raise CommandError(f"--student: {error}") from None
 
@@ -138,17 +138,17 @@ def setting_name(config) -> str:
             "hybrid": f"hybrid {config.topk:g} / {config.topp:g}"}[config.rule]
 
 
-def demo_settings(args, model, steps: int) -> dict:
+def demo_settings(args, model, steps: int, student: str | None) -> dict:
     """{label: (model, SparseConfig)} of the clips to compare, dense first, then the training-free setting and
-    the student (with ``--student``). "dense" runs every step dense through the sparse processors (the
-    unmodified model's computation), so its attention is timed like the sparse runs'."""
+    the student in directory ``student`` (None: no student column). "dense" runs every step dense through the
+    sparse processors (the unmodified model's computation), so its attention is timed like the sparse runs'."""
     from ..schedules import SparseConfig
 
     sparse = SparseConfig(rule=args.rule, topk=args.topk, topp=args.topp)
     settings = {DENSE: (model, SparseConfig(dense_steps=steps)),
                 f"training-free {setting_name(sparse)}": (model, sparse)}
-    if student_dir(args) is not None:
-        settings[STUDENT] = load_student(args, model)
+    if student is not None:
+        settings[STUDENT] = load_student(student, args, model)
     return settings
 
 
@@ -253,7 +253,8 @@ def run(args) -> int:
     model = load_model(args)
     check_caption_fits(model, args.caption)
     steps = args.steps or model.config["sampling"]["steps"]
-    settings = demo_settings(args, model, steps)
+    student = student_dir(args)
+    settings = demo_settings(args, model, steps, student)
     patch = model.transformer.config.patch_size
     grid = [s // p for s, p in zip(model.clip_shape[1:], patch)]
     device = next(model.parameters()).device
@@ -285,7 +286,7 @@ def run(args) -> int:
     summary = {"caption": args.caption, "seed": args.seed, "key": key, "finished": finished,
                "settings": {"steps": steps, "guidance": args.guidance or model.config["sampling"]["guidance"],
                             "device": str(device), "threads": torch.get_num_threads(),
-                            "student": student_dir(args), "noise_floor": args.noise_floor},
+                            "student": student, "noise_floor": args.noise_floor},
                "runs": rows}
     (out / "demo.json").write_text(json.dumps(summary, indent=2))
     print("wrote " + ", ".join(str(p) for p in paths + [out / "demo.json"]))

@@ -7,20 +7,12 @@ from pathlib import Path
 
 import torch
 
-from ..models.sparse_student import STUDENT_CONFIG, STUDENT_DIR
+from ..models.sparse_student import STUDENT_CONFIG, STUDENT_DIR, STUDENT_WEIGHTS
 
 
 def is_student_asset(directory: str | Path) -> bool:
-    return (Path(directory) / STUDENT_CONFIG).is_file()
-
-
-def shipped_student(model_dir: str | Path | None) -> Path | None:
-    """The student asset shipped beside the dense weights in ``model_dir`` (default: the shipped model's
-    folder), or None if there is none."""
-    from ..models.builtin import ASSETS
-
-    folder = (Path(model_dir) if model_dir is not None else ASSETS) / STUDENT_DIR
-    return folder if is_student_asset(folder) else None
+    """Whether ``directory`` holds a student asset (``student.json`` and ``student.safetensors``)."""
+    return all((Path(directory) / name).is_file() for name in (STUDENT_CONFIG, STUDENT_WEIGHTS))
 
 
 def student_base(args) -> Path | None:
@@ -29,6 +21,13 @@ def student_base(args) -> Path | None:
     from ..models.builtin import ASSETS
 
     return None if args.tiny else Path(args.model) if args.model else ASSETS
+
+
+def shipped_student(args) -> Path | None:
+    """The student asset shipped beside the command's dense weights (:func:`student_base`, in its
+    ``sparse_student`` folder), or None if there is none (always for ``--tiny``)."""
+    base = student_base(args)
+    return None if base is None or not is_student_asset(base / STUDENT_DIR) else base / STUDENT_DIR
 
 
 def read_student(directory: str | Path, device: torch.device | str, dtype: torch.dtype,

@@ -7,13 +7,13 @@ are merged exactly through their log-sum-exps. Text query rows attend every key 
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ..ops import SparseMask, block_sparse_attention
+from ..ops.caching import traceable_cache
 from .stats import mark
 
 
@@ -87,16 +87,11 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
     return merged.to(out_a.dtype) if out is None else out.copy_(merged)
 
 
-_cached_full_mask = functools.lru_cache(maxsize=64)(SparseMask.full)
-
-
+@traceable_cache()
 def _full_mask(q_len: int, kv_len: int, block_q: int, block_k: int, device: torch.device) -> SparseMask:
     """``SparseMask.full`` for these sizes, made once per (sizes, device) and shared by every layer and forward
-    (built in the graph while ``torch.compile`` traces: a cache the compiled code would skip is not consulted),
-    as ``tile_permutation`` caches its permutations."""
-    if torch.compiler.is_compiling():
-        return SparseMask.full(q_len, kv_len, block_q, block_k, device=device)
-    return _cached_full_mask(q_len, kv_len, block_q, block_k, device=device)
+    (as ``tile_permutation`` shares its permutations)."""
+    return SparseMask.full(q_len, kv_len, block_q, block_k, device=device)
 
 
 def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch.Tensor,

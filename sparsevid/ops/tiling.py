@@ -11,10 +11,11 @@ grid's far edges are cut short when a grid side is not a multiple of the tile si
 """
 from __future__ import annotations
 
-import functools
 import numbers
 
 import torch
+
+from .caching import traceable_cache
 
 # Default tile (frames, rows, columns): 128 tokens, so with block_q = 128 every full query block is one
 # 4x4x8 patch and every 64-token key block a 2x4x8 patch. Chosen for the best attention recall at 95%
@@ -30,7 +31,8 @@ def _as_triple(name: str, value) -> tuple[int, int, int]:
     return tuple(int(v) for v in value)
 
 
-def _build_permutation(grid: tuple[int, int, int], tile: tuple[int, int, int],
+@traceable_cache()
+def _permutation(grid: tuple[int, int, int], tile: tuple[int, int, int],
                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """perm, inverse int64 [T*H*W], computed on ``device`` (no host-to-device copy) by a handful of kernels."""
     (t, h, w), (tt, th, tw) = grid, tile
@@ -43,12 +45,6 @@ def _build_permutation(grid: tuple[int, int, int], tile: tuple[int, int, int],
     perm = torch.argsort((tile_id * (tt * th * tw) + within).flatten())  # keys are distinct: one order
     inverse = torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.numel(), device=device))
     return perm, inverse
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_permutation(grid: tuple[int, int, int], tile: tuple[int, int, int],
-                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    return _build_permutation(grid, tile, device)
 
 
 def tile_permutation(grid, tile=None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,10 +63,7 @@ def tile_permutation(grid, tile=None, device=None) -> tuple[torch.Tensor, torch.
     """
     grid = _as_triple("grid", grid)
     tile = DEFAULT_TILE if tile is None else _as_triple("tile", tile)
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    if torch.compiler.is_compiling():
-        return _build_permutation(grid, tile, device)
-    return _cached_permutation(grid, tile, device)
+    return _permutation(grid, tile, torch.device(device) if device is not None else torch.device("cpu"))
 
 
 def _reorder(x: torch.Tensor, grid, tile, inverse: bool) -> torch.Tensor:

@@ -66,7 +66,10 @@ def export_sparse_student(run: str | Path, directory: str | Path, base: str | Pa
     summary = student.config.get("distillation")
     if not summary or "trainable" not in summary:
         raise ValueError(f"{run / 'builtin.json'} records no distillation run (no 'distillation' entry)")
-    run_info = {k: summary.get(k) for k in ("objective", "steps", "trainable")}
+    # The training phase as the run recorded it: objective, steps, batch, seconds, final loss.
+    run = summary.get("run", {})
+    run_info = {**{k: summary.get(k) for k in ("objective", "steps", "trainable", "seconds", "final_loss")},
+                "batch_size": run.get("batch_size")}
     return save_sparse_student(student, SparseConfig.from_json(sparse_file.read_text()), summary["trainable"],
                                base if base is not None else ASSETS, directory, dtype=dtype,
-                               extra={"run": run_info, "data": summary.get("run", {}).get("data")})
+                               extra={"run": run_info, "data": run.get("data")})
