@@ -12,9 +12,10 @@ The run is split into parts that each fit one GPU call (``--budget-minutes``) an
 * ``calibrate``: rule parameters of top-k, top-p and hybrid reaching each ``--targets`` sparsity on the
   teacher's attention (``OUT/calibration.json``, with the achieved sparsity of each; skipped once done);
 * ``train``: the pending students in a fixed order, each trained, then evaluated at once (so a student's
-  weights never need to survive the call), as many as the budget allows: the estimate comes from the
-  measured seconds per step of earlier students (``OUT/timing.json``) or the H200 figures below. A student
-  cut short by the budget keeps its training state in ``OUT/work/NAME`` and resumes from it;
+  weights never need to survive the call), while at least ``MIN_TRAINING_SECONDS`` of training and one
+  evaluation fit in the budget (estimates come from the measured seconds per step of earlier students,
+  ``OUT/timing.json``, or the H200 figures below). A student cut short by the budget keeps its training
+  state in ``OUT/work/NAME`` and the next call resumes it;
 * ``evaluate``: the dense teacher, the noise floor (every tile kept) and the training-free rules, as many as
   the budget allows; then the grid so far (``OUT/grid.json``, ``OUT/grid.md`` with the claims,
   :mod:`benchmarks.claims_report`; entries not measured yet are listed);
@@ -56,6 +57,9 @@ H200_SECONDS_PER_STEP_AT_BATCH_8 = {"distill": 0.70, "diffusion": 0.55, DENSE_CO
 H200_SECONDS_PER_CLIP = 1.5  # sampling one long clip (10 UniPC steps, guidance 4), dense
 EVAL_FIXED_SECONDS = 15.0  # held-out velocities and faithfulness scoring of one entry, beside its sampling
 CALL_OVERHEAD_SECONDS = 60.0  # per call: imports, loading the teacher, its reference clips and velocities
+# A student is started when this much training fits in the call besides an evaluation; if it does not finish,
+# its state is checkpointed at the deadline and the next call resumes it.
+MIN_TRAINING_SECONDS = 60.0
 
 
 def student_name(objective: str, rule: str | None, target: float | None) -> str:
@@ -63,13 +67,16 @@ def student_name(objective: str, rule: str | None, target: float | None) -> str:
     return "dense_diffusion" if rule is None else entry_name(objective, rule, target)
 
 
-def student_plan(targets: list[float], rules=RULES) -> list[dict]:
-    """Every student of the grid, in training order: per target sparsity, each rule with both objectives
-    (so that the comparisons of one sparsity complete together); the dense control last."""
+def student_plan(targets: list[float], rules=RULES, objectives=OBJECTIVES) -> list[dict]:
+    """Every student of the grid, in training order: per target sparsity, each rule with each objective
+    (so that the comparisons of one sparsity complete together); the dense control (a diffusion-loss
+    student) last, when the diffusion objective is in ``objectives``."""
     plan = [{"name": student_name(objective, rule, target), "objective": objective, "rule": rule, "target": target}
-            for target in targets for rule in rules for objective in OBJECTIVES]
-    return plan + [{"name": student_name("diffusion", None, None), "objective": "diffusion", "rule": None,
-                    "target": None}]
+            for target in targets for rule in rules for objective in OBJECTIVES if objective in objectives]
+    if "diffusion" in objectives:
+        plan.append({"name": student_name("diffusion", None, None), "objective": "diffusion", "rule": None,
+                     "target": None})
+    return plan
 
 
 def rule_label(rule: str, target: float) -> str:
@@ -252,7 +259,7 @@ def _estimate(grid: Grid, student: dict) -> float:
 
 def pending_students(grid: Grid) -> list[dict]:
     """The students of the grid not evaluated yet, in training order."""
-    return [s for s in student_plan(grid.args.targets, grid.args.rules)
+    return [s for s in student_plan(grid.args.targets, grid.args.rules, grid.args.objectives)
             if grid.read("students", s["name"], "eval.json") is None]
 
 
@@ -266,7 +273,7 @@ def part_train(grid: Grid) -> None:
           f"({grid.seconds_left() / 60:.1f} min left in this call)")
     for student in pending:
         estimate = _estimate(grid, student)
-        if estimate > grid.seconds_left():
+        if grid.seconds_left() < grid.eval_seconds() + MIN_TRAINING_SECONDS:
             print(f"train: stopping before {student['name']} (about {estimate:.0f} s, {grid.seconds_left():.0f} s "
                   f"left); run --part train again")
             return
@@ -437,11 +444,11 @@ def write_grid(grid: Grid) -> None:
                 training_free[student_name("training-free", rule, target)] = {
                     "objective": "training-free", "rule": rule, "target": target, **entry}
     students = {}
-    for student in student_plan(a.targets, a.rules):
+    for student in student_plan(a.targets, a.rules, a.objectives):
         measured = grid.read("students", student["name"], "eval.json")
         if measured is not None:
             students[student["name"]] = {**student, **measured}
-    planned = [s["name"] for s in student_plan(a.targets, a.rules)]
+    planned = [s["name"] for s in student_plan(a.targets, a.rules, a.objectives)]
     result = {"settings": {"targets": a.targets, "steps": a.steps, "batch": a.batch, "clips": a.clips, "lr": a.lr,
                            "trainable": a.trainable, **context,
                            "model": a.model or ("tiny" if a.tiny else "shipped"),
@@ -462,8 +469,8 @@ def part_ship(grid: Grid) -> None:
     if not grid.args.ship_to:
         raise ValueError("--part ship needs --ship-to DIR")
     target = max(grid.args.targets)
-    found = {s["name"]: grid.read("students", s["name"], "eval.json") for s in student_plan([target], grid.args.rules)
-             if s["rule"] is not None}
+    plan = student_plan([target], grid.args.rules, grid.args.objectives)
+    found = {s["name"]: grid.read("students", s["name"], "eval.json") for s in plan if s["rule"] is not None}
     found = {name: e for name, e in found.items() if e is not None}
     if not found:
         raise ValueError(f"no student at {target:.0%} has been trained yet")
@@ -521,6 +528,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "where its oracle recall is 0.85, and 0.95)")
     p.add_argument("--rules", nargs="+", choices=RULES, default=list(RULES),
                    help="mask rules of the grid (the claims need all three; fewer for a quick run)")
+    p.add_argument("--objectives", nargs="+", choices=OBJECTIVES, default=list(OBJECTIVES),
+                   help="training objectives of the students (claim 3 and the dense control need diffusion)")
     p.add_argument("--budget-minutes", type=float, default=8.5, help="wall-clock budget of this call")
     p.add_argument("--model", default=None, help="the dense teacher's directory (default: the shipped model)")
     p.add_argument("--tiny", action="store_true", help="an untrained tiny teacher instead (CPU smoke run)")
