@@ -103,14 +103,16 @@ def test_learning_rate_schedule():
         LoopConfig()
 
 
-def _tiny_loss(model, batch=8, seed=0):
+def _tiny_loss(model, batch=8, seed=0, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
     data = model.data
 
     def loss_fn(step):
         video, captions = data.sample(batch, gen)
         t = sample_t(batch, gen, shift=2.0)
-        return flow_matching_loss(model, video, model.tokenize(captions), t, torch.randn(video.shape, generator=gen))
+        noise = torch.randn(video.shape, generator=gen)
+        return flow_matching_loss(model, video.to(device), model.tokenize(captions).to(device), t.to(device),
+                                  noise.to(device))
     return loss_fn
 
 
@@ -152,6 +154,21 @@ def test_training_state_round_trip_and_resume(tmp_path):
     resumed = train_loop(fresh, _tiny_loss(fresh, batch=2), LoopConfig(lr=1e-3, warmup_steps=2, max_steps=5),
                          state_path=path, resume=True, log=lambda line: None)
     assert resumed.steps == 5 and resumed.history[-1]["step"] == 5
+
+
+@pytest.mark.gpu
+def test_resume_on_cuda_with_the_fused_optimizer(tmp_path):
+    """The fused AdamW of CUDA keeps its step counts on the device; a resumed run must put them back there."""
+    torch.manual_seed(0)
+    path = tmp_path / "state.safetensors"
+    model = BuiltinVideoDiT(tiny_config()).cuda()
+    loop = LoopConfig(warmup_steps=1, max_steps=2, ema_decay=None)
+    train_loop(model, _tiny_loss(model, batch=2, device="cuda"), loop, state_path=path, log=lambda line: None)
+    fresh = BuiltinVideoDiT(tiny_config()).cuda()
+    resumed = train_loop(fresh, _tiny_loss(fresh, batch=2, device="cuda"),
+                         LoopConfig(warmup_steps=1, max_steps=4, ema_decay=None), state_path=path, resume=True,
+                         log=lambda line: None)
+    assert resumed.steps == 4 and resumed.history[-1]["step"] == 4
 
 
 def test_export_and_load_builtin(tmp_path, tiny):

@@ -86,10 +86,12 @@ def load_training_state(path: str | Path, model: torch.nn.Module, ema: dict[str,
         torch.cuda.set_rng_state(tensors["rng.cuda"])
     for name, value in ema.items():
         value.copy_(tensors[f"ema.{name}"])
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    groups = [(p, g) for g in optimizer.param_groups for p in g["params"]]
     for key, value in tensors.items():
         if key.startswith("optim."):
             _, index, field = key.split(".", 2)
-            p = params[int(index)]
-            optimizer.state[p][field] = value.to(p.device) if field != "step" else value
+            p, group = groups[int(index)]
+            # Fused and capturable optimisers keep their step counts beside the parameters, the others on the host.
+            on_device = field != "step" or group.get("fused") or group.get("capturable")
+            optimizer.state[p][field] = value.to(p.device) if on_device else value
     return int(metadata.get("step", 0)), json.loads(metadata.get("info", "{}"))
