@@ -137,14 +137,24 @@ class Grid:
         model = copy.deepcopy(self._loaded_teacher())
         return model if dtype is None else model.to(dtype)
 
-    def fine_tuning_data(self, model):
-        """The slice of the model's procedural scenes the students are fine-tuned on."""
+    def data_slice(self, model):
+        """The narrow slice of the model's procedural scenes (``--backgrounds``, ``--max-objects``, ...): the
+        evaluation's captions and triples lie outside it, whatever the students are fine-tuned on."""
         from sparsevid.data import ProceduralVideos
 
         a = self.args
         words = {name: value for name, value in (("backgrounds", a.backgrounds), ("colours", a.colours),
                                                  ("motions", a.motions)) if value}
         return ProceduralVideos(**{**model.data.config(), "max_objects": a.max_objects, **words})
+
+    def fine_tuning_data(self, model):
+        """What the students are fine-tuned on: the slice (data unlike pre-training) or, with
+        ``--fine-tune-on full``, the model's whole procedural distribution (data like pre-training)."""
+        from sparsevid.data import ProceduralVideos
+
+        if self.args.fine_tune_on == "full":
+            return ProceduralVideos(**model.data.config())
+        return self.data_slice(model)
 
     def context(self) -> dict:
         """What every evaluation compares against (computed once per call): held-out captions x seeds, the
@@ -156,7 +166,7 @@ class Grid:
         if self._context is None:
             a = self.args
             teacher = self.teacher()
-            data = self.fine_tuning_data(teacher)
+            data = self.data_slice(teacher)
             captions = held_out_captions(teacher.data, data, a.captions, seed=a.caption_seed)
             jobs = [(c, s) for c in captions for s in a.seeds]
             steps = a.sample_steps or teacher.config["sampling"]["steps"]
@@ -166,6 +176,7 @@ class Grid:
             self._context = {"jobs": jobs, "texts": texts, "steps": steps, "dense": dense,
                              "dense_seconds": seconds, "heldout": heldout,
                              "reference_velocity": predict_velocities(teacher, heldout), "slice": data.config(),
+                             "fine_tuning": self.args.fine_tune_on,
                              "guidance": teacher.config["sampling"]["guidance"] if a.guidance is None else a.guidance}
             self.write(self.describe_context(), "context.json")
         return self._context
@@ -173,7 +184,8 @@ class Grid:
     def describe_context(self) -> dict:
         """What the evaluation compares against, in words (``context.json``, read by ``--part report``)."""
         context = self._context
-        return {"slice": context["slice"], "captions": context["texts"], "seeds": self.args.seeds,
+        return {"slice": context["slice"], "fine_tuning": context["fine_tuning"], "captions": context["texts"],
+                "seeds": self.args.seeds,
                 "sample_steps": context["steps"], "guidance": context["guidance"],
                 "heldout": context["heldout"].describe(),
                 "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else str(self.device)}
@@ -543,6 +555,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trainable", default="attention", choices=("attention", "all"))
     p.add_argument("--seed", type=int, default=0, help="noise seed of training")
     p.add_argument("--data-seed", type=int, default=1, help="seed of the fine-tuning clips")
+    p.add_argument("--fine-tune-on", choices=("slice", "full"), default="slice",
+                   help="the students' data: the slice below (unlike pre-training) or the model's whole "
+                        "distribution (like pre-training); the evaluation stays outside the slice either way")
     p.add_argument("--max-objects", type=int, default=1, help="fine-tuning slice: objects per clip at most")
     p.add_argument("--backgrounds", type=_words, default=["navy"], help="fine-tuning slice: backgrounds")
     p.add_argument("--colours", type=_words, default=None, help="fine-tuning slice: colours (default: all)")

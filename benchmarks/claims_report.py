@@ -58,10 +58,17 @@ def _compare(entries: dict, pairs: list[tuple[str, str]]) -> tuple[str, list[str
     return ("confirmed" if held else "not confirmed"), evidence
 
 
+def fine_tuning_words(settings: dict) -> str:
+    """What the students were fine-tuned on, in words: the slice (data unlike pre-training) or the whole
+    distribution (grids from before ``--fine-tune-on`` existed used the slice)."""
+    return "data like pre-training" if settings.get("fine_tuning") == "full" else "mismatched data"
+
+
 def claims(grid: dict) -> list[dict]:
     """Each claim at each target sparsity: {"claim", "target", "verdict", "evidence"}; plus the
     data-mismatch control and the target of the distilled hybrid student."""
     entries, targets = _entries(grid), grid["settings"]["targets"]
+    data = fine_tuning_words(grid["settings"])
     found = []
     for target in targets:
         pairs1 = [(entry_name("distill", r, target), entry_name("training-free", r, target)) for r in RULES]
@@ -69,8 +76,7 @@ def claims(grid: dict) -> list[dict]:
         pairs3 = [(entry_name("distill", r, target), entry_name("diffusion", r, target)) for r in RULES]
         for number, text, pairs in ((1, "trainable (distilled) beats training-free, for every rule", pairs1),
                                     (2, "hybrid beats top-k and top-p (distilled students)", pairs2),
-                                    (3, "distillation beats the diffusion loss on mismatched data, for every rule",
-                                     pairs3)):
+                                    (3, f"distillation beats the diffusion loss on {data}, for every rule", pairs3)):
             verdict, evidence = _compare(entries, pairs)
             found.append({"claim": number, "text": text, "target": target, "verdict": verdict, "evidence": evidence})
     found.append(_control(grid))
@@ -83,8 +89,8 @@ def _control(grid: dict) -> dict:
     quality against the teacher (lower faithfulness and higher held-out loss on captions outside the slice)."""
     dense, control = grid.get("dense"), grid["students"].get("dense_diffusion")
     claim = {"claim": "control", "target": None,
-             "text": "the fine-tuning data alone (dense, diffusion loss) lower the model's quality on held-out "
-                     "captions"}
+             "text": f"the fine-tuning data alone ({fine_tuning_words(grid['settings'])}; dense, diffusion loss) "
+                     "lower the model's quality on held-out captions"}
     if dense is None or control is None:
         return {**claim, "verdict": "not measured", "evidence": ["missing: dense teacher or dense_diffusion"]}
     lower = control["faithfulness"]["overall"] < dense["faithfulness"]["overall"]
@@ -141,11 +147,13 @@ def grid_markdown(grid: dict) -> str:
     """The report section: settings, the table and every claim with its verdict and numbers."""
     s = grid["settings"]
     floor = grid.get("noise_floor")
+    data = ("the model's whole distribution (data like pre-training)" if s.get("fine_tuning") == "full"
+            else f"the slice {json.dumps(s['slice'])}")
     lines = [f"Teacher `{s['model']}` on {s['device']}; every student: {s['steps']} steps x batch {s['batch']} on "
-             f"{s['clips']} distinct clips of the slice {json.dumps(s['slice'])}, lr {s['lr']}, trainable "
+             f"{s['clips']} distinct clips of {data}, lr {s['lr']}, trainable "
              f"{s['trainable']}. Judged on {len(s['captions'])} held-out captions x {len(s['seeds'])} seeds "
              f"({s['sample_steps']} steps, guidance {s['guidance']}) and {s['heldout']['triples']} held-out "
-             f"triples outside the slice."
+             f"triples outside the slice {json.dumps(s['slice'])}."
              + (f" Noise floor: PSNR {floor['psnr']:.2f} dB, SSIM {floor['ssim']:.4f}." if floor else ""), ""]
     if grid.get("missing"):
         lines += [f"Not measured yet: {', '.join(grid['missing'])}.", ""]

@@ -127,3 +127,18 @@ def test_plan_of_one_objective_leaves_out_the_other_and_the_dense_control():
     assert names == ["distill_hybrid_63", "distill_topk_63", "distill_hybrid_95", "distill_topk_95"]
     full = [s["name"] for s in claims_grid.student_plan([0.95], ["hybrid"])]
     assert full == ["distill_hybrid_95", "diffusion_hybrid_95", "dense_diffusion"]
+
+
+def test_fine_tuning_on_the_whole_distribution_keeps_the_evaluation_outside_the_slice(tmp_path):
+    grid = claims_grid.Grid(claims_grid.parse_args(["--out", str(tmp_path), "--part", "plan", "--fine-tune-on",
+                                                    "full", *TINY]))
+    teacher = grid.teacher()
+    assert grid.fine_tuning_data(teacher).config() == teacher.data.config()  # data like pre-training
+    assert grid.data_slice(teacher).config()["backgrounds"] == ["navy"]  # what the evaluation lies outside of
+
+    report = _grid()
+    report["settings"]["fine_tuning"] = "full"
+    text = grid_markdown(report)
+    assert "clips of the model's whole distribution" in text
+    assert "distillation beats the diffusion loss on data like pre-training" in text
+    assert "on mismatched data" in grid_markdown(_grid())  # grids without the field fine-tuned on the slice
