@@ -161,6 +161,7 @@ class Grid:
         teacher's dense clips of them, held-out (clip, noise, t) triples outside the slice and the teacher's
         velocity on them."""
         from sparsevid.data import held_out_captions
+        from sparsevid.eval.harness import sample_dense
         from sparsevid.eval.heldout import heldout_set, predict_velocities
 
         if self._context is None:
@@ -371,26 +372,13 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def sample_dense(model, jobs: list[tuple[str, int]], steps: int, guidance: float | None) -> tuple[torch.Tensor, float]:
-    """Clips float32 [len(jobs), 3, T, H, W] of the (caption, seed) ``jobs`` sampled densely one at a time (as
-    the sparse entries are, so that batching does not set dense runs apart) and the seconds it took."""
-    from sparsevid.eval.harness import timed_generate
-
-    clips, seconds = [], 0.0
-    for caption, seed in jobs:
-        clip, dt = timed_generate(model, [caption], [seed], steps, guidance)
-        clips.append(clip)
-        seconds += dt
-    return torch.cat(clips), seconds
-
-
 def evaluate_entry(grid: Grid, model, sparse) -> dict:
     """One grid entry (``model`` dense, run with ``sparse`` or densely if None) against the teacher on the
     held-out captions and triples: sparsity, PSNR / SSIM of its clips, caption faithfulness (overall and per
     attribute), velocity error against the teacher and held-out flow-matching loss (overall and per noise
     level), sampling seconds."""
     from sparsevid.eval.faithfulness_summary import summarize_faithfulness
-    from sparsevid.eval.harness import sample_with_stats, summarize_calls
+    from sparsevid.eval.harness import sample_dense, sample_with_stats, summarize_calls
     from sparsevid.eval.heldout import flow_matching_loss, predict_velocities, velocity_error
     from sparsevid.eval.video_metrics import psnr, ssim
 

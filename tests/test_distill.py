@@ -173,6 +173,9 @@ def test_diffusion_baseline_cli_writes_a_loadable_student(tmp_path):
     results = json.loads((compared / "results.json").read_text())["candidates"]
     assert results["training-free rule=topk,topk=1.0,block_q=64,block_k=64"]["psnr"] > 60  # all kept: ~dense
     assert 10 < results["baseline"]["psnr"] < 60  # two steps of training changed the model
+    assert results["training-free rule=topk,topk=1.0,block_q=64,block_k=64"]["sparsity"] == 0.0
+    assert 0 < results["baseline"]["sparsity"] < 1  # its own hybrid 0.25 / 0.5 setting skips tiles
+    assert "| sparsity |" in (compared / "results.md").read_text()
     with pytest.raises(SystemExit):  # not LABEL=DIR (tests/test_cli.py checks the message)
         main(["compare", "--tiny", "--student", str(out)])
 

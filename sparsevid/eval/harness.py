@@ -180,6 +180,19 @@ def timed_generate(model, captions: Sequence[str], seeds: Sequence[int], steps: 
     return video, time.perf_counter() - start
 
 
+def sample_dense(model, jobs: Sequence[tuple[str, int]], steps: int | None,
+                 guidance: float | None) -> tuple[torch.Tensor, float]:
+    """Clips float32 [len(jobs), 3, T, H, W] of the (caption, seed) ``jobs`` sampled with ``model`` as it is
+    (dense, unless sparse attention is applied), one clip at a time as :func:`sample_with_stats` samples them (so
+    that batching does not set dense and sparse runs apart), and the sampling wall time in seconds."""
+    clips, seconds = [], 0.0
+    for caption, seed in jobs:
+        clip, dt = timed_generate(model, [caption], [seed], steps, guidance)
+        clips.append(clip)
+        seconds += dt
+    return torch.cat(clips), seconds
+
+
 def sample_with_stats(model, config, jobs: Sequence[tuple[str, int]], steps: int | None, guidance: float | None,
                       on_clip=None, progress: bool | str = False) -> tuple[torch.Tensor, float, list[dict]]:
     """Sample each (caption, seed) of ``jobs``, one clip at a time, under ``config``'s sparse attention (removed
