@@ -21,8 +21,9 @@ from tiny_models import build  # noqa: E402
 CONFIG = dict(rule="topk", topk=0.5, block_q=64, block_k=64, backend="triton")
 
 
-def synchronising_calls(fn) -> int:
-    """How many synchronising CUDA operations ``fn()`` makes."""
+def synchronising_calls(fn) -> list[str]:
+    """The synchronising CUDA operations ``fn()`` makes, as "file:line: message" of the Python line that made
+    each (so that a failure names the call to fix)."""
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -31,7 +32,7 @@ def synchronising_calls(fn) -> int:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "synchroniz" in str(w.message)]
 
 
 def test_predict_and_attend_through_the_public_api_do_not_synchronise():
@@ -42,14 +43,14 @@ def test_predict_and_attend_through_the_public_api_do_not_synchronise():
         sv.block_sparse_attention(q, k, v, mask)
 
     call()
-    assert synchronising_calls(call) == 0
+    assert synchronising_calls(call) == []
 
 
 def test_step_bookkeeping_does_not_synchronise():
     model, _ = build("wan")
     sv.apply_sparse_attention(model.cuda(), sv.SparseConfig(**CONFIG))
     assert synchronising_calls(lambda: (sv.reset_denoising_step(model), sv.set_denoising_step(model, 2),
-                                        sv.set_denoising_step(model, None))) == 0
+                                        sv.set_denoising_step(model, None))) == []
 
 
 def _cuda_model(config: dict | None, checkpointing: bool):
@@ -69,19 +70,19 @@ def _cuda_model(config: dict | None, checkpointing: bool):
 def test_an_inference_forward_synchronises_no_more_than_the_dense_model(config, step_reads):
     """A configuration that varies with the step reads the step once per forward (docs/integration.md);
     a constant one reads nothing."""
-    counts = []
+    calls = []
     for sparse in (None, config):
         model, inputs = _cuda_model(sparse, checkpointing=False)
         with torch.no_grad():
             model(**inputs, return_dict=False)
-            counts.append(synchronising_calls(lambda: model(**inputs, return_dict=False)))
-    dense, sparse = counts
-    assert sparse <= dense + step_reads
+            calls.append(synchronising_calls(lambda: model(**inputs, return_dict=False)))
+    dense, sparse = calls
+    assert len(sparse) <= len(dense) + step_reads, (sparse, dense)
 
 
 @pytest.mark.parametrize("config", [CONFIG, {**CONFIG, "refresh_interval": 2}], ids=["constant", "reuse"])
 def test_a_checkpointed_training_step_synchronises_no_more_than_the_dense_model(config):
-    counts = []
+    calls = []
     for sparse in (None, config):
         model, inputs = _cuda_model(sparse, checkpointing=True)
 
@@ -91,9 +92,9 @@ def test_a_checkpointed_training_step_synchronises_no_more_than_the_dense_model(
             model(**inputs, return_dict=False)[0].square().mean().backward()
 
         step()
-        counts.append(synchronising_calls(step))
-    dense, sparse = counts
-    assert sparse <= dense
+        calls.append(synchronising_calls(step))
+    dense, sparse = calls
+    assert len(sparse) <= len(dense), (sparse, dense)
 
 
 def test_reduce_overhead_compiles_a_sparse_wan_into_cuda_graphs_that_match_eager():
