@@ -144,8 +144,10 @@ def test_demo_runs_the_student_shipped_beside_the_model(tmp_path, capsys):
     save_sparse_student(student, sv.SparseConfig(rule="topk", topk=0.5), "attention", base, base / "sparse_student")
     reference = sv.models.load_builtin(base)
     reference.use_clip(2, 16, 16)  # as --clip does: the student must sample the reference's clip shape
+    reference.config["sampling"]["steps"] = 3  # as the CPU defaults do: and with the reference's sampler steps
     like, config = read_student_like(base / "sparse_student", reference, base)
     assert like.clip_shape == reference.clip_shape == (3, 2, 16, 16) and config.topk == 0.5
+    assert like.config["sampling"] == reference.config["sampling"]
     out = tmp_path / "demo"
     common = ["demo", "--model", str(base), "--out", str(out), "--steps", "2", "--noise-floor", "off"]
     assert main(common) == 0

@@ -3,6 +3,7 @@
 (a whole model with its ``sparse_config.json``)."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -45,8 +46,10 @@ def read_student(directory: str | Path, device: torch.device | str, dtype: torch
 
 def read_student_like(directory: str | Path, reference, base: str | Path | None = None):
     """:func:`read_student` on the device and in the dtype of ``reference`` (a dense BuiltinVideoDiT), making
-    clips of its shape, so that its clips compare with the reference's. ValueError if they cannot."""
+    clips of its shape with its sampler settings (e.g. the CPU defaults' steps), so that its clips compare with
+    the reference's. ValueError if they cannot."""
     parameter = next(reference.parameters())
     model, config = read_student(directory, parameter.device, parameter.dtype, base=base)
     model.use_clip(*reference.clip_shape[1:])
+    model.config["sampling"] = copy.deepcopy(reference.config["sampling"])
     return model, config
