@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv (seeing any torch already installed on the system) and installs sparsevid with its extras.
+# Creates .venv (seeing any torch already installed on the system) and installs sparsevid with the extras that
+# the demo and the tests need (`.[test]`; `.[all]` adds the text-encoder stack of real diffusers pipelines).
 # If no torch is importable, installs torch 2.13.0 (on machines that ship its CPU wheel locally, that one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,12 +13,16 @@ if [ -x .venv/bin/python ] && [ "$(cat "$stamp" 2>/dev/null)" = "$wanted" ]; the
     exit 0
 fi
 if [ ! -x .venv/bin/python ]; then
-    "$PYTHON" -m venv --system-site-packages .venv
+    if "$PYTHON" -m pip --version >/dev/null 2>&1; then
+        "$PYTHON" -m venv --without-pip --system-site-packages .venv  # the system's pip serves it: no bootstrap
+    else
+        "$PYTHON" -m venv --system-site-packages .venv
+    fi
 fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-    .venv/bin/python -m pip install -q -e ".[all]"
+    .venv/bin/python -m pip install -q -e ".[test]"  # what `make demo` and `make test` need
     echo "$wanted" > "$stamp"
 fi
