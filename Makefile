@@ -5,9 +5,10 @@ VENV_PY := .venv/bin/python
 .PHONY: setup demo test gpu-test
 
 setup:
-	@bash scripts/setup.sh
+	@bash scripts/setup.sh test
 
-demo: setup
+demo:
+	@bash scripts/setup.sh demo
 	$(VENV_PY) -m sparsevid demo
 
 test: setup

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Creates .venv (seeing any torch already installed on the system) and installs sparsevid with the extras that
-# the demo and the tests need (`.[test]`; `.[all]` adds the text-encoder stack of real diffusers pipelines).
-# If no torch is importable, installs torch 2.13.0 (on machines that ship its CPU wheel locally, that one).
+# Creates .venv (seeing any torch already installed on the system) and installs sparsevid with the extras a
+# make target needs: `bash scripts/setup.sh demo` (what `make demo` needs) or `bash scripts/setup.sh test` (the
+# default: what `make test` needs, a superset of demo's). If no torch is importable, installs torch 2.13.0 (on
+# machines that ship its CPU wheel locally, that one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-# Install sparsevid and its extras once per version of pyproject.toml (the stamp records which); a matching
-# stamp means the set-up is complete, so later runs start at once (no torch import to check).
+EXTRAS=${1:-test}
+case "$EXTRAS" in demo|test) ;; *) echo "usage: scripts/setup.sh [demo|test]" >&2; exit 2 ;; esac
+# Install once per version of pyproject.toml and extras (the stamp records which); a matching stamp, or one of
+# the test extras (a superset), means the set-up is complete, so later runs start at once (no torch import).
 stamp=.venv/.sparsevid-installed
-wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
-if [ -x .venv/bin/python ] && [ "$(cat "$stamp" 2>/dev/null)" = "$wanted" ]; then
+version=$(sha256sum pyproject.toml | cut -d' ' -f1)
+installed=$(cat "$stamp" 2>/dev/null || true)
+if [ -x .venv/bin/python ] && { [ "$installed" = "$version $EXTRAS" ] || [ "$installed" = "$version test" ]; }; then
     exit 0
 fi
 if [ ! -x .venv/bin/python ]; then
@@ -22,7 +26,5 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
-if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-    .venv/bin/python -m pip install -q -e ".[test]"  # what `make demo` and `make test` need
-    echo "$wanted" > "$stamp"
-fi
+.venv/bin/python -m pip install -q -e ".[$EXTRAS]"
+echo "$version $EXTRAS" > "$stamp"

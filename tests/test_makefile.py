@@ -1,4 +1,5 @@
-"""The make targets run in the project's .venv after its set-up, the GPU tests as the CPU suite."""
+"""The make targets run in the project's .venv after its set-up (the demo with the demo extras, the tests with the
+test extras), the GPU tests as the CPU suite."""
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,5 +15,19 @@ def test_test_targets_set_up_and_use_the_venv(target):
     # --no-print-directory: under `make test` (as CI runs it) the nested make would announce its directory.
     commands = subprocess.run(["make", "--no-print-directory", "-n", target], cwd=ROOT, capture_output=True,
                               text=True, check=True).stdout.splitlines()
-    assert commands[0] == "bash scripts/setup.sh"
+    assert commands[0] == "bash scripts/setup.sh test"
     assert commands[-1].startswith(".venv/bin/python -m pytest")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_the_demo_sets_up_only_what_it_needs():
+    commands = subprocess.run(["make", "--no-print-directory", "-n", "demo"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.splitlines()
+    assert commands == ["bash scripts/setup.sh demo", ".venv/bin/python -m sparsevid demo"]
+
+
+def test_the_demo_extra_is_part_of_the_test_extra():
+    """A .venv set up for the tests serves the demo too (the set-up skips the demo's install then)."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras["demo"]) <= set(extras["test"])
