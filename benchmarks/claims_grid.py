@@ -166,6 +166,10 @@ class Grid:
 
         if self._context is None:
             a = self.args
+            earlier = (self.read("context.json") or {}).get("fine_tuning", "slice")
+            if self.path("context.json").is_file() and earlier != a.fine_tune_on:
+                raise ValueError(f"{self.out} holds a grid fine-tuned on {earlier!r}, not --fine-tune-on "
+                                 f"{a.fine_tune_on}: give the other arm its own --out")
             teacher = self.teacher()
             data = self.data_slice(teacher)
             captions = held_out_captions(teacher.data, data, a.captions, seed=a.caption_seed)

@@ -136,6 +136,10 @@ def test_fine_tuning_on_the_whole_distribution_keeps_the_evaluation_outside_the_
     assert grid.fine_tuning_data(teacher).config() == teacher.data.config()  # data like pre-training
     assert grid.data_slice(teacher).config()["backgrounds"] == ["navy"]  # what the evaluation lies outside of
 
+    (tmp_path / "context.json").write_text(json.dumps({"slice": {}}))  # a grid of the other arm (the slice)
+    with pytest.raises(ValueError, match="its own --out"):
+        grid.context()
+
     report = _grid()
     report["settings"]["fine_tuning"] = "full"
     text = grid_markdown(report)
