@@ -15,6 +15,10 @@
 #   training    one call of the claims grid on the built-in model (benchmarks/claims_grid.py; repeat the part
 #               until OUT/claims/grid.md lists nothing missing: each call resumes where the last stopped);
 #               arguments after the part name go to the grid, e.g. `training --targets 0.95`
+#   training_full  one call of the claims grid's other arm: students fine-tuned on the whole distribution (data
+#               like pre-training, `--fine-tune-on full`) in OUT/claims_full, calibrated as the slice grid was
+#               (benchmarks/results/claims_h200/calibration.json); repeat like `training`, e.g. `training_full
+#               --targets 0.95`
 #   motion      why the built-in model misses the captioned motion: sampler settings, then three equal-budget
 #               training levers (warm restarts of the shipped model, 100 s each), by dense faithfulness
 #   demo_student  the demo's sparse student: the shipped model distilled for top-k 0.25 (75%) at the CPU clip
@@ -35,7 +39,7 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|motion|demo_student|tests|parallel|ddp|runtime|e2e13b|\
+PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|training_full|motion|demo_student|tests|parallel|ddp|runtime|e2e13b|\
 e2e13b_modes|e2e14b|e2e14b_compiled"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
@@ -82,6 +86,12 @@ limits)
 training)
     step claims_grid 580 "$PYTHON" -m benchmarks.claims_grid --out "$OUT/claims" --budget-minutes 9 \
         --part calibrate evaluate train evaluate "$@"
+    ;;
+training_full)
+    mkdir -p "$OUT/claims_full"
+    [ -f "$OUT/claims_full/calibration.json" ] || cp benchmarks/results/claims_h200/calibration.json "$OUT/claims_full/"
+    step claims_grid_full 580 "$PYTHON" -m benchmarks.claims_grid --out "$OUT/claims_full" --budget-minutes 9 \
+        --fine-tune-on full --part calibrate evaluate train evaluate "$@"
     ;;
 demo_student)
     step demo_student 200 "$PYTHON" -m sparsevid distill --out "$OUT/demo_student" --clip 16,64,64 \
