@@ -17,7 +17,7 @@ The run is split into parts that each fit one GPU call (``--budget-minutes``) an
   ``OUT/timing.json``, or the H200 figures below). A student cut short by the budget keeps its training
   state in ``OUT/work/NAME`` and the next call resumes it;
 * ``evaluate``: the dense teacher, the noise floor (every tile kept) and the training-free rules, as many as
-  the budget allows; then the grid so far (``OUT/grid.json``, ``OUT/grid.md`` with the claims,
+  the budget allows; then the grid so far (``OUT/grid.json``, ``OUT/grid.md`` with the claims, ``OUT/grid.png``,
   :mod:`benchmarks.claims_report`; entries not measured yet are listed);
 * ``report``: ``grid.json`` and ``grid.md`` again from the files alone (no model, no GPU), e.g. for every
   target once calls have run with one ``--targets`` each;
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from .claims_report import RULES, entry_name, grid_markdown
+from .claims_report import RULES, entry_name, grid_markdown, plot_grid
 
 OBJECTIVES = ("distill", "diffusion")
 DENSE_CONTROL = "dense diffusion"
@@ -462,7 +462,8 @@ def write_grid(grid: Grid) -> None:
               "missing": [n for n in planned if n not in students]}
     grid.write(result, "grid.json")
     grid.path("grid.md").write_text(grid_markdown(result))
-    print(f"report: wrote {grid.path('grid.json')} and {grid.path('grid.md')}"
+    plot_grid(result, grid.path("grid.png"))
+    print(f"report: wrote {grid.path('grid.json')}, {grid.path('grid.md')} and {grid.path('grid.png')}"
           + (f" ({len(result['missing'])} students missing)" if result["missing"] else ""))
 
 

@@ -5,10 +5,11 @@ three claims of trainable sparse attention, each stated as confirmed or not from
 alone: higher PSNR of the sampled clips against the teacher's and lower velocity error against the teacher on
 the held-out triples. Faithfulness and held-out loss are reported beside them.
 
-    python3 -m benchmarks.claims_report OUT/grid.json          # prints the Markdown section
+    python3 -m benchmarks.claims_report OUT/grid.json [--png FIG.png]   # prints the Markdown section
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -165,12 +166,52 @@ def grid_markdown(grid: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+OBJECTIVE_COLOURS = {"training-free": "0.6", "diffusion": "tab:orange", "distill": "tab:blue"}
+
+
+def plot_grid(grid: dict, path: str | Path) -> Path:
+    """PNG: PSNR against the dense teacher per rule and objective, one panel per target sparsity, with the dense
+    control (diffusion loss) and the PSNR target as lines and the noise floor in the title."""
+    from sparsevid.eval.plots import pyplot, save_figure
+
+    entries, targets = _entries(grid), grid["settings"]["targets"]
+    fig, axes = pyplot().subplots(1, len(targets), figsize=(4.2 * len(targets), 3.6), dpi=120, sharey=True,
+                                  squeeze=False)
+    width = 0.8 / len(OBJECTIVE_COLOURS)
+    for ax, target in zip(axes[0], targets):
+        for i, (objective, colour) in enumerate(OBJECTIVE_COLOURS.items()):
+            found = [(x, entries.get(entry_name(objective, rule, target))) for x, rule in enumerate(RULES)]
+            found = [(x, entry["psnr"]) for x, entry in found if entry is not None]
+            if found:
+                bars = ax.bar([x + (i - 1) * width for x, _ in found], [psnr for _, psnr in found], width,
+                              color=colour, label=objective)
+                ax.bar_label(bars, fmt="%.1f", fontsize=7)
+        control = grid["students"].get("dense_diffusion")
+        if control is not None:
+            ax.axhline(control["psnr"], color="tab:orange", ls="--", lw=1, label="dense, diffusion loss")
+        ax.axhline(TARGET_PSNR, color="k", ls=":", lw=1, label=f"target {TARGET_PSNR:.0f} dB")
+        ax.set_xticks(range(len(RULES)), RULES)
+        ax.set_title(f"{target:.0%} sparsity")
+        ax.grid(axis="y", alpha=0.3)
+    top = max([TARGET_PSNR] + [e["psnr"] for e in entries.values() if e.get("psnr") is not None])
+    axes[0][0].set_ylim(0, top + 3)
+    axes[0][0].set_ylabel("PSNR against dense (dB)")
+    axes[0][-1].legend(fontsize=7, loc="upper right")
+    floor = grid.get("noise_floor")
+    fig.suptitle("Sparse students and training-free rules against the dense teacher"
+                 + (f" (noise floor {floor['psnr']:.1f} dB)" if floor else ""), fontsize=9)
+    return save_figure(fig, path)
+
+
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python3 -m benchmarks.claims_report OUT/grid.json", file=sys.stderr)
-        return 2
-    print(grid_markdown(json.loads(Path(argv[0]).read_text())), end="")
+    parser = argparse.ArgumentParser(description="The claims grid's report from its grid.json.")
+    parser.add_argument("grid", type=Path, help="OUT/grid.json of benchmarks.claims_grid")
+    parser.add_argument("--png", type=Path, default=None, help="also draw the PSNR figure (plot_grid) here")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    grid = json.loads(args.grid.read_text())
+    print(grid_markdown(grid), end="")
+    if args.png is not None:
+        print(f"wrote {plot_grid(grid, args.png)}")
     return 0
 
 

@@ -47,6 +47,7 @@ def test_grid_smoke_run_on_the_tiny_model(tmp_path, capsys):
     assert grid["students"]["dense_diffusion"]["sparsity"] == 0.0
     assert grid["students"]["distill_hybrid_75"]["sparsity"] > 0.5
     assert grid["noise_floor"]["psnr"] > grid["training_free"]["training-free_hybrid_75"]["psnr"]
+    assert (out / "grid.png").stat().st_size > 0
     text = (out / "grid.md").read_text()
     assert "distill_hybrid_75" in text and "| target:" in text and "not measured" in text  # claim 2 needs topk, topp
     assert not (out / "work" / "distill_hybrid_75").exists()  # a finished student keeps no training state

@@ -7,7 +7,8 @@ from pathlib import Path
 RULE_COLOURS = {"topk": "tab:blue", "topp": "tab:orange", "hybrid": "tab:green"}
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (figures written to files, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -26,18 +27,20 @@ def _by_rule(results: dict, value) -> dict[str, list[tuple[float, float]]]:
     return {rule: sorted(p) for rule, p in points.items()}
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: str | Path) -> Path:
+    """Write ``fig`` (tight layout) to ``path`` (folders created) and close it."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
 def plot_quality(results: dict, path: str | Path) -> Path:
     """PSNR against dense (with the noise floor), velocity error and caption faithfulness (with dense's)
     against achieved sparsity, one line per rule."""
-    plt = _pyplot()
+    plt = pyplot()
     faith = lambda e: e["faithfulness"]["overall"]  # noqa: E731
     panels = [("PSNR vs dense (dB)", lambda e: e["psnr"], results["noise_floor_psnr"], "noise floor"),
               ("velocity error (rel. L2)", lambda e: e["velocity_error"]["overall"],
@@ -52,13 +55,13 @@ def plot_quality(results: dict, path: str | Path) -> Path:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path))
 
 
 def plot_recall(results: dict, path: str | Path) -> Path:
     """Oracle recall (mean over layers and probed steps) against sparsity, and each configuration's predicted
     recall (filled) with its oracle at the same per-row tile counts (hollow)."""
-    plt = _pyplot()
+    plt = pyplot()
     oracle = results["oracle"]
     fig, ax = plt.subplots(figsize=(5.5, 3.8), dpi=120)
     ax.plot(oracle["oracle"]["achieved_sparsity"], oracle["oracle"]["recall_mean"], "k-", marker="s", label="oracle")
@@ -73,13 +76,13 @@ def plot_recall(results: dict, path: str | Path) -> Path:
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path))
 
 
 def plot_recall_per_layer(results: dict, path: str | Path) -> Path:
     """Per layer: the oracle recall at every grid sparsity (solid) and each configuration's predicted recall
     (dashed)."""
-    plt = _pyplot()
+    plt = pyplot()
     oracle = results["oracle"]
     layers = oracle["layers"]
     fig, ax = plt.subplots(figsize=(6, 3.8), dpi=120)
@@ -97,7 +100,7 @@ def plot_recall_per_layer(results: dict, path: str | Path) -> Path:
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, ncol=2)
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path))
 
 
 def plot_suite(results: dict, out: str | Path) -> list[Path]:

@@ -7,23 +7,15 @@ from pathlib import Path
 def plot_loss(history: list[dict], path: str | Path, title: str = "training loss",
               ylabel: str = "flow-matching loss (MSE)") -> Path:
     """Draw loss against step (log scale) from ``history`` rows with "step" and "loss" into a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..eval.plots import pyplot, save_figure
 
     if not history:
         raise ValueError("history is empty")
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    fig, ax = pyplot().subplots(figsize=(6, 3.5), dpi=120)
     ax.plot([r["step"] for r in history], [r["loss"] for r in history], lw=1.2)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_yscale("log")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
