@@ -170,7 +170,9 @@ def test_diffusion_baseline_cli_writes_a_loadable_student(tmp_path):
     assert main(["compare", "--tiny", "--student", f"baseline={out}", "--training-free",
                  "rule=topk,topk=1.0,block_q=64,block_k=64", "--captions", "1", "--steps", "2",
                  "--out", str(compared)]) == 0
-    results = json.loads((compared / "results.json").read_text())["candidates"]
+    written = json.loads((compared / "results.json").read_text())
+    assert written["settings"]["steps"] == 2 and len(written["settings"]["captions"]) == 1  # what was sampled
+    results = written["candidates"]
     assert results["training-free rule=topk,topk=1.0,block_q=64,block_k=64"]["psnr"] > 60  # all kept: ~dense
     assert 10 < results["baseline"]["psnr"] < 60  # two steps of training changed the model
     assert results["training-free rule=topk,topk=1.0,block_q=64,block_k=64"]["sparsity"] == 0.0

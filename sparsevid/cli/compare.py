@@ -76,5 +76,12 @@ def run(args) -> int:
     captions = [c for c in DEFAULT_CAPTIONS if reference.data.fits(c)][: args.captions]
     results = compare_to_reference(reference, candidates, captions, args.seeds, steps=args.steps,
                                    guidance=args.guidance)
+    sampling = reference.config["sampling"]
+    parameter = next(reference.parameters())
+    results["settings"] = {"model": str(args.model or ("tiny" if args.tiny else "shipped")),
+                           "clip": list(reference.clip_shape[1:]), "steps": args.steps or sampling["steps"],
+                           "guidance": sampling["guidance"] if args.guidance is None else args.guidance,
+                           "captions": captions, "seeds": args.seeds, "device": str(parameter.device),
+                           "dtype": str(parameter.dtype).removeprefix("torch.")}
     save_report(results, comparison_table(results), args.out, "reference, then each candidate in order")
     return 0
