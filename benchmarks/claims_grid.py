@@ -150,11 +150,7 @@ class Grid:
     def fine_tuning_data(self, model):
         """What the students are fine-tuned on: the slice (data unlike pre-training) or, with
         ``--fine-tune-on full``, the model's whole procedural distribution (data like pre-training)."""
-        from sparsevid.data import ProceduralVideos
-
-        if self.args.fine_tune_on == "full":
-            return ProceduralVideos(**model.data.config())
-        return self.data_slice(model)
+        return model.data if self.args.fine_tune_on == "full" else self.data_slice(model)
 
     def context(self) -> dict:
         """What every evaluation compares against (computed once per call): held-out captions x seeds, the
@@ -166,9 +162,10 @@ class Grid:
 
         if self._context is None:
             a = self.args
-            earlier = (self.read("context.json") or {}).get("fine_tuning", "slice")
-            if self.path("context.json").is_file() and earlier != a.fine_tune_on:
-                raise ValueError(f"{self.out} holds a grid fine-tuned on {earlier!r}, not --fine-tune-on "
+            earlier = self.read("context.json")  # grids from before --fine-tune-on fine-tuned on the slice
+            arm = None if earlier is None else earlier.get("fine_tuning", "slice")
+            if arm is not None and arm != a.fine_tune_on:
+                raise ValueError(f"{self.out} holds a grid fine-tuned on {arm!r}, not --fine-tune-on "
                                  f"{a.fine_tune_on}: give the other arm its own --out")
             teacher = self.teacher()
             data = self.data_slice(teacher)

@@ -183,7 +183,8 @@ def plot_grid(grid: dict, path: str | Path) -> Path:
             found = [(x, entries.get(entry_name(objective, rule, target))) for x, rule in enumerate(RULES)]
             found = [(x, entry["psnr"]) for x, entry in found if entry is not None]
             if found:
-                bars = ax.bar([x + (i - 1) * width for x, _ in found], [psnr for _, psnr in found], width,
+                offset = (i - (len(OBJECTIVE_COLOURS) - 1) / 2) * width  # the objectives' bars centred on the rule
+                bars = ax.bar([x + offset for x, _ in found], [psnr for _, psnr in found], width,
                               color=colour, label=objective)
                 ax.bar_label(bars, fmt="%.1f", fontsize=7)
         control = grid["students"].get("dense_diffusion")

@@ -62,7 +62,7 @@ def _student(spec: str, reference, base):
 def run(args) -> int:
     from ..eval.compare import compare_to_reference, comparison_table
     from ..eval.harness import DEFAULT_CAPTIONS, parse_config
-    from .demo import load_model
+    from .demo import load_model, model_record
     from .reports import save_report
     from .students import student_base
 
@@ -77,11 +77,8 @@ def run(args) -> int:
     results = compare_to_reference(reference, candidates, captions, args.seeds, steps=args.steps,
                                    guidance=args.guidance)
     sampling = reference.config["sampling"]
-    parameter = next(reference.parameters())
-    results["settings"] = {"model": str(args.model or ("tiny" if args.tiny else "shipped")),
-                           "clip": list(reference.clip_shape[1:]), "steps": args.steps or sampling["steps"],
+    results["settings"] = {**model_record(args, reference), "steps": args.steps or sampling["steps"],
                            "guidance": sampling["guidance"] if args.guidance is None else args.guidance,
-                           "captions": captions, "seeds": args.seeds, "device": str(parameter.device),
-                           "dtype": str(parameter.dtype).removeprefix("torch.")}
+                           "captions": captions, "seeds": args.seeds}
     save_report(results, comparison_table(results), args.out, "reference, then each candidate in order")
     return 0

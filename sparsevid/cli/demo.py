@@ -197,12 +197,19 @@ def run_settings(settings: dict, caption: str, seed: int, steps: int, guidance: 
     return runs
 
 
-def run_key(args, steps: int, model) -> dict:
-    """What makes two demo runs' noise floors comparable: model, clip, caption, seed, steps, guidance, device."""
+def model_record(args, model) -> dict:
+    """Which model a command sampled and how: its name (``--tiny``, ``--model`` or the shipped one), clip shape,
+    device type and dtype (as results record them)."""
     parameter = next(model.parameters())
     return {"model": "tiny" if args.tiny else str(args.model or "shipped"), "clip": list(model.clip_shape[1:]),
-            "caption": args.caption, "seed": args.seed, "steps": steps, "guidance": args.guidance,
-            "device": parameter.device.type, "dtype": str(parameter.dtype).removeprefix("torch."),
+            "device": parameter.device.type, "dtype": str(parameter.dtype).removeprefix("torch.")}
+
+
+def run_key(args, steps: int, model) -> dict:
+    """What makes two demo runs' noise floors comparable: model, clip, caption, seed, steps, guidance, device."""
+    record = model_record(args, model)
+    return {"model": record["model"], "clip": record["clip"], "caption": args.caption, "seed": args.seed,
+            "steps": steps, "guidance": args.guidance, "device": record["device"], "dtype": record["dtype"],
             "threads": torch.get_num_threads()}
 
 
