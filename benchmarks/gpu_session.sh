@@ -28,8 +28,11 @@
 #   parallel    (two GPUs) context-parallel Wan 14B forward, one vs two GPUs; distillation under DDP
 #   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
 #   runtime     GPU tests of the runtime (no host sync in the public calls, the step bookkeeping, inference and
-#               checkpointed training forwards; inductor-compiled models, reduce-overhead included, match
-#               eager); predict + forward through the public API vs the forward alone at the Wan 1.3B shape
+#               checkpointed training forwards; reduce-overhead CUDA graphs and inductor-compiled models in the
+#               default mode match eager); predict + forward through the public API vs the forward alone at the
+#               Wan 1.3B shape
+#   compile_autotune  the inductor tests in mode max-autotune-no-cudagraphs (minutes per model: it benchmarks
+#               GEMM templates for every shape)
 #   e2e13b      end to end, Wan 1.3B 480p at 95% (top-k 5%), dense and sparse, eager and torch.compile
 #   e2e13b_modes  the same under compile_repeated_blocks with mode reduce-overhead (CUDA graphs) and
 #               max-autotune-no-cudagraphs
@@ -39,7 +42,8 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|training_full|motion|demo_student|tests|parallel|ddp|runtime|e2e13b|\
+PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|training_full|motion|demo_student|tests|parallel|ddp|runtime|\
+compile_autotune|e2e13b|\
 e2e13b_modes|e2e14b|e2e14b_compiled"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
@@ -112,10 +116,16 @@ ddp)
     step distill_ddp 150 bash benchmarks/distill_ddp.sh "$OUT/ddp"
     ;;
 runtime)
-    SPARSEVID_AUTOTUNE=off step runtime_tests 330 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu \
-        tests/test_runtime_gpu.py tests/test_integration_compile.py
-    step predict_api 180 "$PYTHON" -m benchmarks.bench_predict --out "$OUT/predict_api" --parts api \
+    SPARSEVID_AUTOTUNE=off step runtime_tests 150 "$PYTHON" -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
+        --durations=0 tests/test_runtime_gpu.py
+    SPARSEVID_AUTOTUNE=off step compile_tests 240 "$PYTHON" -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
+        --durations=0 tests/test_integration_compile.py -k "default"
+    step predict_api 150 "$PYTHON" -m benchmarks.bench_predict --out "$OUT/predict_api" --parts api \
         --shapes wan1.3b --recall-grid none
+    ;;
+compile_autotune)
+    SPARSEVID_AUTOTUNE=off step compile_autotune_tests 570 "$PYTHON" -m pytest -v -rfE --tb=short -p no:cacheprovider \
+        -m gpu --durations=0 tests/test_integration_compile.py -k "max-autotune"
     ;;
 e2e13b)
     step e2e13b 540 "$PYTHON" -m benchmarks.bench_e2e --out "$OUT/e2e13b" --models wan1.3b --sparsity 0.95 \

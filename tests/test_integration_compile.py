@@ -89,8 +89,8 @@ def test_compile_repeated_blocks_matches_eager():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs"])
 @pytest.mark.parametrize("name", ["wan", "hunyuan_video", "cogvideox"])
+@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs"])  # ids "default-wan", ...: default first
 def test_inductor_compiled_triton_model_matches_eager_on_cuda(name, mode):
     model, inputs = build(name)
     model = model.to("cuda", torch.float16)
