@@ -6,6 +6,11 @@ alone: higher PSNR of the sampled clips against the teacher's and lower velocity
 the held-out triples. Faithfulness and held-out loss are reported beside them.
 
     python3 -m benchmarks.claims_report OUT/grid.json [--png FIG.png]   # prints the Markdown section
+    python3 -m benchmarks.claims_report SLICE/grid.json --matched FULL/grid.json   # claim 3's "above all"
+
+Claim 3 says distillation's lead over the diffusion loss is largest when the fine-tuning data differ from the
+pre-training data. :func:`data_arms` compares the lead in a grid fine-tuned on the slice with the lead in a grid
+fine-tuned on the whole distribution (``--fine-tune-on full``), entry by entry.
 """
 from __future__ import annotations
 
@@ -117,6 +122,66 @@ def _target(grid: dict, target: float) -> dict:
             "evidence": [f"faithfulness gap {gap:.3f}, PSNR {student['psnr']:.2f} dB"]}
 
 
+# What must be equal in the two arms for their entries to compare: the evaluation and the budget (the teacher
+# is checked by its measured yardsticks: a grid names it by where it was loaded from).
+SHARED_SETTINGS = ("captions", "seeds", "sample_steps", "guidance", "heldout", "slice", "steps", "batch", "clips",
+                   "lr", "trainable")
+
+
+def _lead(grid: dict, rule: str, target: float) -> tuple[float, float] | None:
+    """(PSNR gain in dB, velocity-error cut) of the distilled student over the diffusion-loss one, or None."""
+    students = grid["students"]
+    distill, diffusion = (students.get(entry_name(o, rule, target)) for o in ("distill", "diffusion"))
+    if distill is None or diffusion is None:
+        return None
+    return (distill["psnr"] - diffusion["psnr"],
+            diffusion["velocity_error"]["overall"] - distill["velocity_error"]["overall"])
+
+
+def data_arms(mismatched: dict, matched: dict) -> dict:
+    """Claim 3's "above all when the fine-tuning data differ from pre-training": distillation's lead over the
+    diffusion loss (PSNR gain and velocity-error cut against the teacher) on the slice (``mismatched``) against
+    its lead on the whole distribution (``matched``), for every (rule, target) both grids measured.
+
+    Confirmed when the lead is larger on the slice on both yardsticks for every such pair. Returns {"verdict",
+    "rows": [{"rule", "target", "mismatched": (psnr, velocity), "matched": (psnr, velocity)}]}.
+    Raises ValueError when the grids are not the two arms of one context."""
+    arms = (fine_tuning_words(mismatched["settings"]), fine_tuning_words(matched["settings"]))
+    if arms != ("mismatched data", "data like pre-training"):
+        raise ValueError(f"mismatched and matched must be grids fine-tuned on the slice and on the whole "
+                         f"distribution, got {arms[0]} and {arms[1]}")
+    differ = [k for k in SHARED_SETTINGS if mismatched["settings"].get(k) != matched["settings"].get(k)]
+    teachers = [(g["dense"]["faithfulness"]["overall"], g["dense"]["heldout_loss"]["overall"]) if g.get("dense")
+                else None for g in (mismatched, matched)]
+    if teachers[0] != teachers[1]:
+        differ.append(f"the dense teacher's faithfulness and held-out loss ({teachers[0]} against {teachers[1]})")
+    if differ:
+        raise ValueError(f"the two grids differ in {', '.join(differ)}: their entries do not compare")
+    rows = []
+    for target in mismatched["settings"]["targets"]:
+        for rule in RULES:
+            leads = _lead(mismatched, rule, target), _lead(matched, rule, target)
+            if None not in leads:
+                rows.append({"rule": rule, "target": target, "mismatched": leads[0], "matched": leads[1]})
+    if not rows:
+        return {"verdict": "not measured", "rows": []}
+    held = all(r["mismatched"][0] > r["matched"][0] and r["mismatched"][1] > r["matched"][1] for r in rows)
+    return {"verdict": "confirmed" if held else "not confirmed", "rows": rows}
+
+
+def data_arms_markdown(mismatched: dict, matched: dict) -> str:
+    """The comparison of :func:`data_arms` as a Markdown table and its verdict."""
+    found = data_arms(mismatched, matched)
+    lines = ["| rule | sparsity | PSNR gain, slice (dB) | PSNR gain, data like pre-training (dB) | "
+             "velocity-error cut, slice | velocity-error cut, data like pre-training |", "|---|---|---|---|---|---|"]
+    for r in found["rows"]:
+        (ps, vs), (pm, vm) = r["mismatched"], r["matched"]
+        lines.append(f"| {r['rule']} | {r['target']:.0%} | {ps:+.2f} | {pm:+.2f} | {vs:+.4f} | {vm:+.4f} |")
+    lines += ["", f"Claim 3, distillation's lead over the diffusion loss is larger when the fine-tuning data differ "
+                  f"from pre-training (both yardsticks, every pair): **{found['verdict']}**."]
+    return "\n".join(lines) + "\n"
+
+
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -208,8 +273,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="The claims grid's report from its grid.json.")
     parser.add_argument("grid", type=Path, help="OUT/grid.json of benchmarks.claims_grid")
     parser.add_argument("--png", type=Path, default=None, help="also draw the PSNR figure (plot_grid) here")
+    parser.add_argument("--matched", type=Path, default=None,
+                        help="grid.json of the same grid fine-tuned on the whole distribution (--fine-tune-on full): "
+                             "print distillation's lead in both arms instead (claim 3's 'above all')")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     grid = json.loads(args.grid.read_text())
+    if args.matched is not None:
+        print(data_arms_markdown(grid, json.loads(args.matched.read_text())), end="")
+        return 0
     print(grid_markdown(grid), end="")
     if args.png is not None:
         print(f"wrote {plot_grid(grid, args.png)}")

@@ -147,3 +147,33 @@ def test_fine_tuning_on_the_whole_distribution_keeps_the_evaluation_outside_the_
     assert "clips of the model's whole distribution" in text
     assert "distillation beats the diffusion loss on data like pre-training" in text
     assert "on mismatched data" in grid_markdown(_grid())  # grids without the field fine-tuned on the slice
+
+
+def test_the_two_arms_compare_distillations_lead_pair_by_pair():
+    from benchmarks.claims_report import data_arms, data_arms_markdown
+
+    mismatched, matched = _grid(), _grid()
+    matched["settings"]["fine_tuning"] = "full"
+    for name in ("distill_topk_95", "distill_topp_95", "distill_hybrid_95"):  # a smaller lead on matched data
+        matched["students"][name]["psnr"] -= 1.0
+        matched["students"][name]["velocity_error"]["overall"] += 0.001
+    found = data_arms(mismatched, matched)
+    assert found["verdict"] == "confirmed" and len(found["rows"]) == 3
+    assert found["rows"][0]["mismatched"][0] == pytest.approx(2.0) and found["rows"][0]["matched"][0] == pytest.approx(1.0)
+
+    matched["students"]["distill_topp_95"]["psnr"] += 5.0  # one pair where matched data give the larger lead
+    assert data_arms(mismatched, matched)["verdict"] == "not confirmed"
+    assert "| topp | 95% | +2.00 | +6.00 |" in data_arms_markdown(mismatched, matched)
+
+    del matched["students"]["distill_topk_95"], matched["students"]["distill_topp_95"]
+    assert len(data_arms(mismatched, matched)["rows"]) == 1  # only the pairs both arms measured
+    with pytest.raises(ValueError, match="slice and on the whole distribution"):
+        data_arms(matched, mismatched)
+    other = copy.deepcopy(matched)
+    other["settings"]["steps"] = 600
+    with pytest.raises(ValueError, match="differ in steps"):
+        data_arms(mismatched, other)
+    other = copy.deepcopy(matched)
+    other["dense"]["faithfulness"]["overall"] = 0.5
+    with pytest.raises(ValueError, match="dense teacher"):
+        data_arms(mismatched, other)
