@@ -13,12 +13,20 @@ Two parts, each on one GPU:
     python3 -m benchmarks.motion_study --out OUT --part sampler [--model DIR]
     python3 -m benchmarks.motion_study --out OUT --part train --seconds 100 [--model DIR]
 
-Writes OUT/motion_<part>.json and OUT/motion_<part>.md (one row per setting: faithfulness overall and per
-attribute over the evaluation captions x seeds, short clips 16 x 64 x 64).
+* ``captions``: does the model read the motion word at all? Flow-matching loss on the same noisy one-object
+  clips with the true caption, the caption with one attribute's word swapped (motion, colour, shape, size) and
+  the null caption, over the object's pixels; no training (runs on the CPU in minutes).
+
+    python3 -m benchmarks.motion_study --out OUT --part captions [--clips 16]
+
+Writes OUT/motion_<part>.json and OUT/motion_<part>.md (sampler, train: one row per setting, faithfulness
+overall and per attribute over the evaluation captions x seeds; captions: one row per noise level; short clips
+16 x 64 x 64).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -27,6 +35,7 @@ import torch
 
 from benchmarks.builtin_study import SHORT, train_phase
 from benchmarks.run_info import run_metadata
+from sparsevid.data import ProceduralVideos, grammar
 from sparsevid.eval.faithfulness_summary import summarize_faithfulness
 from sparsevid.eval.harness import DEFAULT_CAPTIONS
 from sparsevid.models import load_builtin
@@ -51,6 +60,11 @@ LEVERS = (
     ("plain", {"background_texture": 0.0, "pan": 0.0}, 2.0),
 )
 ATTRIBUTES = ("background", "colour", "count", "size", "motion", "texture")
+# (attribute, its place in a grammar object tuple (size, colour, texture, shape, motion), its word list)
+SWAPS = (("motion", 4, grammar.MOTIONS), ("colour", 1, grammar.COLOURS), ("shape", 3, grammar.SHAPES),
+         ("size", 0, grammar.SIZES))
+NOISE_LEVELS = (0.3, 0.6, 0.9)
+CAPTION_SEED = 123  # the probe's clips; its noise uses CAPTION_SEED + 1
 
 
 def evaluate(model, **sampler) -> dict:
@@ -63,6 +77,60 @@ def evaluate(model, **sampler) -> dict:
     summary = summarize_faithfulness(clips, [c for c, _ in pairs])
     return {"clips": len(pairs), "sampling_seconds": round(seconds, 1), "overall": summary["overall"],
             "per_attribute": summary["per_attribute"]}
+
+
+def _captions(scenes, swap: tuple[int, tuple] | None) -> list[str]:
+    """The one-object scenes' captions; ``swap`` (place, words): that attribute's word replaced by another one,
+    a different one for each clip (clip b takes the word b % (len(words) - 1) + 1 places further on)."""
+    captions = []
+    for b in range(scenes.present.shape[0]):
+        words = [int(getattr(scenes, f)[b, 0]) for f in ("size", "colour", "texture", "shape", "motion")]
+        if swap is not None:
+            place, vocabulary = swap
+            words[place] = (words[place] + 1 + b % (len(vocabulary) - 1)) % len(vocabulary)
+        captions.append(grammar.caption_text([tuple(words)], int(scenes.background[b])))
+    return captions
+
+
+def caption_use(model, clips: int, chunk: int = 4) -> dict:
+    """Per noise level t: the flow-matching loss over the object's pixels (where the clip differs from its
+    object-free render) with the true caption, each swapped attribute and the null caption, {label: loss}."""
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    data = ProceduralVideos(**{**model.data.config(), "max_objects": 1})
+    scenes = data.sample_scenes(clips, torch.Generator().manual_seed(CAPTION_SEED))
+    video = data.render(scenes)
+    empty = data.render(dataclasses.replace(scenes, present=torch.zeros_like(scenes.present)))
+    region = ((video - empty).abs().sum(1, keepdim=True) > 1e-3).float()  # [B, 1, T, H, W]
+    noise = torch.randn(video.shape, generator=torch.Generator().manual_seed(CAPTION_SEED + 1))
+    variants = {"true": _captions(scenes, None), "null": [""] * clips,
+                **{f"swap {name}": _captions(scenes, (place, words)) for name, place, words in SWAPS}}
+    rows = {}
+    for t_value in NOISE_LEVELS:
+        x_t, target = (1 - t_value) * video + t_value * noise, noise - video
+        row = {}
+        for label, captions in variants.items():
+            with torch.no_grad():
+                prediction = torch.cat([
+                    model(x_t[i:i + chunk].to(device, dtype), torch.full((len(captions[i:i + chunk]),), t_value,
+                                                                          device=device),
+                          model.tokenize(captions[i:i + chunk]).to(device)).float().cpu()
+                    for i in range(0, clips, chunk)])
+            squared = (prediction - target).square()
+            row[label] = float((squared * region).sum() / (region.sum() * squared.shape[1]))
+        rows[f"t {t_value}"] = row
+        print(caption_table({f"t {t_value}": row}), flush=True)
+    return rows
+
+
+def caption_table(rows: dict) -> str:
+    """Object-pixel loss per caption variant, and each variant's change against the true caption."""
+    labels = list(next(iter(rows.values())))
+    lines = ["| noise level | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for level, row in rows.items():
+        cells = [f"{row[label]:.4f}" + ("" if label == "true" else f" ({row[label] / row['true'] - 1:+.1%})")
+                 for label in labels]
+        lines.append(f"| {level} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def table(rows: dict) -> str:
@@ -80,6 +148,10 @@ def run_part(args) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     rows = {}
+    if args.part == "captions":
+        model = load_builtin(args.model, device=device, dtype=dtype)
+        model.use_clip(*SHORT)
+        return caption_use(model, args.clips)
     if args.part == "sampler":
         model = load_builtin(args.model, device=device, dtype=dtype)
         model.use_clip(*SHORT)
@@ -103,7 +175,7 @@ def run_part(args) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--part", choices=("sampler", "train"), required=True)
+    parser.add_argument("--part", choices=("sampler", "train", "captions"), required=True)
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the shipped model)")
     parser.add_argument("--seconds", type=float, default=100.0, help="training budget of each lever (part train)")
     parser.add_argument("--max-steps", type=int, default=None, help="step cap of each lever (a CPU smoke run)")
@@ -111,14 +183,18 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--sample-steps", type=int, default=None, help="sampler steps after training (default: the model's)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N settings (a CPU smoke run)")
+    parser.add_argument("--clips", type=int, default=16, help="one-object clips of the captions part")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = run_part(args)
-    meta = run_metadata(model=str(args.model or "shipped"), clip=list(SHORT), seeds=list(SEEDS), part=args.part,
-                        seconds=args.seconds if args.part == "train" else None)
+    probe = args.part == "captions"
+    meta = run_metadata(model=str(args.model or "shipped"), clip=list(SHORT), part=args.part,
+                        seeds=[CAPTION_SEED, CAPTION_SEED + 1] if probe else list(SEEDS),
+                        seconds=args.seconds if args.part == "train" else None, clips=args.clips if probe else None)
+    text = caption_table(rows) if args.part == "captions" else table(rows)
     (args.out / f"motion_{args.part}.json").write_text(json.dumps({**meta, "settings": rows}, indent=1))
-    (args.out / f"motion_{args.part}.md").write_text(table(rows))
-    print(table(rows))
+    (args.out / f"motion_{args.part}.md").write_text(text)
+    print(text)
     return 0
 
 
