@@ -93,8 +93,9 @@ def _captions(scenes, swap: tuple[int, tuple] | None) -> list[str]:
 
 
 def caption_use(model, clips: int, chunk: int = 4) -> dict:
-    """Per noise level t: the flow-matching loss over the object's pixels (where the clip differs from its
-    object-free render) with the true caption, each swapped attribute and the null caption, {label: loss}."""
+    """{"object_share": the fraction of the clips' pixels the objects cover, "levels": per noise level t, the
+    flow-matching loss over the object's pixels (where the clip differs from its object-free render) with the
+    true caption, each swapped attribute and the null caption, {label: loss}}."""
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     data = ProceduralVideos(**{**model.data.config(), "max_objects": 1})
     scenes = data.sample_scenes(clips, torch.Generator().manual_seed(CAPTION_SEED))
@@ -119,7 +120,7 @@ def caption_use(model, clips: int, chunk: int = 4) -> dict:
             row[label] = float((squared * region).sum() / (region.sum() * squared.shape[1]))
         rows[f"t {t_value}"] = row
         print(caption_table({f"t {t_value}": row}), flush=True)
-    return rows
+    return {"object_share": float(region.mean()), "levels": rows}
 
 
 def caption_table(rows: dict) -> str:
@@ -191,7 +192,8 @@ def main() -> int:
     meta = run_metadata(model=str(args.model or "shipped"), clip=list(SHORT), part=args.part,
                         seeds=[CAPTION_SEED, CAPTION_SEED + 1] if probe else list(SEEDS),
                         seconds=args.seconds if args.part == "train" else None, clips=args.clips if probe else None)
-    text = caption_table(rows) if args.part == "captions" else table(rows)
+    text = (f"Objects cover {rows['object_share']:.1%} of the pixels.\n\n" + caption_table(rows["levels"]) if probe
+            else table(rows))
     (args.out / f"motion_{args.part}.json").write_text(json.dumps({**meta, "settings": rows}, indent=1))
     (args.out / f"motion_{args.part}.md").write_text(text)
     print(text)

@@ -26,7 +26,9 @@ def test_caption_use_reports_the_object_loss_of_every_variant_at_every_noise_lev
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     model = BuiltinVideoDiT(tiny_config()).eval()
-    rows = motion_study.caption_use(model, clips=3, chunk=2)
+    found = motion_study.caption_use(model, clips=3, chunk=2)
+    assert 0 < found["object_share"] < 1
+    rows = found["levels"]
     assert list(rows) == [f"t {t}" for t in motion_study.NOISE_LEVELS]
     labels = {"true", "null", *(f"swap {name}" for name, _, _ in motion_study.SWAPS)}
     for row in rows.values():
