@@ -63,9 +63,12 @@ def model_config(data: dict, transformer: dict, clip: tuple[int, int, int]) -> d
 
 
 def train_phase(model, clip, batch: int, seconds: float, seed: int, lr: float, shift: float = 2.0,
-                max_steps: int | None = None) -> dict:
+                max_steps: int | None = None, object_weight: float = 1.0) -> dict:
     """Dense rectified-flow training on clips of shape ``clip`` for ``seconds`` (and at most ``max_steps``), noise
-    levels drawn with time ``shift``; returns the loss summary."""
+    levels drawn with time ``shift``, the objects' pixels weighing ``object_weight`` times the background's in
+    the loss; returns the loss summary."""
+    if not object_weight > 0:
+        raise ValueError(f"object_weight must be positive, got {object_weight!r}")
     model.use_clip(*clip)
     data, device = model.data, next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
@@ -73,13 +76,15 @@ def train_phase(model, clip, batch: int, seconds: float, seed: int, lr: float, s
     null = model.tokenize([""])
 
     def loss_fn(step: int) -> torch.Tensor:
-        video, captions = data.sample(batch, gen, device)
+        scenes = data.sample_scenes(batch, gen)  # the draws of data.sample(batch, gen, device)
+        video, captions = data.render(scenes, device), scenes.captions()
+        weight = None if object_weight == 1.0 else 1 + (object_weight - 1) * data.object_mask(scenes, video).float()
         tokens = model.tokenize(captions)
         drop = torch.rand(batch, generator=gen) < 0.1
         tokens = torch.where(drop.unsqueeze(1), null, tokens).to(device)
         t = sample_t(batch, gen, device, shift=shift)
         noise = torch.randn(video.shape, generator=noise_gen, device=device)
-        return flow_matching_loss(model, video, tokens, t, noise)
+        return flow_matching_loss(model, video, tokens, t, noise, weight=weight)
 
     config = LoopConfig(lr=lr, warmup_steps=100, ema_decay=None, max_seconds=seconds, max_steps=max_steps,
                         log_every=100)

@@ -19,8 +19,9 @@
 #               like pre-training, `--fine-tune-on full`) in OUT/claims_full, calibrated as the slice grid was
 #               (benchmarks/results/claims_h200/calibration.json); repeat like `training`, e.g. `training_full
 #               --targets 0.95`
-#   motion      why the built-in model misses the captioned motion: sampler settings, then three equal-budget
-#               training levers (warm restarts of the shipped model, 100 s each), by dense faithfulness
+#   motion      why the built-in model misses the captioned motion: four equal-budget training levers (warm
+#               restarts of the shipped model, 100 s each), by dense faithfulness (the sampler part, measured,
+#               is `python3 -m benchmarks.motion_study --part sampler`)
 #   demo_student  the demo's sparse student: the shipped model distilled for top-k 0.25 (75%) at the CPU clip
 #               (16 x 64 x 64, whole procedural distribution, attention trainable, ~2 min), exported as an asset
 #               (OUT/sparse_student: copy it to sparsevid/assets/sparse_student/)
@@ -81,8 +82,7 @@ predict)
     step bench_predict 240 "$PYTHON" -m benchmarks.bench_predict --out "$OUT/predict" --recall-grid none
     ;;
 motion)
-    step motion_sampler 150 "$PYTHON" -m benchmarks.motion_study --out "$OUT/motion" --part sampler
-    step motion_train 420 "$PYTHON" -m benchmarks.motion_study --out "$OUT/motion" --part train --seconds 100
+    step motion_train 570 "$PYTHON" -m benchmarks.motion_study --out "$OUT/motion" --part train --seconds 100
     ;;
 limits)
     step predict_limits 180 "$PYTHON" -m benchmarks.predict_limits --out "$OUT/predict_limits"

@@ -22,6 +22,7 @@ every device); rendering is vectorised over the batch and frames and runs on any
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -255,6 +256,12 @@ class ProceduralVideos:
             alpha = alpha.unsqueeze(1)
             video = video * (1 - alpha) + alpha * colour * tex.unsqueeze(1)
         return video * 2 - 1
+
+    def object_mask(self, scenes: Scenes, video: torch.Tensor) -> torch.Tensor:
+        """Where the objects of ``scenes`` show in ``video`` (their render, [B, 3, T, H, W]): bool [B, 1, T, H, W],
+        the pixels that differ from the same scenes rendered without objects."""
+        empty = self.render(dataclasses.replace(scenes, present=torch.zeros_like(scenes.present)), video.device)
+        return (video - empty).abs().sum(1, keepdim=True) > 1e-3
 
     def _background_texture(self, waves: torch.Tensor, pan: torch.Tensor, xs: torch.Tensor,
                             ys: torch.Tensor) -> torch.Tensor:

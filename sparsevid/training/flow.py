@@ -29,10 +29,18 @@ def noisy(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tenso
 
 
 def flow_matching_loss(model, x0: torch.Tensor, tokens: torch.Tensor, t: torch.Tensor,
-                       noise: torch.Tensor) -> torch.Tensor:
+                       noise: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
     """Mean squared error of the predicted velocity.
 
     model(x_t, t, tokens) -> velocity; x0, noise: [B, C, T, H, W]; tokens: int64 [B, L]; t: [B] in [0, 1].
+    weight: None, or per-pixel weights >= 0 broadcastable to x0 (e.g. [B, 1, T, H, W]): the weighted mean
+    sum(w e^2) / sum(w), so the loss keeps the scale of the plain mean.
     """
     prediction = model(noisy(x0, noise, t), t, tokens)
-    return torch.nn.functional.mse_loss(prediction.float(), (noise - x0).float())
+    squared = (prediction.float() - (noise - x0).float()).square()
+    if weight is None:
+        return squared.mean()
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise TypeError(f"weight must be a floating tensor or None, got {type(weight).__name__}")
+    weight = weight.float().expand_as(squared)
+    return (weight * squared).sum() / weight.sum()
