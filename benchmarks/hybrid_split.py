@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     calls = record_video_attention(model, args.caption, args.seed, args.steps)
     rows = split_study(calls, args.target, args.shares)
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = run_metadata(model=str(args.model or "shipped"), clip=list(model.clip_shape()[1:]), target=args.target,
+    meta = run_metadata(model=str(args.model or "shipped"), clip=list(model.clip_shape[1:]), target=args.target,
                         caption=args.caption, seed=args.seed, steps=args.steps or model.config["sampling"]["steps"],
                         calls=len(calls))
     (args.out / "hybrid_split.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
