@@ -64,10 +64,15 @@ def _compare(entries: dict, pairs: list[tuple[str, str]]) -> tuple[str, list[str
     return ("confirmed" if held else "not confirmed"), evidence
 
 
+def fine_tuned_on_whole_distribution(settings: dict) -> bool:
+    """Whether the grid's students were fine-tuned on the model's whole distribution (``--fine-tune-on full``)
+    rather than the slice (grids from before ``--fine-tune-on`` existed used the slice)."""
+    return settings.get("fine_tuning") == "full"
+
+
 def fine_tuning_words(settings: dict) -> str:
-    """What the students were fine-tuned on, in words: the slice (data unlike pre-training) or the whole
-    distribution (grids from before ``--fine-tune-on`` existed used the slice)."""
-    return "data like pre-training" if settings.get("fine_tuning") == "full" else "mismatched data"
+    """What the students were fine-tuned on, in words."""
+    return "data like pre-training" if fine_tuned_on_whole_distribution(settings) else "mismatched data"
 
 
 def claims(grid: dict) -> list[dict]:
@@ -146,10 +151,11 @@ def data_arms(mismatched: dict, matched: dict) -> dict:
     Confirmed when the lead is larger on the slice on both yardsticks for every such pair. Returns {"verdict",
     "rows": [{"rule", "target", "mismatched": (psnr, velocity), "matched": (psnr, velocity)}]}.
     Raises ValueError when the grids are not the two arms of one context."""
-    arms = (fine_tuning_words(mismatched["settings"]), fine_tuning_words(matched["settings"]))
-    if arms != ("mismatched data", "data like pre-training"):
+    if fine_tuned_on_whole_distribution(mismatched["settings"]) or not fine_tuned_on_whole_distribution(
+            matched["settings"]):
         raise ValueError(f"mismatched and matched must be grids fine-tuned on the slice and on the whole "
-                         f"distribution, got {arms[0]} and {arms[1]}")
+                         f"distribution, got {fine_tuning_words(mismatched['settings'])} and "
+                         f"{fine_tuning_words(matched['settings'])}")
     differ = [k for k in SHARED_SETTINGS if mismatched["settings"].get(k) != matched["settings"].get(k)]
     teachers = [(g["dense"]["faithfulness"]["overall"], g["dense"]["heldout_loss"]["overall"]) if g.get("dense")
                 else None for g in (mismatched, matched)]
@@ -213,7 +219,7 @@ def grid_markdown(grid: dict) -> str:
     """The report section: settings, the table and every claim with its verdict and numbers."""
     s = grid["settings"]
     floor = grid.get("noise_floor")
-    data = ("the model's whole distribution (data like pre-training)" if s.get("fine_tuning") == "full"
+    data = ("the model's whole distribution (data like pre-training)" if fine_tuned_on_whole_distribution(s)
             else f"the slice {json.dumps(s['slice'])}")
     lines = [f"Teacher `{s['model']}` on {s['device']}; every student: {s['steps']} steps x batch {s['batch']} on "
              f"{s['clips']} distinct clips of {data}, lr {s['lr']}, trainable "

@@ -40,6 +40,7 @@ from sparsevid.eval.faithfulness_summary import summarize_faithfulness
 from sparsevid.eval.harness import DEFAULT_CAPTIONS
 from sparsevid.models import load_builtin
 from sparsevid.models.sampling import generate
+from sparsevid.training.flow import noisy
 
 SEEDS = (0, 1)
 # (label, sampler overrides); the first is the model's own setting (10 UniPC steps, guidance 4, shift 5).
@@ -107,7 +108,7 @@ def caption_use(model, clips: int, chunk: int = 4) -> dict:
                 **{f"swap {name}": _captions(scenes, (place, words)) for name, place, words in SWAPS}}
     rows = {}
     for t_value in NOISE_LEVELS:
-        x_t, target = (1 - t_value) * video + t_value * noise, noise - video
+        x_t, target = noisy(video, noise, torch.full((clips,), t_value)), noise - video
         row = {}
         for label, captions in variants.items():
             with torch.no_grad():

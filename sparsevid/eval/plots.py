@@ -55,7 +55,7 @@ def plot_quality(results: dict, path: str | Path) -> Path:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return save_figure(fig, Path(path))
+    return save_figure(fig, path)
 
 
 def plot_recall(results: dict, path: str | Path) -> Path:
@@ -76,7 +76,7 @@ def plot_recall(results: dict, path: str | Path) -> Path:
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return save_figure(fig, Path(path))
+    return save_figure(fig, path)
 
 
 def plot_recall_per_layer(results: dict, path: str | Path) -> Path:
@@ -100,7 +100,7 @@ def plot_recall_per_layer(results: dict, path: str | Path) -> Path:
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, ncol=2)
-    return save_figure(fig, Path(path))
+    return save_figure(fig, path)
 
 
 def plot_suite(results: dict, out: str | Path) -> list[Path]:
