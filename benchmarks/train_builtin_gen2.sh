@@ -11,6 +11,9 @@
 #            rounds of ROUND_MINUTES (default 3 x 2.2; each a warm restart from the last), each round's
 #            weights measured by dense faithfulness at the short clip (motion_study --part sampler, own sampler):
 #            does motion grow with training time? Writes OUT/round<i>/ and OUT/round<i>/motion_sampler.md.
+#   chunk 4: chunk 3's rounds with the shipped model first deepened to LAYERS blocks (default 12; each block
+#            followed by a copy that starts silent, `sparsevid train --grow-to-layers`): does capacity let the
+#            model learn motion at the same budget?
 #   Later chunks continue the same way from the shipped weights (sparsevid/assets/).
 # Each chunk trains for at most 7.5 minutes: chunk 1 (7.5 min of training) took 558 s of one 10-minute GPU
 # call with its sampling and measurement; chunk 2 leaves the measurement to a later call
@@ -37,15 +40,18 @@ case "$chunk" in
         --clip 32,128,128 --clip 16,64,64 --batch-size 8 --batch-size 64 --clip-weight 1 --clip-weight 1 \
         --minutes 3 --lr 1e-4 --warmup 50 --ema 0.995 --log-every 50 --checkpoint-every 100000
     ;;
-  3)
+  3|4)
     init=sparsevid/assets
+    grow=()
+    [ "$chunk" = 4 ] && grow=(--grow-to-layers "${LAYERS:-12}")
     for round in $(seq 1 "${ROUNDS:-3}"); do
-        python3 -m sparsevid train --out "$out/round$round" --init "$init" "${texture[@]}" --train-shift 5 \
-            --clip 32,128,128 --clip 16,64,64 --batch-size 8 --batch-size 64 --clip-weight 1 --clip-weight 1 \
-            --minutes "${ROUND_MINUTES:-2.2}" --lr 1e-4 --warmup 50 --ema 0.995 --log-every 100 \
+        python3 -m sparsevid train --out "$out/round$round" --init "$init" "${grow[@]}" "${texture[@]}" \
+            --train-shift 5 --clip 32,128,128 --clip 16,64,64 --batch-size 8 --batch-size 64 --clip-weight 1 \
+            --clip-weight 1 --minutes "${ROUND_MINUTES:-2.2}" --lr 1e-4 --warmup 50 --ema 0.995 --log-every 100 \
             --checkpoint-every 100000
         python3 -m benchmarks.motion_study --out "$out/round$round" --part sampler --limit 1 --model "$out/round$round"
         init="$out/round$round"
+        grow=()
     done
     ;;
   *) echo "unknown chunk $chunk" >&2; exit 2 ;;

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from sparsevid.models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT, load_builtin, tiny_config
+from sparsevid.models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT, deepen, load_builtin, tiny_config
 from sparsevid.models.caption_encoder import CaptionEncoder
 from sparsevid.models.sampling import generate, initial_noise
 from sparsevid.training import (EMA, LoopConfig, export_builtin, flow_matching_loss, learning_rate,
@@ -236,3 +236,62 @@ def test_use_clip_changes_the_clip_shape_and_checks_the_patch():
         assert model(video, torch.tensor([0.5]), model.tokenize([""])).shape == video.shape
     with pytest.raises(ValueError, match="width must be a positive multiple of the patch size"):
         model.use_clip(2, 16, 22)
+
+
+def _two_layer_tiny() -> BuiltinVideoDiT:
+    config = tiny_config()
+    config["transformer"]["num_layers"] = 2
+    torch.manual_seed(0)
+    model = BuiltinVideoDiT(config).eval()
+    for block in model.transformer.blocks:  # no block weight zero by construction: a silent copy is deepen's doing
+        for p in block.parameters():
+            p.data.add_(0.02 * torch.randn_like(p))
+    return model
+
+
+def test_deepen_keeps_the_function_and_places_silent_copies():
+    model = _two_layer_tiny()
+    grown = deepen(model, 5)  # blocks 0 0 0 1 1: j * 2 // 5
+    assert grown.config["transformer"]["num_layers"] == 5 and len(grown.transformer.blocks) == 5
+    assert model.config["transformer"]["num_layers"] == 2 and not grown.training
+    for j, source, silent in ((0, 0, False), (1, 0, True), (2, 0, True), (3, 1, False), (4, 1, True)):
+        block, original = grown.transformer.blocks[j], model.transformer.blocks[source]
+        assert torch.equal(block.attn1.to_q.weight, original.attn1.to_q.weight), j
+        outputs = (block.attn1.to_out[0].weight, block.attn2.to_out[0].bias, block.ffn.net[2].weight)
+        assert all(not w.any() for w in outputs) == silent, j
+    c, t, h, w = model.clip_shape
+    x = torch.randn(2, c, t, h, w, generator=torch.Generator().manual_seed(1))
+    tokens = model.tokenize(["big red plain circle bouncing on a black background", ""])
+    with torch.no_grad():
+        assert torch.equal(grown(x, torch.tensor([0.3, 0.8]), tokens), model(x, torch.tensor([0.3, 0.8]), tokens))
+    assert deepen(model, 2).state_dict().keys() == model.state_dict().keys()
+
+
+def test_deepened_copies_learn():
+    grown = deepen(_two_layer_tiny(), 4).train()
+    video, captions = grown.data.sample(2, torch.Generator().manual_seed(0))
+    loss = flow_matching_loss(grown, video, grown.tokenize(captions), torch.tensor([0.4, 0.7]), torch.randn_like(video))
+    loss.backward()
+    later_copy = grown.transformer.blocks[1]  # silent at first; its output layers get gradients, so it starts to add
+    assert later_copy.attn1.to_out[0].weight.grad.abs().sum() > 0 and later_copy.ffn.net[2].weight.grad.abs().sum() > 0
+
+
+def test_deepen_checks_its_argument():
+    model = _two_layer_tiny()
+    with pytest.raises(ValueError, match="at least the model's 2 blocks"):
+        deepen(model, 1)
+    with pytest.raises(TypeError, match="layers must be an int"):
+        deepen(model, 4.0)
+
+
+def test_train_cli_grows_the_init_model(tmp_path):
+    from sparsevid.cli import main
+
+    model = _two_layer_tiny()
+    export_builtin(model, tmp_path / "init", dtype=torch.float32)
+    assert main(["train", "--out", str(tmp_path / "grown"), "--init", str(tmp_path / "init"), "--grow-to-layers", "3",
+                 "--max-steps", "1", "--batch-size", "2", "--warmup", "1", "--sample-steps", "1"]) == 0
+    grown = load_builtin(tmp_path / "grown")
+    assert len(grown.transformer.blocks) == 3
+    assert grown.config["phases"][-1]["arguments"]["grow_to_layers"] == 3
+    assert main(["train", "--out", str(tmp_path / "x"), "--tiny", "--grow-to-layers", "3", "--max-steps", "1"]) != 0

@@ -42,6 +42,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tiny", action="store_true", help="train the tiny configuration instead (tests, smoke runs)")
     p.add_argument("--init", type=model_dir_arg, default=None, metavar="DIR",
                    help="start from the model in DIR (weights and architecture; a warm restart: fresh optimiser)")
+    p.add_argument("--grow-to-layers", type=positive_int_arg, default=None, metavar="N",
+                   help="deepen the --init model to N transformer blocks before training: each block is followed "
+                        "by copies of itself whose output layers start at zero, so training starts from what the "
+                        "--init model computes")
     p.add_argument("--clip", type=clip_arg, action="append", default=None, metavar="T,H,W",
                    help="clip frames, height, width (without it: the model's); repeat it for mixed-resolution "
                         "training (each step draws its batch from one shape); the first is the shape the "
@@ -103,14 +107,21 @@ def initial_model(args):
     the background options."""
     import copy
 
-    from ..models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT, load_builtin, tiny_config
+    from ..models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT, deepen, load_builtin, tiny_config
 
     if args.init is not None and args.tiny:
         raise CommandError("give --init or --tiny, not both")
+    if args.grow_to_layers is not None and args.init is None:
+        raise CommandError("--grow-to-layers deepens the --init model: give --init DIR")
     if args.init is not None:
         model = load_builtin(args.init)
         training = model.config.pop("training", None)
         phases = model.config.pop("phases", [training] if training else [])
+        if args.grow_to_layers is not None:
+            try:
+                model = deepen(model, args.grow_to_layers)
+            except ValueError as error:
+                raise CommandError(f"--grow-to-layers: {error}") from None
     else:
         model, phases = BuiltinVideoDiT(copy.deepcopy(tiny_config() if args.tiny else DEFAULT_CONFIG)), []
     mix = clip_mix(args, model)

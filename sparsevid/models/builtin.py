@@ -108,6 +108,37 @@ class BuiltinVideoDiT(nn.Module):
         return self.transformer(x, t * 1000.0, states, return_dict=False)[0]
 
 
+def deepen(model: BuiltinVideoDiT, layers: int) -> BuiltinVideoDiT:
+    """A copy of ``model`` with ``layers`` transformer blocks that computes what ``model`` computes (depth
+    up-scaling, to give a trained model more capacity without starting over).
+
+    Of the model's L blocks, block i fills the new places j with j * L // layers == i, in order; its first copy
+    keeps the weights, the others start with zero output layers (self-attention, cross-attention and
+    feed-forward outputs), so that they add nothing to the residual stream until trained.
+    """
+    if not isinstance(layers, int) or isinstance(layers, bool):
+        raise TypeError(f"layers must be an int, got {type(layers).__name__}")
+    old = model.config["transformer"]["num_layers"]
+    if layers < old:
+        raise ValueError(f"layers must be at least the model's {old} blocks, got {layers}")
+    config = copy.deepcopy(model.config)
+    config["transformer"]["num_layers"] = layers
+    parameter = next(model.parameters())
+    grown = BuiltinVideoDiT(config).to(parameter.device, parameter.dtype)
+    outside = {k: v for k, v in model.state_dict().items() if not k.startswith("transformer.blocks.")}
+    missing, unexpected = grown.load_state_dict(outside, strict=False)
+    if unexpected or any(not k.startswith("transformer.blocks.") for k in missing):
+        raise RuntimeError(f"the grown model does not match the original outside its blocks: {missing + unexpected}")
+    for j, block in enumerate(grown.transformer.blocks):
+        source = j * old // layers
+        block.load_state_dict(model.transformer.blocks[source].state_dict())
+        if j > 0 and (j - 1) * old // layers == source:  # a later copy: silent until trained
+            for output in (block.attn1.to_out[0], block.attn2.to_out[0], block.ffn.net[2]):
+                nn.init.zeros_(output.weight)
+                nn.init.zeros_(output.bias)
+    return grown.train(model.training)
+
+
 def load_builtin(directory: str | Path | None = None, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32) -> BuiltinVideoDiT:
     """The built-in model from ``directory`` (default: the shipped assets), in eval mode on ``device``."""
