@@ -10,7 +10,8 @@
 #            shift 5 (the motion study's best lever for motion, benchmarks/results/motion_h200/), in ROUNDS
 #            rounds of ROUND_MINUTES (default 3 x 2.2; each a warm restart from the last), each round's
 #            weights measured by dense faithfulness at the short clip (motion_study --part sampler, own sampler):
-#            does motion grow with training time? Writes OUT/round<i>/ and OUT/round<i>/motion_sampler.md.
+#            does motion grow with training time? Writes OUT/round<i>/ (weights, log, motion_sampler.md) and
+#            OUT/rounds.md (every round's table).
 #   chunk 4: chunk 3's rounds with the shipped model first deepened to LAYERS blocks (default 12; each block
 #            followed by a copy that starts silent, `sparsevid train --grow-to-layers`): does capacity let the
 #            model learn motion at the same budget?
@@ -53,6 +54,10 @@ case "$chunk" in
         init="$out/round$round"
         grow=()
     done
+    for round in $(seq 1 "${ROUNDS:-3}"); do  # one summary: each round's faithfulness table
+        echo "## round $round ($(grep -o 'trained to step [0-9]* in [0-9]*s' "$out/round$round/train_log.txt"))"
+        cat "$out/round$round/motion_sampler.md"
+    done > "$out/rounds.md"
     ;;
   *) echo "unknown chunk $chunk" >&2; exit 2 ;;
 esac
