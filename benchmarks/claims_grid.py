@@ -152,6 +152,13 @@ class Grid:
         ``--fine-tune-on full``, the model's whole procedural distribution (data like pre-training)."""
         return model.data if self.args.fine_tune_on == "full" else self.data_slice(model)
 
+    def training_shift(self, teacher) -> float:
+        """Time shift of the students' training noise levels: ``--train-shift``, else the teacher's pre-training
+        one (the sampler's, 5 for the shipped model, puts most of its steps at higher noise levels)."""
+        if self.args.train_shift is not None:
+            return self.args.train_shift
+        return teacher.config.get("training", {}).get("arguments", {}).get("train_shift", 1.0)
+
     def context(self) -> dict:
         """What every evaluation compares against (computed once per call): held-out captions x seeds, the
         teacher's dense clips of them, held-out (clip, noise, t) triples outside the slice and the teacher's
@@ -309,7 +316,7 @@ def train_student(grid: Grid, student: dict, sparse) -> bool:
     model = grid.teacher(torch.float32)
     pretraining = model.config.get("training", {}).get("arguments", {})
     config = DistillConfig(objective=student["objective"], sparse=sparse, trainable=a.trainable, batch_size=a.batch,
-                           seed=a.seed, shift=pretraining.get("train_shift", 1.0),
+                           seed=a.seed, shift=grid.training_shift(model),
                            null_prob=pretraining.get("null_prob", 0.1))
     # The time left after this student's evaluation; the schedule follows the step budget alone.
     stop_at = grid.deadline - grid.eval_seconds()
@@ -451,7 +458,7 @@ def write_grid(grid: Grid) -> None:
             students[student["name"]] = {**student, **measured}
     planned = [s["name"] for s in student_plan(a.targets, a.rules, a.objectives)]
     result = {"settings": {"targets": a.targets, "steps": a.steps, "batch": a.batch, "clips": a.clips, "lr": a.lr,
-                           "trainable": a.trainable, **context,
+                           "trainable": a.trainable, "train_shift": a.train_shift, **context,
                            "model": a.model or ("tiny" if a.tiny else "shipped"),
                            "calibration": grid.read("calibration.json")},
               "dense": reference.get("dense"), "noise_floor": reference.get("noise_floor"),
@@ -543,6 +550,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--trainable", default="attention", choices=("attention", "all"))
+    p.add_argument("--train-shift", type=float, default=None,
+                   help="time shift of the students' training noise levels (default: the teacher's pre-training "
+                        "shift; recorded in grid.json's settings as null then)")
     p.add_argument("--seed", type=int, default=0, help="noise seed of training")
     p.add_argument("--data-seed", type=int, default=1, help="seed of the fine-tuning clips")
     p.add_argument("--fine-tune-on", choices=("slice", "full"), default="slice",
@@ -567,6 +577,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.model = None
     if not args.targets or any(not 0 < t < 1 for t in args.targets):
         p.error(f"--targets must be sparsities in (0, 1), got {args.targets}")
+    if args.train_shift is not None and not args.train_shift > 0:
+        p.error(f"--train-shift must be positive, got {args.train_shift}")
     for name in ("steps", "batch", "clips", "captions"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")

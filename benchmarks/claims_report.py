@@ -130,7 +130,7 @@ def _target(grid: dict, target: float) -> dict:
 # What must be equal in the two arms for their entries to compare: the evaluation and the budget (the teacher
 # is checked by its measured yardsticks: a grid names it by where it was loaded from).
 SHARED_SETTINGS = ("captions", "seeds", "sample_steps", "guidance", "heldout", "slice", "steps", "batch", "clips",
-                   "lr", "trainable")
+                   "lr", "trainable", "train_shift")
 
 
 def _lead(grid: dict, rule: str, target: float) -> tuple[float, float] | None:
@@ -223,7 +223,9 @@ def grid_markdown(grid: dict) -> str:
             else f"the slice {json.dumps(s['slice'])}")
     lines = [f"Teacher `{s['model']}` on {s['device']}; every student: {s['steps']} steps x batch {s['batch']} on "
              f"{s['clips']} distinct clips of {data}, lr {s['lr']}, trainable "
-             f"{s['trainable']}. Judged on {len(s['captions'])} held-out captions x {len(s['seeds'])} seeds "
+             f"{s['trainable']}"
+             + ("" if s.get("train_shift") is None else f", noise levels drawn at time shift {s['train_shift']}")
+             + f". Judged on {len(s['captions'])} held-out captions x {len(s['seeds'])} seeds "
              f"({s['sample_steps']} steps, guidance {s['guidance']}) and {s['heldout']['triples']} held-out "
              f"triples outside the slice {json.dumps(s['slice'])}."
              + (f" Noise floor: PSNR {floor['psnr']:.2f} dB, SSIM {floor['ssim']:.4f}." if floor else ""), ""]

@@ -19,6 +19,10 @@
 #               like pre-training, `--fine-tune-on full`) in OUT/claims_full, calibrated as the slice grid was
 #               (benchmarks/results/claims_h200/calibration.json); repeat like `training`, e.g. `training_full
 #               --targets 0.95`
+#   training_shift  the distilled students of the claims grid (hybrid and top-k, 63% and 95%, on the slice) with their
+#               noise levels drawn at time shift 5, the sampler's, instead of the pre-training shift 2: does
+#               distilling where the sampler steps lift them? (OUT/claims_shift5, calibrated as the slice grid; repeat
+#               like `training`; compare with benchmarks/results/claims_h200/)
 #   motion      why the built-in model misses the captioned motion: four equal-budget training levers (warm
 #               restarts of the shipped model, 100 s each), by dense faithfulness (the sampler part, measured,
 #               is `python3 -m benchmarks.motion_study --part sampler`)
@@ -43,9 +47,8 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|training_full|motion|demo_student|tests|parallel|ddp|runtime|\
-compile_autotune|e2e13b|\
-e2e13b_modes|e2e14b|e2e14b_compiled"
+PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|training_full|training_shift|motion|\
+demo_student|tests|parallel|ddp|runtime|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
 mkdir -p "$OUT"
@@ -96,6 +99,12 @@ training_full)
     [ -f "$OUT/claims_full/calibration.json" ] || cp benchmarks/results/claims_h200/calibration.json "$OUT/claims_full/"
     step claims_grid_full 580 "$PYTHON" -m benchmarks.claims_grid --out "$OUT/claims_full" --budget-minutes 9 \
         --fine-tune-on full --part calibrate evaluate train evaluate "$@"
+    ;;
+training_shift)
+    mkdir -p "$OUT/claims_shift5"
+    [ -f "$OUT/claims_shift5/calibration.json" ] || cp benchmarks/results/claims_h200/calibration.json "$OUT/claims_shift5/"
+    step claims_grid_shift5 580 "$PYTHON" -m benchmarks.claims_grid --out "$OUT/claims_shift5" --budget-minutes 9 \
+        --train-shift 5 --rules hybrid topk --objectives distill --part calibrate evaluate train evaluate "$@"
     ;;
 demo_student)
     step demo_student 200 "$PYTHON" -m sparsevid distill --out "$OUT/demo_student" --clip 16,64,64 \

@@ -174,6 +174,26 @@ def test_the_two_arms_compare_distillations_lead_pair_by_pair():
     with pytest.raises(ValueError, match="differ in steps"):
         data_arms(mismatched, other)
     other = copy.deepcopy(matched)
+    other["settings"]["train_shift"] = 5.0
+    with pytest.raises(ValueError, match="differ in train_shift"):
+        data_arms(mismatched, other)
+    other = copy.deepcopy(matched)
     other["dense"]["faithfulness"]["overall"] = 0.5
     with pytest.raises(ValueError, match="dense teacher"):
         data_arms(mismatched, other)
+
+
+def test_students_train_at_the_teachers_shift_unless_told(tmp_path):
+    default = claims_grid.Grid(claims_grid.parse_args(["--out", str(tmp_path), "--part", "plan", *TINY]))
+    teacher = default.teacher()
+    teacher.config["training"] = {"arguments": {"train_shift": 2.0}}  # as the shipped model records it
+    assert default.training_shift(teacher) == 2.0
+    told = claims_grid.Grid(claims_grid.parse_args(["--out", str(tmp_path), "--part", "plan", "--train-shift", "5",
+                                                    *TINY]))
+    assert told.training_shift(teacher) == 5.0
+    with pytest.raises(SystemExit):
+        claims_grid.parse_args(["--out", str(tmp_path), "--part", "plan", "--train-shift", "0", *TINY])
+    report = _grid()
+    assert "time shift" not in grid_markdown(report)
+    report["settings"]["train_shift"] = 5.0
+    assert "noise levels drawn at time shift 5.0. Judged on" in grid_markdown(report)
