@@ -94,15 +94,18 @@ def train_phase(model, clip, batch: int, seconds: float, seed: int, lr: float, s
 
 
 class QKVRecorder:
-    """SDPA handler that keeps q, k, v [B, H, N, D] of the video self-attention calls (tiled order)."""
+    """SDPA handler that keeps q, k, v [B, H, N, D] of the video self-attention calls, in 3D-tiled order (as the
+    sparse processors see them) or, with ``tiled=False``, in the model's raster order (frame by frame)."""
 
-    def __init__(self, grid: tuple[int, int, int], device):
-        self.tokens, self.order = math.prod(grid), tile_order(grid, "auto", device)
+    def __init__(self, grid: tuple[int, int, int], device, tiled: bool = True):
+        self.tokens = math.prod(grid)
+        self.order = tile_order(grid, "auto", device) if tiled else None
         self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def __call__(self, query, key, value, **kwargs):
         if query.shape[2] == key.shape[2] == self.tokens:
-            self.calls.append(tuple(t.index_select(2, self.order.perm) for t in (query, key, value)))
+            qkv = (query, key, value)
+            self.calls.append(qkv if self.order is None else tuple(t.index_select(2, self.order.perm) for t in qkv))
         return torch.nn.functional.scaled_dot_product_attention(query, key, value, **kwargs)
 
 

@@ -20,9 +20,16 @@ Two parts, each on one GPU:
 
     python3 -m benchmarks.motion_study --out OUT --part captions [--clips 16]
 
+* ``temporal``: does attention reach across frames? The share of each self-attention head's mass at each frame
+  distance |f_query - f_key| (0: the query's own frame), on noisy clips of the model's data at the probe's
+  noise levels, beside uniform attention; Wan's heads specialise into spatial (own frame) and temporal ones
+  (runs on the CPU in minutes). Also writes OUT/motion_temporal.png.
+
+    python3 -m benchmarks.motion_study --out OUT --part temporal [--clips 16]
+
 Writes OUT/motion_<part>.json and OUT/motion_<part>.md (sampler, train: one row per setting, faithfulness
-overall and per attribute over the evaluation captions x seeds; captions: one row per noise level; short clips
-16 x 64 x 64).
+overall and per attribute over the evaluation captions x seeds; captions: one row per noise level; temporal:
+one row per layer and head; short clips 16 x 64 x 64).
 """
 from __future__ import annotations
 
@@ -33,12 +40,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.builtin_study import SHORT, train_phase
+from benchmarks.builtin_study import SHORT, QKVRecorder, train_phase
 from benchmarks.run_info import run_metadata
 from sparsevid.data import ProceduralVideos, grammar
 from sparsevid.eval.faithfulness_summary import summarize_faithfulness
 from sparsevid.eval.harness import DEFAULT_CAPTIONS
 from sparsevid.models import load_builtin
+from sparsevid.models.processors import SDPAInterceptor
 from sparsevid.models.sampling import generate
 from sparsevid.training.flow import noisy
 
@@ -124,6 +132,88 @@ def caption_use(model, clips: int, chunk: int = 4) -> dict:
     return {"object_share": float(region.mean()), "levels": rows}
 
 
+def frame_distance_mass(q: torch.Tensor, k: torch.Tensor, frames: int, chunk: int = 512) -> torch.Tensor:
+    """Attention mass float64 [H, frames] at each frame distance |f_query - f_key| = 0 .. frames - 1 (mean over the
+    batch and the queries) for q, k [B, H, N, D] in the model's raster order, N = frames x tokens per frame."""
+    batch, heads, n, dim = q.shape
+    per_frame = n // frames
+    frame = torch.arange(n, device=q.device) // per_frame
+    total = torch.zeros(heads, frames, dtype=torch.float64, device=q.device)
+    keys = k.float().transpose(-1, -2)
+    for start in range(0, n, chunk):
+        probs = torch.softmax(q[:, :, start:start + chunk].float() @ keys * dim ** -0.5, dim=-1)
+        by_frame = probs.view(batch, heads, -1, frames, per_frame).sum(-1)  # [B, H, rows, frames]
+        distance = (frame[start:start + chunk, None] - torch.arange(frames, device=q.device)).abs()
+        by_distance = torch.zeros_like(by_frame).scatter_add_(-1, distance.expand_as(by_frame), by_frame)
+        total += by_distance.sum((0, 2)).double()
+    return total / (batch * n)
+
+
+def uniform_frame_distance(frames: int) -> torch.Tensor:
+    """The same shares float64 [frames] for attention spread evenly over every key."""
+    distance = (torch.arange(frames)[:, None] - torch.arange(frames)).abs().flatten()
+    return torch.zeros(frames, dtype=torch.float64).index_add_(0, distance, torch.ones(distance.numel(),
+                                                                                          dtype=torch.float64)) / frames ** 2
+
+
+def temporal_attention(model, clips: int) -> dict:
+    """{"frames", "uniform": shares [frames], "levels": per noise level t, per layer, shares [H][frames]} of the
+    video self-attention on ``clips`` noisy clips of the model's data (see :func:`frame_distance_mass`)."""
+    device = next(model.parameters()).device
+    _, frames, height, width = model.clip_shape
+    p_t, p_h, p_w = model.config["transformer"]["patch_size"]
+    grid = (frames // p_t, height // p_h, width // p_w)
+    gen = torch.Generator().manual_seed(CAPTION_SEED)
+    video, captions = model.data.sample(clips, gen, device)
+    noise = torch.randn(video.shape, generator=gen).to(device)
+    tokens = model.tokenize(captions).to(device)
+    levels = {}
+    for t_value in NOISE_LEVELS:
+        t = torch.full((clips,), t_value, device=device)
+        recorder = QKVRecorder(grid, device, tiled=False)
+        with torch.no_grad(), SDPAInterceptor(recorder):
+            model(noisy(video, noise, t), t, tokens)
+        levels[f"t {t_value}"] = [frame_distance_mass(q, k, grid[0]).tolist() for q, k, _ in recorder.calls]
+        print(f"t {t_value}: {len(recorder.calls)} layers", flush=True)
+    return {"frames": grid[0], "uniform": uniform_frame_distance(grid[0]).tolist(), "levels": levels}
+
+
+DISTANCE_BINS = (("own frame", 0, 1), ("1 frame away", 1, 2), ("2-3 away", 2, 4), ("4+ away", 4, None))
+
+
+def temporal_table(result: dict) -> str:
+    """Per layer and head, the mass by frame distance (mean over the noise levels), and uniform attention's."""
+    shares = torch.tensor(list(result["levels"].values())).mean(0)  # [layers, H, frames]
+    uniform = torch.tensor(result["uniform"])
+
+    def cells(row: torch.Tensor) -> str:
+        return " | ".join(f"{float(row[lo:hi].sum()):.3f}" for _, lo, hi in DISTANCE_BINS)
+
+    lines = ["| layer | head | " + " | ".join(label for label, _, _ in DISTANCE_BINS) + " |",
+             "|---|---|" + "---|" * len(DISTANCE_BINS), f"| uniform attention | - | {cells(uniform)} |"]
+    for layer, heads in enumerate(shares):
+        lines += [f"| {layer} | {head} | {cells(row)} |" for head, row in enumerate(heads)]
+    return "\n".join(lines) + "\n"
+
+
+def plot_temporal(result: dict, path: Path) -> Path:
+    """Mass by frame distance, one line per layer and head (mean over the noise levels), log scale."""
+    from sparsevid.eval.plots import pyplot, save_figure
+
+    plt = pyplot()
+    shares = torch.tensor(list(result["levels"].values())).mean(0)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for layer, heads in enumerate(shares):
+        for head, row in enumerate(heads):
+            ax.plot(row.numpy(), color=plt.cm.viridis(layer / max(len(shares) - 1, 1)),
+                    linestyle="-" if head == 0 else "--", label=f"layer {layer} head {head}")
+    ax.plot(result["uniform"], color="black", linestyle=":", label="uniform")
+    ax.set(yscale="log", xlabel="frame distance |f_query - f_key|", ylabel="attention mass",
+           title="built-in model: where attention goes in time")
+    ax.legend(fontsize=6, ncol=2)
+    return save_figure(fig, path)
+
+
 def caption_table(rows: dict) -> str:
     """Object-pixel loss per caption variant, and each variant's change against the true caption."""
     labels = list(next(iter(rows.values())))
@@ -154,6 +244,10 @@ def run_part(args) -> dict:
         model = load_builtin(args.model, device=device, dtype=dtype)
         model.use_clip(*SHORT)
         return caption_use(model, args.clips)
+    if args.part == "temporal":
+        model = load_builtin(args.model, device=device, dtype=dtype)
+        model.use_clip(*SHORT)
+        return temporal_attention(model, args.clips)
     if args.part == "sampler":
         model = load_builtin(args.model, device=device, dtype=dtype)
         model.use_clip(*SHORT)
@@ -178,7 +272,7 @@ def run_part(args) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--part", choices=("sampler", "train", "captions"), required=True)
+    parser.add_argument("--part", choices=("sampler", "train", "captions", "temporal"), required=True)
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the shipped model)")
     parser.add_argument("--seconds", type=float, default=100.0, help="training budget of each lever (part train)")
     parser.add_argument("--max-steps", type=int, default=None, help="step cap of each lever (a CPU smoke run)")
@@ -186,16 +280,21 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--sample-steps", type=int, default=None, help="sampler steps after training (default: the model's)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N settings (a CPU smoke run)")
-    parser.add_argument("--clips", type=int, default=16, help="one-object clips of the captions part")
+    parser.add_argument("--clips", type=int, default=16, help="clips of the captions (one object each) and temporal parts")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = run_part(args)
-    probe = args.part == "captions"
-    meta = run_metadata(model=str(args.model or "shipped"), clip=list(SHORT), part=args.part,
-                        seeds=[CAPTION_SEED, CAPTION_SEED + 1] if probe else list(SEEDS),
+    probe = args.part in ("captions", "temporal")
+    seeds = {"captions": [CAPTION_SEED, CAPTION_SEED + 1], "temporal": [CAPTION_SEED]}.get(args.part, list(SEEDS))
+    meta = run_metadata(model=str(args.model or "shipped"), clip=list(SHORT), part=args.part, seeds=seeds,
                         seconds=args.seconds if args.part == "train" else None, clips=args.clips if probe else None)
-    text = (f"Objects cover {rows['object_share']:.1%} of the pixels.\n\n" + caption_table(rows["levels"]) if probe
-            else table(rows))
+    if args.part == "captions":
+        text = f"Objects cover {rows['object_share']:.1%} of the pixels.\n\n" + caption_table(rows["levels"])
+    elif args.part == "temporal":
+        text = temporal_table(rows)
+        plot_temporal(rows, args.out / "motion_temporal.png")
+    else:
+        text = table(rows)
     (args.out / f"motion_{args.part}.json").write_text(json.dumps({**meta, "settings": rows}, indent=1))
     (args.out / f"motion_{args.part}.md").write_text(text)
     print(text)

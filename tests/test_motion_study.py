@@ -74,3 +74,33 @@ def test_the_object_weight_lever_trains_a_step():
     assert summary["steps"] == 1 and summary["final_loss"] > 0
     with pytest.raises(ValueError, match="object_weight"):
         train_phase(model, (4, 32, 32), batch=2, seconds=60, seed=0, lr=1e-4, max_steps=1, object_weight=0.0)
+
+
+def test_frame_distance_mass_of_even_and_of_own_frame_attention():
+    import torch
+
+    frames, per_frame, dim = 4, 3, 8
+    n = frames * per_frame
+    flat = torch.zeros(2, 2, n, dim)  # equal logits: attention spread evenly over every key
+    uniform = motion_study.uniform_frame_distance(frames)
+    assert torch.allclose(uniform, torch.tensor([4, 6, 4, 2], dtype=torch.float64) / 16)
+    assert torch.allclose(motion_study.frame_distance_mass(flat, flat, frames, chunk=5), uniform.expand(2, frames))
+    own = torch.nn.functional.one_hot(torch.arange(n) // per_frame, dim).float().expand(2, 2, n, dim)
+    mass = motion_study.frame_distance_mass(60 * own, own, frames, chunk=5)  # each query matches its frame's keys
+    assert torch.allclose(mass.sum(-1), torch.ones(2, dtype=torch.float64))
+    assert (mass[:, 0] > 0.999).all()
+
+
+def test_temporal_attention_reports_every_layer_and_head_at_every_noise_level(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = BuiltinVideoDiT(tiny_config()).eval()
+    found = motion_study.temporal_attention(model, clips=2)
+    frames = found["frames"]
+    assert frames == model.clip_shape[1] and list(found["levels"]) == [f"t {t}" for t in motion_study.NOISE_LEVELS]
+    for layers in found["levels"].values():
+        shares = torch.tensor(layers, dtype=torch.float64)  # [layers, heads, frames]
+        assert shares.shape == (1, 2, frames) and torch.allclose(shares.sum(-1), torch.ones(1, 2, dtype=torch.float64))
+    table = motion_study.temporal_table(found)
+    assert "| uniform attention |" in table and "| 0 | 1 |" in table
+    assert motion_study.plot_temporal(found, tmp_path / "t.png").stat().st_size > 0
