@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.run_info import run_metadata
+from sparsevid.data import ProceduralVideos
 from sparsevid.eval.oracle import ExactTiles
 from sparsevid.models.builtin import DEFAULT_CONFIG, BuiltinVideoDiT
 from sparsevid.models.processors import SDPAInterceptor
@@ -63,14 +64,16 @@ def model_config(data: dict, transformer: dict, clip: tuple[int, int, int]) -> d
 
 
 def train_phase(model, clip, batch: int, seconds: float, seed: int, lr: float, shift: float = 2.0,
-                max_steps: int | None = None, object_weight: float = 1.0) -> dict:
+                max_steps: int | None = None, object_weight: float = 1.0, data_options: dict | None = None) -> dict:
     """Dense rectified-flow training on clips of shape ``clip`` for ``seconds`` (and at most ``max_steps``), noise
     levels drawn with time ``shift``, the objects' pixels weighing ``object_weight`` times the background's in
-    the loss; returns the loss summary."""
+    the loss, the clips drawn with the model's data options updated by ``data_options`` (e.g. ``{"max_objects": 1}``;
+    the captions keep the model's word count); returns the loss summary."""
     if not object_weight > 0:
         raise ValueError(f"object_weight must be positive, got {object_weight!r}")
     model.use_clip(*clip)
-    data, device = model.data, next(model.parameters()).device
+    data = ProceduralVideos(**{**model.data.config(), **(data_options or {})})
+    device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     noise_gen = torch.Generator(device=device).manual_seed(seed + 1)
     null = model.tokenize([""])

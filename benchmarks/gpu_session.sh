@@ -23,9 +23,10 @@
 #               noise levels drawn at time shift 5, the sampler's, instead of the pre-training shift 2: does
 #               distilling where the sampler steps lift them? (OUT/claims_shift5, calibrated as the slice grid; repeat
 #               like `training`; compare with benchmarks/results/claims_h200/)
-#   motion      why the built-in model misses the captioned motion: four equal-budget training levers (warm
-#               restarts of the shipped model, 100 s each), by dense faithfulness (the sampler part, measured,
-#               is `python3 -m benchmarks.motion_study --part sampler`)
+#   motion      why the built-in model misses the captioned motion: equal-budget training levers (warm restarts
+#               of the shipped model, 100 s each; at most five fit one call, e.g. `motion --levers one_object
+#               one_object_high_noise`), by dense faithfulness (the sampler part, measured, is
+#               `python3 -m benchmarks.motion_study --part sampler`)
 #   demo_student  the demo's sparse student: the shipped model distilled for top-k 0.25 (75%) at the CPU clip
 #               (16 x 64 x 64, whole procedural distribution, attention trainable, ~2 min), exported as an asset
 #               (OUT/sparse_student: copy it to sparsevid/assets/sparse_student/)
@@ -85,7 +86,7 @@ predict)
     step bench_predict 240 "$PYTHON" -m benchmarks.bench_predict --out "$OUT/predict" --recall-grid none
     ;;
 motion)
-    step motion_train 570 "$PYTHON" -m benchmarks.motion_study --out "$OUT/motion" --part train --seconds 100
+    step motion_train 570 "$PYTHON" -m benchmarks.motion_study --out "$OUT/motion" --part train --seconds 100 "$@"
     ;;
 limits)
     step predict_limits 180 "$PYTHON" -m benchmarks.predict_limits --out "$OUT/predict_limits"

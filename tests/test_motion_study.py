@@ -104,3 +104,14 @@ def test_temporal_attention_reports_every_layer_and_head_at_every_noise_level(tm
     table = motion_study.temporal_table(found)
     assert "| uniform attention |" in table and "| 0 | 1 |" in table
     assert motion_study.plot_temporal(found, tmp_path / "t.png").stat().st_size > 0
+
+
+def test_a_lever_trains_on_other_data_with_the_models_own_captions():
+    from benchmarks.builtin_study import train_phase
+    from sparsevid.data import grammar as words
+
+    model = BuiltinVideoDiT(tiny_config())  # up to two objects a clip: captions longer than one object's
+    assert words.max_caption_words(1) < model.data.caption_length
+    summary = train_phase(model, (4, 32, 32), batch=2, seconds=60, seed=0, lr=1e-4, max_steps=1,
+                          data_options={"max_objects": 1})
+    assert summary["steps"] == 1 and model.data.max_objects == 2  # the model's own data are left as they were
