@@ -147,25 +147,38 @@ def oracle_metrics(q, k, v) -> dict:
                              for s in ERROR_SPARSITIES}}
 
 
+def token_grid(model: BuiltinVideoDiT) -> tuple[int, int, int]:
+    """(frames, height, width) in tokens of the model's current clip shape."""
+    _, frames, height, width = model.clip_shape
+    p_t, p_h, p_w = model.config["transformer"]["patch_size"]
+    return frames // p_t, height // p_h, width // p_w
+
+
 @torch.no_grad()
-def measure(model: BuiltinVideoDiT, clip, clips: int = 2, seed: int = 10_000) -> dict:
-    """Oracle metrics per noise level and layer on ``clips`` held-out clips of shape ``clip``."""
-    model.use_clip(*clip)
+def recorded_attention(model: BuiltinVideoDiT, clips: int, seed: int, levels, tiled: bool = True):
+    """For each noise level t in ``levels``: (t, the q, k, v [B, H, N, D] of every video self-attention call) of one
+    forward of ``clips`` noisy clips of the model's data at its current clip shape, in 3D-tiled order unless
+    ``tiled=False`` (see :class:`QKVRecorder`). The clips and the noise are drawn once, from ``seed``."""
     device = next(model.parameters()).device
-    p_t, p_h, p_w = model.transformer.config.patch_size
-    grid = (clip[0] // p_t, clip[1] // p_h, clip[2] // p_w)
     gen = torch.Generator().manual_seed(seed)
     video, captions = model.data.sample(clips, gen, device)
     noise = torch.randn(video.shape, generator=gen).to(device)
     tokens = model.tokenize(captions).to(device)
-    per_level = {}
-    for level in NOISE_LEVELS:
+    for level in levels:
         t = torch.full((clips,), level, device=device)
-        recorder = QKVRecorder(grid, device)
+        recorder = QKVRecorder(token_grid(model), device, tiled=tiled)
         with SDPAInterceptor(recorder), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
             model(noisy(video, noise, t), t, tokens)
-        per_level[str(level)] = [oracle_metrics(*call) for call in recorder.calls]
-    return {"clip": list(clip), "tokens": math.prod(grid), "per_level": per_level, "summary": summarise(per_level)}
+        yield level, recorder.calls
+
+
+def measure(model: BuiltinVideoDiT, clip, clips: int = 2, seed: int = 10_000) -> dict:
+    """Oracle metrics per noise level and layer on ``clips`` held-out clips of shape ``clip``."""
+    model.use_clip(*clip)
+    per_level = {str(level): [oracle_metrics(*call) for call in calls]
+                 for level, calls in recorded_attention(model, clips, seed, NOISE_LEVELS)}
+    return {"clip": list(clip), "tokens": math.prod(token_grid(model)), "per_level": per_level,
+            "summary": summarise(per_level)}
 
 
 def summarise(per_level: dict) -> dict:

@@ -42,13 +42,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.builtin_study import SHORT, QKVRecorder, train_phase
+from benchmarks.builtin_study import SHORT, recorded_attention, token_grid, train_phase
 from benchmarks.run_info import run_metadata
 from sparsevid.data import ProceduralVideos, grammar
 from sparsevid.eval.faithfulness_summary import summarize_faithfulness
 from sparsevid.eval.harness import DEFAULT_CAPTIONS
 from sparsevid.models import load_builtin
-from sparsevid.models.processors import SDPAInterceptor
 from sparsevid.models.sampling import generate
 from sparsevid.training.flow import noisy
 
@@ -163,23 +162,12 @@ def uniform_frame_distance(frames: int) -> torch.Tensor:
 def temporal_attention(model, clips: int) -> dict:
     """{"frames", "uniform": shares [frames], "levels": per noise level t, per layer, shares [H][frames]} of the
     video self-attention on ``clips`` noisy clips of the model's data (see :func:`frame_distance_mass`)."""
-    device = next(model.parameters()).device
-    _, frames, height, width = model.clip_shape
-    p_t, p_h, p_w = model.config["transformer"]["patch_size"]
-    grid = (frames // p_t, height // p_h, width // p_w)
-    gen = torch.Generator().manual_seed(CAPTION_SEED)
-    video, captions = model.data.sample(clips, gen, device)
-    noise = torch.randn(video.shape, generator=gen).to(device)
-    tokens = model.tokenize(captions).to(device)
+    frames = token_grid(model)[0]
     levels = {}
-    for t_value in NOISE_LEVELS:
-        t = torch.full((clips,), t_value, device=device)
-        recorder = QKVRecorder(grid, device, tiled=False)
-        with torch.no_grad(), SDPAInterceptor(recorder):
-            model(noisy(video, noise, t), t, tokens)
-        levels[f"t {t_value}"] = [frame_distance_mass(q, k, grid[0]).tolist() for q, k, _ in recorder.calls]
-        print(f"t {t_value}: {len(recorder.calls)} layers", flush=True)
-    return {"frames": grid[0], "uniform": uniform_frame_distance(grid[0]).tolist(), "levels": levels}
+    for t_value, calls in recorded_attention(model, clips, CAPTION_SEED, NOISE_LEVELS, tiled=False):
+        levels[f"t {t_value}"] = [frame_distance_mass(q, k, frames).tolist() for q, k, _ in calls]
+        print(f"t {t_value}: {len(calls)} layers", flush=True)
+    return {"frames": frames, "uniform": uniform_frame_distance(frames).tolist(), "levels": levels}
 
 
 DISTANCE_BINS = (("own frame", 0, 1), ("1 frame away", 1, 2), ("2-3 away", 2, 4), ("4+ away", 4, None))
