@@ -60,6 +60,13 @@ step() {  # step NAME SECONDS COMMAND...
     echo "== $name exit $?"
     grep -vE "^\{|DEBUG" "$OUT/$name.log" | tail -n 25
 }
+claims_variant() {  # claims_variant NAME GRID_ARGS...: a variant of the claims grid in OUT/claims_NAME, calibrated
+    local name=$1; shift  # as the slice grid was (its masks do not depend on the students)
+    mkdir -p "$OUT/claims_$name"
+    [ -f "$OUT/claims_$name/calibration.json" ] || cp benchmarks/results/claims_h200/calibration.json "$OUT/claims_$name/"
+    step "claims_grid_$name" 580 "$PYTHON" -m benchmarks.claims_grid --out "$OUT/claims_$name" --budget-minutes 9 \
+        --part calibrate evaluate train evaluate "$@"
+}
 case "$PART" in
 kernels)
     step bench_attention 240 "$PYTHON" -m benchmarks.bench_attention --out "$OUT/attention" \
@@ -96,16 +103,10 @@ training)
         --part calibrate evaluate train evaluate "$@"
     ;;
 training_full)
-    mkdir -p "$OUT/claims_full"
-    [ -f "$OUT/claims_full/calibration.json" ] || cp benchmarks/results/claims_h200/calibration.json "$OUT/claims_full/"
-    step claims_grid_full 580 "$PYTHON" -m benchmarks.claims_grid --out "$OUT/claims_full" --budget-minutes 9 \
-        --fine-tune-on full --part calibrate evaluate train evaluate "$@"
+    claims_variant full --fine-tune-on full "$@"
     ;;
 training_shift)
-    mkdir -p "$OUT/claims_shift5"
-    [ -f "$OUT/claims_shift5/calibration.json" ] || cp benchmarks/results/claims_h200/calibration.json "$OUT/claims_shift5/"
-    step claims_grid_shift5 580 "$PYTHON" -m benchmarks.claims_grid --out "$OUT/claims_shift5" --budget-minutes 9 \
-        --train-shift 5 --rules hybrid topk --objectives distill --part calibrate evaluate train evaluate "$@"
+    claims_variant shift5 --train-shift 5 --rules hybrid topk --objectives distill "$@"
     ;;
 demo_student)
     step demo_student 200 "$PYTHON" -m sparsevid distill --out "$OUT/demo_student" --clip 16,64,64 \

@@ -49,7 +49,7 @@ from sparsevid.eval.faithfulness_summary import summarize_faithfulness
 from sparsevid.eval.harness import DEFAULT_CAPTIONS
 from sparsevid.models import load_builtin
 from sparsevid.models.sampling import generate
-from sparsevid.training.flow import noisy
+from sparsevid.training.flow import noisy, weighted_squared_error
 
 SEEDS = (0, 1)
 # (label, sampler overrides); the first is the model's own setting (10 UniPC steps, guidance 4, shift 5).
@@ -128,8 +128,7 @@ def caption_use(model, clips: int, chunk: int = 4) -> dict:
                                                                           device=device),
                           model.tokenize(captions[i:i + chunk]).to(device)).float().cpu()
                     for i in range(0, clips, chunk)])
-            squared = (prediction - target).square()
-            row[label] = float((squared * region).sum() / (region.sum() * squared.shape[1]))
+            row[label] = float(weighted_squared_error(prediction, target, region))
         rows[f"t {t_value}"] = row
         print(caption_table({f"t {t_value}": row}), flush=True)
     return {"object_share": float(region.mean()), "levels": rows}
@@ -232,17 +231,14 @@ def run_part(args) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     rows = {}
-    if args.part == "captions":
+    if args.part != "train":  # the model as it is, at the short clip
         model = load_builtin(args.model, device=device, dtype=dtype)
         model.use_clip(*SHORT)
+    if args.part == "captions":
         return caption_use(model, args.clips)
     if args.part == "temporal":
-        model = load_builtin(args.model, device=device, dtype=dtype)
-        model.use_clip(*SHORT)
         return temporal_attention(model, args.clips)
     if args.part == "sampler":
-        model = load_builtin(args.model, device=device, dtype=dtype)
-        model.use_clip(*SHORT)
         for label, overrides in SAMPLERS[: args.limit]:
             rows[label] = dict(evaluate(model, **overrides), sampler=overrides)
             print(table({label: rows[label]}), flush=True)

@@ -37,7 +37,14 @@ def flow_matching_loss(model, x0: torch.Tensor, tokens: torch.Tensor, t: torch.T
     sum(w e^2) / sum(w), so the loss keeps the scale of the plain mean.
     """
     prediction = model(noisy(x0, noise, t), t, tokens)
-    squared = (prediction.float() - (noise - x0).float()).square()
+    return weighted_squared_error(prediction, noise - x0, weight)
+
+
+def weighted_squared_error(prediction: torch.Tensor, target: torch.Tensor,
+                           weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean squared error in float32 of ``prediction`` against ``target`` (same shape); with ``weight`` (>= 0,
+    broadcastable to them) the weighted mean sum(w e^2) / sum(w)."""
+    squared = (prediction.float() - target.float()).square()
     if weight is None:
         return squared.mean()
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
