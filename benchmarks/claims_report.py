@@ -7,6 +7,7 @@ the held-out triples. Faithfulness and held-out loss are reported beside them.
 
     python3 -m benchmarks.claims_report OUT/grid.json [--png FIG.png]   # prints the Markdown section
     python3 -m benchmarks.claims_report SLICE/grid.json --matched FULL/grid.json   # claim 3's "above all"
+    python3 -m benchmarks.claims_report BASE/grid.json --variant OTHER/grid.json   # a training variant, student by student
 
 Claim 3 says distillation's lead over the diffusion loss is largest when the fine-tuning data differ from the
 pre-training data. :func:`data_arms` compares the lead in a grid fine-tuned on the slice with the lead in a grid
@@ -188,6 +189,58 @@ def data_arms_markdown(mismatched: dict, matched: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+EVALUATION_SETTINGS = ("captions", "seeds", "sample_steps", "guidance", "heldout")
+TRAINING_SETTINGS = ("slice", "fine_tuning", "steps", "batch", "clips", "lr", "trainable", "train_shift")
+SETTING_DEFAULTS = {"fine_tuning": "slice"}  # grids from before --fine-tune-on existed fine-tuned on the slice
+
+
+def _setting(grid: dict, key: str):
+    return grid["settings"].get(key, SETTING_DEFAULTS.get(key))
+
+
+def variant_comparison(base: dict, variant: dict) -> dict:
+    """The students two grids both trained, compared one by one: a training variant (another time shift, other
+    trainable parameters, another budget) against the base grid, judged on the same clips and triples.
+
+    Returns {"changed": {setting: (base value, variant value)}, "rows": [{"name", "base", "variant",
+    "clips_won"}]} (entries as in grid.json; clips_won: on how many clips the variant's PSNR is higher).
+    Raises ValueError when the evaluation differs (other captions, seeds, sampler or held-out triples, or another
+    teacher) or the grids share no student."""
+    differ = [k for k in EVALUATION_SETTINGS if _setting(base, k) != _setting(variant, k)]
+    teachers = [(g["dense"]["faithfulness"]["overall"], g["dense"]["heldout_loss"]["overall"]) if g.get("dense")
+                else None for g in (base, variant)]
+    if teachers[0] != teachers[1]:
+        differ.append(f"the dense teacher's faithfulness and held-out loss ({teachers[0]} against {teachers[1]})")
+    if differ:
+        raise ValueError(f"base and variant are judged differently ({', '.join(differ)}): their students do not "
+                         f"compare")
+    names = [n for n in base["students"] if n in variant["students"]]
+    if not names:
+        raise ValueError(f"base and variant share no student (base: {sorted(base['students'])}, variant: "
+                         f"{sorted(variant['students'])})")
+    changed = {k: (_setting(base, k), _setting(variant, k)) for k in TRAINING_SETTINGS
+               if _setting(base, k) != _setting(variant, k)}
+    rows = [{"name": n, "base": base["students"][n], "variant": variant["students"][n],
+             "clips_won": clips_won(variant["students"][n], base["students"][n])} for n in names]
+    return {"changed": changed, "rows": rows}
+
+
+def variant_markdown(base: dict, variant: dict) -> str:
+    """The comparison of :func:`variant_comparison` as a Markdown table, headed by the settings that differ."""
+    found = variant_comparison(base, variant)
+    changed = "; ".join(f"{k}: {json.dumps(b)} -> {json.dumps(v)}" for k, (b, v) in found["changed"].items())
+    lines = [f"Training settings changed (base -> variant): {changed or 'none'}.", "",
+             "| student | sparsity base / variant | PSNR base / variant (dB) | change | velocity error base / variant | "
+             "faithfulness base / variant |", "|---|---|---|---|---|---|"]
+    for r in found["rows"]:
+        b, v = r["base"], r["variant"]
+        lines.append(f"| {r['name']} | {b['sparsity']:.3f} / {v['sparsity']:.3f} | {b['psnr']:.2f} / {v['psnr']:.2f} | "
+                     f"{v['psnr'] - b['psnr']:+.2f} dB, {r['clips_won']} | {b['velocity_error']['overall']:.4f} / "
+                     f"{v['velocity_error']['overall']:.4f} | {b['faithfulness']['overall']:.3f} / "
+                     f"{v['faithfulness']['overall']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -284,8 +337,14 @@ def main(argv=None) -> int:
     parser.add_argument("--matched", type=Path, default=None,
                         help="grid.json of the same grid fine-tuned on the whole distribution (--fine-tune-on full): "
                              "print distillation's lead in both arms instead (claim 3's 'above all')")
+    parser.add_argument("--variant", type=Path, default=None,
+                        help="grid.json of the same grid with other training settings (e.g. --train-shift, "
+                             "--trainable): print their common students side by side instead")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     grid = json.loads(args.grid.read_text())
+    if args.variant is not None:
+        print(variant_markdown(grid, json.loads(args.variant.read_text())), end="")
+        return 0
     if args.matched is not None:
         print(data_arms_markdown(grid, json.loads(args.matched.read_text())), end="")
         return 0

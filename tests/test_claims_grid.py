@@ -183,6 +183,38 @@ def test_the_two_arms_compare_distillations_lead_pair_by_pair():
         data_arms(mismatched, other)
 
 
+def test_a_training_variant_compares_student_by_student():
+    from benchmarks.claims_report import variant_comparison, variant_markdown
+
+    base, variant = _grid(), _grid()
+    variant["settings"]["train_shift"] = 5.0
+    del variant["students"]["distill_topp_95"]
+    variant["students"]["distill_hybrid_95"]["psnr"] += 0.5
+    base["students"]["distill_hybrid_95"]["psnr_per_clip"] = [20.0, 21.0, 9.0]
+    variant["students"]["distill_hybrid_95"]["psnr_per_clip"] = [20.5, 20.0, 10.0]
+    found = variant_comparison(base, variant)
+    assert found["changed"] == {"train_shift": (None, 5.0)}
+    assert [r["name"] for r in found["rows"]] == [n for n in base["students"] if n != "distill_topp_95"]
+    text = variant_markdown(base, variant)
+    assert "train_shift: null -> 5.0" in text
+    assert "+0.50 dB, higher PSNR on 2/3 clips" in text
+
+    variant["settings"]["fine_tuning"] = "slice"  # base, an older grid, fine-tuned on the slice without saying so
+    assert "fine_tuning" not in variant_comparison(base, variant)["changed"]
+    other = copy.deepcopy(variant)
+    other["settings"]["guidance"] = 6.0
+    with pytest.raises(ValueError, match="judged differently \\(guidance\\)"):
+        variant_comparison(base, other)
+    other = copy.deepcopy(variant)
+    other["dense"]["heldout_loss"]["overall"] = 0.5
+    with pytest.raises(ValueError, match="dense teacher"):
+        variant_comparison(base, other)
+    other = copy.deepcopy(variant)
+    other["students"] = {}
+    with pytest.raises(ValueError, match="share no student"):
+        variant_comparison(base, other)
+
+
 def test_students_train_at_the_teachers_shift_unless_told(tmp_path):
     default = claims_grid.Grid(claims_grid.parse_args(["--out", str(tmp_path), "--part", "plan", *TINY]))
     teacher = default.teacher()
