@@ -14,7 +14,8 @@
 #            OUT/rounds.md (every round's table).
 #   chunk 4: chunk 3's rounds with the shipped model first deepened to LAYERS blocks (default 12; each block
 #            followed by a copy that starts silent, `sparsevid train --grow-to-layers`): does capacity let the
-#            model learn motion at the same budget?
+#            model learn motion at the same budget? (Measured, 3 rounds: no; benchmarks/results/builtin_gen2_h200/
+#            chunk4/. A 12-block round takes about 190 s of a GPU call with its measurement.)
 #   Later chunks continue the same way from the shipped weights (sparsevid/assets/).
 # Each chunk trains for at most 7.5 minutes: chunk 1 (7.5 min of training) took 558 s of one 10-minute GPU
 # call with its sampling and measurement; chunk 2 leaves the measurement to a later call
