@@ -134,6 +134,15 @@ SHARED_SETTINGS = ("captions", "seeds", "sample_steps", "guidance", "heldout", "
                    "lr", "trainable", "train_shift")
 
 
+def _other_teacher(a: dict, b: dict) -> list[str]:
+    """[] when two grids measured the same dense teacher (faithfulness and held-out loss), else [the difference]."""
+    teachers = [(g["dense"]["faithfulness"]["overall"], g["dense"]["heldout_loss"]["overall"]) if g.get("dense")
+                else None for g in (a, b)]
+    if teachers[0] == teachers[1]:
+        return []
+    return [f"the dense teacher's faithfulness and held-out loss ({teachers[0]} against {teachers[1]})"]
+
+
 def _lead(grid: dict, rule: str, target: float) -> tuple[float, float] | None:
     """(PSNR gain in dB, velocity-error cut) of the distilled student over the diffusion-loss one, or None."""
     students = grid["students"]
@@ -158,10 +167,7 @@ def data_arms(mismatched: dict, matched: dict) -> dict:
                          f"distribution, got {fine_tuning_words(mismatched['settings'])} and "
                          f"{fine_tuning_words(matched['settings'])}")
     differ = [k for k in SHARED_SETTINGS if mismatched["settings"].get(k) != matched["settings"].get(k)]
-    teachers = [(g["dense"]["faithfulness"]["overall"], g["dense"]["heldout_loss"]["overall"]) if g.get("dense")
-                else None for g in (mismatched, matched)]
-    if teachers[0] != teachers[1]:
-        differ.append(f"the dense teacher's faithfulness and held-out loss ({teachers[0]} against {teachers[1]})")
+    differ += _other_teacher(mismatched, matched)
     if differ:
         raise ValueError(f"the two grids differ in {', '.join(differ)}: their entries do not compare")
     rows = []
@@ -207,10 +213,7 @@ def variant_comparison(base: dict, variant: dict) -> dict:
     Raises ValueError when the evaluation differs (other captions, seeds, sampler or held-out triples, or another
     teacher) or the grids share no student."""
     differ = [k for k in EVALUATION_SETTINGS if _setting(base, k) != _setting(variant, k)]
-    teachers = [(g["dense"]["faithfulness"]["overall"], g["dense"]["heldout_loss"]["overall"]) if g.get("dense")
-                else None for g in (base, variant)]
-    if teachers[0] != teachers[1]:
-        differ.append(f"the dense teacher's faithfulness and held-out loss ({teachers[0]} against {teachers[1]})")
+    differ += _other_teacher(base, variant)
     if differ:
         raise ValueError(f"base and variant are judged differently ({', '.join(differ)}): their students do not "
                          f"compare")

@@ -149,6 +149,19 @@ def test_fine_tuning_on_the_whole_distribution_keeps_the_evaluation_outside_the_
     assert "on mismatched data" in grid_markdown(_grid())  # grids without the field fine-tuned on the slice
 
 
+def _assert_refused(compare, first: dict, second: dict, edit: tuple, match: str):
+    """``compare(first, second')`` raises ValueError(match), second' being ``second`` with one value changed:
+    edit = ("settings", key, value), or ("dense", yardstick, value) for the teacher's overall figure."""
+    section, key, value = edit
+    other = copy.deepcopy(second)
+    if section == "settings":
+        other["settings"][key] = value
+    else:
+        other["dense"][key]["overall"] = value
+    with pytest.raises(ValueError, match=match):
+        compare(first, other)
+
+
 def test_the_two_arms_compare_distillations_lead_pair_by_pair():
     from benchmarks.claims_report import data_arms, data_arms_markdown
 
@@ -169,18 +182,10 @@ def test_the_two_arms_compare_distillations_lead_pair_by_pair():
     assert len(data_arms(mismatched, matched)["rows"]) == 1  # only the pairs both arms measured
     with pytest.raises(ValueError, match="slice and on the whole distribution"):
         data_arms(matched, mismatched)
-    other = copy.deepcopy(matched)
-    other["settings"]["steps"] = 600
-    with pytest.raises(ValueError, match="differ in steps"):
-        data_arms(mismatched, other)
-    other = copy.deepcopy(matched)
-    other["settings"]["train_shift"] = 5.0
-    with pytest.raises(ValueError, match="differ in train_shift"):
-        data_arms(mismatched, other)
-    other = copy.deepcopy(matched)
-    other["dense"]["faithfulness"]["overall"] = 0.5
-    with pytest.raises(ValueError, match="dense teacher"):
-        data_arms(mismatched, other)
+    for edit, match in ((("settings", "steps", 600), "differ in steps"),
+                        (("settings", "train_shift", 5.0), "differ in train_shift"),
+                        (("dense", "faithfulness", 0.5), "dense teacher")):
+        _assert_refused(data_arms, mismatched, matched, edit, match)
 
 
 def test_a_training_variant_compares_student_by_student():
@@ -201,18 +206,11 @@ def test_a_training_variant_compares_student_by_student():
 
     variant["settings"]["fine_tuning"] = "slice"  # base, an older grid, fine-tuned on the slice without saying so
     assert "fine_tuning" not in variant_comparison(base, variant)["changed"]
-    other = copy.deepcopy(variant)
-    other["settings"]["guidance"] = 6.0
-    with pytest.raises(ValueError, match="judged differently \\(guidance\\)"):
-        variant_comparison(base, other)
-    other = copy.deepcopy(variant)
-    other["dense"]["heldout_loss"]["overall"] = 0.5
-    with pytest.raises(ValueError, match="dense teacher"):
-        variant_comparison(base, other)
-    other = copy.deepcopy(variant)
-    other["students"] = {}
+    for edit, match in ((("settings", "guidance", 6.0), "judged differently \\(guidance\\)"),
+                        (("dense", "heldout_loss", 0.5), "dense teacher")):
+        _assert_refused(variant_comparison, base, variant, edit, match)
     with pytest.raises(ValueError, match="share no student"):
-        variant_comparison(base, other)
+        variant_comparison(base, {**variant, "students": {}})
 
 
 def test_students_train_at_the_teachers_shift_unless_told(tmp_path):
