@@ -29,9 +29,17 @@ Two parts, each on one GPU:
 
     python3 -m benchmarks.motion_study --out OUT --part temporal [--clips 16]
 
+* ``tracks``: how do the model's objects move? For each captioned motion, one-object captions drawn from the
+  model's data, sampled with the model's own sampler, each object's centroid track read by the faithfulness
+  scorer (net displacement, path length, the motion it reads as), beside ground-truth clips of the same
+  captions: do the objects stand still, move the wrong way, or move too little? (runs on the CPU: about two
+  minutes per motion at 4 clips).
+
+    python3 -m benchmarks.motion_study --out OUT --part tracks [--clips 4]
+
 Writes OUT/motion_<part>.json and OUT/motion_<part>.md (sampler, train: one row per setting, faithfulness
 overall and per attribute over the evaluation captions x seeds; captions: one row per noise level; temporal:
-one row per layer and head; short clips 16 x 64 x 64).
+one row per layer and head; tracks: one row per motion; short clips 16 x 64 x 64).
 """
 from __future__ import annotations
 
@@ -45,6 +53,7 @@ import torch
 from benchmarks.builtin_study import SHORT, recorded_attention, token_grid, train_phase
 from benchmarks.run_info import run_metadata
 from sparsevid.data import ProceduralVideos, grammar
+from sparsevid.eval.faithfulness import faithfulness
 from sparsevid.eval.faithfulness_summary import summarize_faithfulness
 from sparsevid.eval.harness import DEFAULT_CAPTIONS
 from sparsevid.models import load_builtin
@@ -216,6 +225,63 @@ def caption_table(rows: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+TRACK_SEED = 321  # the tracks part's captions (motion m: TRACK_SEED + m); the sampler's noise: seeds 0..clips-1
+SLIDE_AXES = {"moving left": (0, -1), "moving right": (0, 1), "moving up": (1, -1), "moving down": (1, 1)}
+
+
+def read_tracks(video: torch.Tensor, captions: list[str], motion: str) -> dict:
+    """How the single objects of one-object clips ``video`` [B, 3, T, H, W] move, all captioned ``motion``:
+    the mean motion score, "read_as" (how many tracks read as each motion, "none" where no membership reaches
+    0.5, "not found" where the object is missing), and over the found objects the mean path length and
+    "along", the mean net displacement in the captioned direction (slides; None for bouncing and circling),
+    in frame fractions."""
+    objects = [s["objects"][0] for s in faithfulness(video, captions)]
+    read_as: dict[str, int] = {}
+    along, paths = [], []
+    for entry in objects:
+        reading = entry["motion_reading"]
+        if reading is None:
+            label = "not found"
+        else:
+            best = max(range(len(grammar.MOTIONS)), key=lambda m: reading["memberships"][m])
+            label = grammar.MOTIONS[best] if reading["memberships"][best] >= 0.5 else "none"
+            paths.append(reading["path"])
+            if motion in SLIDE_AXES:
+                axis, sign = SLIDE_AXES[motion]
+                along.append(sign * reading["net"][axis])
+        read_as[label] = read_as.get(label, 0) + 1
+    mean = (lambda values: sum(values) / len(values) if values else None)
+    return {"motion": mean([e["motion"] for e in objects]), "read_as": read_as, "along": mean(along),
+            "path": mean(paths)}
+
+
+def motion_tracks(model, clips: int) -> dict:
+    """Per motion of the grammar: {"captions", "model": read_tracks of the model's clips, "truth": read_tracks
+    of the rendered clips of the same scenes}."""
+    rows = {}
+    for m, motion in enumerate(grammar.MOTIONS):
+        data = ProceduralVideos(**{**model.data.config(), "max_objects": 1, "motions": [motion]})
+        scenes = data.sample_scenes(clips, torch.Generator().manual_seed(TRACK_SEED + m))
+        captions = _captions(scenes, None)
+        generated = generate(model, captions, list(range(clips)), progress=motion)
+        rows[motion] = {"captions": captions, "model": read_tracks(generated, captions, motion),
+                        "truth": read_tracks(data.render(scenes), captions, motion)}
+        print(tracks_table({motion: rows[motion]}), flush=True)
+    return rows
+
+
+def tracks_table(rows: dict) -> str:
+    """One row per motion: the model's clips beside the ground truth of the same captions."""
+    def cells(reading: dict) -> str:
+        counts = ", ".join(f"{label} {n}" for label, n in sorted(reading["read_as"].items(), key=lambda kv: -kv[1]))
+        along = "-" if reading["along"] is None else f"{reading['along']:+.3f}"
+        path = "-" if reading["path"] is None else f"{reading['path']:.3f}"
+        return f"{reading['motion']:.3f} | {counts} | {along} | {path}"
+    head = ("| captioned motion | model: score | model: read as | model: net along | model: path | truth: score | "
+            "truth: read as | truth: net along | truth: path |\n|---|---|---|---|---|---|---|---|---|\n")
+    return head + "\n".join(f"| {motion} | {cells(r['model'])} | {cells(r['truth'])} |" for motion, r in rows.items()) + "\n"
+
+
 def table(rows: dict) -> str:
     head = "| setting | overall | " + " | ".join(ATTRIBUTES) + " | training |\n|---|---|" + "---|" * len(ATTRIBUTES) + "---|\n"
     lines = []
@@ -238,6 +304,8 @@ def run_part(args) -> dict:
         return caption_use(model, args.clips)
     if args.part == "temporal":
         return temporal_attention(model, args.clips)
+    if args.part == "tracks":
+        return motion_tracks(model, args.clips)
     if args.part == "sampler":
         for label, overrides in SAMPLERS[: args.limit]:
             rows[label] = dict(evaluate(model, **overrides), sampler=overrides)
@@ -259,7 +327,7 @@ def run_part(args) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--part", choices=("sampler", "train", "captions", "temporal"), required=True)
+    parser.add_argument("--part", choices=("sampler", "train", "captions", "temporal", "tracks"), required=True)
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the shipped model)")
     parser.add_argument("--seconds", type=float, default=100.0, help="training budget of each lever (part train)")
     parser.add_argument("--max-steps", type=int, default=None, help="step cap of each lever (a CPU smoke run)")
@@ -269,17 +337,23 @@ def main() -> int:
     parser.add_argument("--levers", nargs="+", choices=[lever[0] for lever in LEVERS], default=None,
                         help="part train: these levers only (default: all)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N settings (a CPU smoke run)")
-    parser.add_argument("--clips", type=int, default=16,
-                        help="clips of the captions (one object each) and temporal parts")
+    parser.add_argument("--clips", type=int, default=None,
+                        help="clips of the captions (one object each) and temporal parts (default 16); per motion "
+                             "in the tracks part (default 4)")
     args = parser.parse_args()
+    if args.clips is None:
+        args.clips = 4 if args.part == "tracks" else 16
     args.out.mkdir(parents=True, exist_ok=True)
     rows = run_part(args)
-    probe = args.part in ("captions", "temporal")
-    seeds = {"captions": [CAPTION_SEED, CAPTION_SEED + 1], "temporal": [CAPTION_SEED]}.get(args.part, list(SEEDS))
+    probe = args.part in ("captions", "temporal", "tracks")
+    seeds = {"captions": [CAPTION_SEED, CAPTION_SEED + 1], "temporal": [CAPTION_SEED],
+             "tracks": [TRACK_SEED, *range(args.clips)]}.get(args.part, list(SEEDS))
     meta = run_metadata(model=str(args.model or "shipped"), clip=list(SHORT), part=args.part, seeds=seeds,
                         seconds=args.seconds if args.part == "train" else None, clips=args.clips if probe else None)
     if args.part == "captions":
         text = f"Objects cover {rows['object_share']:.1%} of the pixels.\n\n" + caption_table(rows["levels"])
+    elif args.part == "tracks":
+        text = tracks_table(rows)
     elif args.part == "temporal":
         text = temporal_table(rows)
         plot_temporal(rows, args.out / "motion_temporal.png")

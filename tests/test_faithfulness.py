@@ -114,6 +114,30 @@ def test_opposite_slide_direction_scores_zero(plain64):
     assert checked == 6
 
 
+def test_motion_reading_follows_the_slide(plain64):
+    """Each found object's reading: net displacement along the captioned slide, the memberships it is scored
+    from (the captioned slide the largest), and None for an object the clip does not show."""
+    video, captions, true = plain64
+    axes = {"moving left": (0, -1), "moving right": (0, 1), "moving up": (1, -1), "moving down": (1, 1)}
+    slides = 0
+    for scores, caption in zip(true, captions):
+        objects, _ = grammar.parse_caption(caption)
+        for obj, entry in zip(objects, scores["objects"]):
+            motion = grammar.MOTIONS[obj[4]]
+            reading = entry["motion_reading"]
+            if motion not in axes or entry["motion"] < 0.5:
+                continue
+            axis, sign = axes[motion]
+            assert sign * reading["net"][axis] >= 0.1 and reading["path"] >= abs(reading["net"][axis])
+            assert len(reading["memberships"]) == len(grammar.MOTIONS)
+            assert max(range(len(grammar.MOTIONS)), key=lambda m: reading["memberships"][m]) == obj[4]
+            slides += 1
+    assert slides >= 10
+    empty = torch.full_like(video[:1], -1.0)  # a black clip: no object to track
+    missing = faithfulness(empty, ["big yellow plain circle moving left on a black background"])[0]["objects"][0]
+    assert missing["colour"] == 0.0 and missing["motion_reading"] is None
+
+
 def test_deterministic_and_robust_to_blur_noise_and_odd_shapes(plain64):
     video, captions, true = plain64
     video, captions = video[:8], captions[:8]

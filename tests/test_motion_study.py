@@ -115,3 +115,32 @@ def test_a_lever_trains_on_other_data_with_the_models_own_captions():
     summary = train_phase(model, (4, 32, 32), batch=2, seconds=60, seed=0, lr=1e-4, max_steps=1,
                           data_options={"max_objects": 1})
     assert summary["steps"] == 1 and model.data.max_objects == 2  # the model's own data are left as they were
+
+
+def test_ground_truth_tracks_read_as_their_captioned_motion():
+    """read_tracks on rendered clips: slides move along their captioned direction and read as it."""
+    import torch
+
+    for motion in ("moving left", "moving down"):
+        data = ProceduralVideos(16, 64, 64, max_objects=1, motions=[motion])
+        scenes = data.sample_scenes(4, torch.Generator().manual_seed(motion_study.TRACK_SEED))
+        found = motion_study.read_tracks(data.render(scenes), motion_study._captions(scenes, None), motion)
+        assert found["motion"] > 0.5 and found["along"] >= 0.1 and found["path"] >= found["along"]
+        assert found["read_as"].get(motion, 0) >= 3 and sum(found["read_as"].values()) == 4
+    still = data.render(scenes)[:, :, :1].expand(-1, -1, 16, -1, -1)  # the first frame held: nothing moves
+    frozen = motion_study.read_tracks(still, motion_study._captions(scenes, None), "moving down")
+    assert frozen["motion"] < 0.1 and abs(frozen["along"]) < 0.02 and "moving down" not in frozen["read_as"]
+
+
+def test_tracks_part_reads_every_motion_of_the_tiny_model():
+    import torch
+
+    torch.manual_seed(0)
+    model = BuiltinVideoDiT(tiny_config()).eval()
+    model.config["sampling"]["steps"] = 2
+    rows = motion_study.motion_tracks(model, clips=1)
+    assert list(rows) == list(grammar.MOTIONS)
+    for motion, row in rows.items():
+        assert len(row["captions"]) == 1 and sum(row["model"]["read_as"].values()) == 1
+        assert (row["truth"]["along"] is None) == (motion not in motion_study.SLIDE_AXES)
+    assert "| moving left |" in motion_study.tracks_table(rows)

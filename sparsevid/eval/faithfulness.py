@@ -101,7 +101,10 @@ def faithfulness(video: torch.Tensor, captions: list[str]) -> list[dict]:
         ``"background"``, ``"count"``, ``"colour"``, ``"size"``, ``"motion"``; the last three are means
         over the clip's objects), ``"texture"`` (mean over the objects whose texture can be read; None if
         none can; not part of ``"overall"``) and ``"objects"``: one dict per captioned object, in caption
-        order, with its ``"colour"``, ``"size"``, ``"motion"`` and ``"texture"`` (or None) scores.
+        order, with its ``"colour"``, ``"size"``, ``"motion"`` and ``"texture"`` (or None) scores and its
+        ``"motion_reading"`` (None where the object was not found): ``"net"`` [dx, dy] and ``"path"``, the
+        centroid's net displacement and path length in frame fractions (y down), and ``"memberships"``, its
+        fuzzy membership in each of ``grammar.MOTIONS`` (what the motion score is read from).
         Runs on the CPU, on one thread (restored afterwards).
     """
     if not isinstance(video, torch.Tensor):
@@ -427,7 +430,7 @@ def _object_scores(track: dict | None, caption_object: tuple[int, int, int, int,
     """Colour, size and motion scores of one captioned object given its ``track`` (None: not found)."""
     size, _, texture, _, motion = caption_object
     if track is None or int(track["visible"].sum()) < 2:
-        return {"colour": 0.0, "size": 0.0, "motion": 0.0, "texture": 0.0, "total": 0.0}
+        return {"colour": 0.0, "size": 0.0, "motion": 0.0, "texture": 0.0, "motion_reading": None, "total": 0.0}
     visible = track["visible"]
     colour = min(1.0, float(visible.float().mean()) / VISIBLE_FRAMES)
     radius = float(track["radius"][visible].median())
@@ -436,9 +439,13 @@ def _object_scores(track: dict | None, caption_object: tuple[int, int, int, int,
     # Frames where most of the object shows: a partly hidden object's centroid is off its centre.
     area = track["area"][visible]
     whole = area >= WHOLE_AREA * torch.quantile(area, 0.9)
-    memberships = _motion_memberships(track["centre"][visible][whole])
+    centre = track["centre"][visible][whole]
+    memberships = _motion_memberships(centre)
     motion_score = float(memberships[motion] / memberships.sum().clamp_min(1))
-    scores = {"colour": colour, "size": size_score, "motion": motion_score, "texture": None}
+    net, path = _displacement(centre)
+    reading = {"net": net.tolist(), "path": float(path), "memberships": memberships.tolist()}
+    scores = {"colour": colour, "size": size_score, "motion": motion_score, "texture": None,
+              "motion_reading": reading}
     if track.get("texture") is not None:
         dark, across = track["texture"]
         textured = float(_ramp(dark, *TEXTURE_DARK_FRACTION))
@@ -453,13 +460,16 @@ def _ramp(value: torch.Tensor | float, low: float, high: float) -> torch.Tensor:
     return ((torch.as_tensor(value) - low) / (high - low)).clamp(0, 1)
 
 
+def _displacement(centre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Net displacement [2] and path length [] of a centroid track ``centre`` [N, 2]."""
+    return centre[-1] - centre[0], (centre[1:] - centre[:-1]).norm(dim=-1).sum()
+
+
 def _motion_memberships(centre: torch.Tensor) -> torch.Tensor:
     """Fuzzy memberships float32 [6] of a centroid track ``centre`` [N, 2] (N >= 2 visible frames, in
     frame fractions, y down) in the motions of ``grammar.MOTIONS``: left, right, up, down, bouncing,
     circling."""
-    steps = centre[1:] - centre[:-1]
-    path = steps.norm(dim=-1).sum()
-    net = centre[-1] - centre[0]
+    net, path = _displacement(centre)
     straight = net.norm() / path.clamp_min(1e-6)
     sweep, fit_error = _circle_sweep(centre)
     circling = _ramp(sweep, 3.0, 4.0) * (1 - _ramp(fit_error, 0.08, 0.15)) * _ramp(path, 0.3, 0.45)
