@@ -244,6 +244,8 @@ def test_bad_backend_and_scale():
         sv.block_sparse_attention(q, k, v, mask, backend="cuda")
     with pytest.raises(ValueError, match="scale must be"):
         sv.block_sparse_attention(q, k, v, mask, scale=-1.0)
+    with pytest.raises(ValueError, match="scale must be None or a positive finite number"):  # else all-NaN rows
+        sv.block_sparse_attention(q, k, v, mask, scale=float("inf"), backend="reference")
     with pytest.raises(TypeError, match="supports dtypes"):
         sv.block_sparse_attention(q.double(), k.double(), v.double(), mask, backend="triton")
 

@@ -179,6 +179,8 @@ def test_export_and_load_builtin(tmp_path, tiny):
         assert torch.equal(a, b), name
     with pytest.raises(FileNotFoundError, match="builtin"):
         load_builtin(tmp_path / "missing")
+    with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
+        load_builtin(tmp_path, dtype=torch.int64)
 
 
 def test_shipped_weights_load():

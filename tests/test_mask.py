@@ -76,15 +76,33 @@ def test_random_block_mask_keeps_diagonal_and_budget():
     (dict(keep=torch.ones(1, 1, 2, 4, dtype=torch.bool), q_len=256, kv_len=256, block_k=32), ValueError, "block_k"),
     (dict(keep=torch.ones(1, 1, 2, 4, dtype=torch.bool), q_len=0, kv_len=256), ValueError, "q_len"),
     (dict(keep=[[True]], q_len=1, kv_len=1), TypeError, "torch.Tensor"),
+    (dict(keep=torch.ones(0, 1, 2, 4, dtype=torch.bool), q_len=256, kv_len=256), ValueError, "non-empty"),
+    (dict(keep=torch.ones(1, 1, 2, 4, dtype=torch.bool), q_len=256, kv_len=256, kv_table=torch.zeros(2)),
+     TypeError, "kv_table"),
+    (dict(keep=torch.ones(1, 1, 2, 4, dtype=torch.bool), q_len=256, kv_len=256,
+          kv_table=(torch.zeros(1, 1, 2, dtype=torch.int32, device="meta"),
+                    torch.zeros(1, 1, 2, 4, dtype=torch.int32, device="meta"))), ValueError, "kv_table must be on"),
 ])
 def test_invalid_masks_raise(kwargs, error, message):
     with pytest.raises(error, match=message):
         sv.SparseMask.from_dense(**kwargs)
 
 
-def test_random_block_mask_rejects_bad_sparsity():
-    with pytest.raises(ValueError, match="sparsity"):
-        sv.random_block_mask(1, 1, 128, 128, 1.0)
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(sparsity=1.0), ValueError, "sparsity"),
+    (dict(sparsity="0.5"), TypeError, "sparsity"),
+    (dict(sparsity=None), TypeError, "sparsity"),
+    (dict(batch=0), ValueError, "batch"),
+    (dict(heads=1.5), ValueError, "heads"),
+    (dict(q_len=100.0), ValueError, "q_len"),
+    (dict(block_q=0), ValueError, "block_q"),
+    (dict(block_k=-64), ValueError, "block_k"),
+    (dict(keep_diagonal="no"), TypeError, "keep_diagonal"),
+])
+def test_random_block_mask_rejects_bad_arguments(kwargs, error, message):
+    arguments = dict(batch=1, heads=1, q_len=128, kv_len=128, sparsity=0.5) | kwargs
+    with pytest.raises(error, match=message):
+        sv.random_block_mask(**arguments)
 
 
 def test_max_kept_blocks_is_read_once_per_mask(monkeypatch):

@@ -179,6 +179,7 @@ BAD_INPUTS = [
     pytest.param(dict(block_q=96), ValueError, "block_q", id="block_q"),
     pytest.param(dict(block_k=32), ValueError, "block_k", id="block_k"),
     pytest.param(dict(scale=-1.0), ValueError, "scale", id="scale"),
+    pytest.param(dict(scale=float("inf")), ValueError, "scale", id="scale-inf"),
     pytest.param(dict(keep_sink=1), TypeError, "keep_sink", id="keep_sink"),
     pytest.param(dict(min_blocks=-1), ValueError, "min_blocks", id="min_blocks"),
     pytest.param(dict(backend="cuda"), ValueError, "backend", id="backend"),

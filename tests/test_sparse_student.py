@@ -88,6 +88,9 @@ def test_a_student_refuses_other_base_weights_and_foreign_changes(tmp_path):
         sv.load_sparse_student(asset, base=other)
     with pytest.raises(FileNotFoundError, match="student.safetensors"):
         sv.load_sparse_student(tmp_path / "nothing", base=base)
+    for dtype in (torch.complex64, "float16"):
+        with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
+            sv.load_sparse_student(asset, base=base, dtype=dtype)
     with torch.no_grad():
         trained.transformer.blocks[0].ffn.net[0].proj.weight.add_(1.0)  # outside the attention modules
     with pytest.raises(ValueError, match="outside its trainable part"):

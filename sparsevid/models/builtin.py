@@ -139,11 +139,18 @@ def deepen(model: BuiltinVideoDiT, layers: int) -> BuiltinVideoDiT:
     return grown.train(model.training)
 
 
+def check_model_dtype(dtype) -> None:
+    """``dtype`` is a floating-point ``torch.dtype`` (what a model's weights can be cast to and run in)."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
+
+
 def load_builtin(directory: str | Path | None = None, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32) -> BuiltinVideoDiT:
     """The built-in model from ``directory`` (default: the shipped assets), in eval mode on ``device``."""
     from safetensors.torch import load_file
 
+    check_model_dtype(dtype)
     directory = Path(directory) if directory is not None else ASSETS
     weights, config_path = directory / WEIGHTS_FILE, directory / CONFIG_FILE
     for path in (weights, config_path):

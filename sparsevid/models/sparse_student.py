@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .builtin import ASSETS, WEIGHTS_FILE
+from .builtin import ASSETS, WEIGHTS_FILE, check_model_dtype
 
 STUDENT_DIR = "sparse_student"
 STUDENT_WEIGHTS, STUDENT_CONFIG = "student.safetensors", "student.json"
@@ -65,6 +65,7 @@ def read_sparse_student(directory: str | Path | None = None, device: torch.devic
     from ..schedules import SparseConfig
     from .builtin import load_builtin
 
+    check_model_dtype(dtype)
     directory = Path(directory) if directory is not None else ASSETS / STUDENT_DIR
     base = Path(base) if base is not None else directory.parent
     for path in (directory / STUDENT_WEIGHTS, directory / STUDENT_CONFIG, base / WEIGHTS_FILE):

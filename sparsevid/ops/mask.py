@@ -7,6 +7,7 @@ The leading batch and head dimensions may be 1 and then broadcast over the atten
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -83,6 +84,8 @@ class SparseMask:
             raise TypeError(f"keep must be a bool tensor, got dtype {keep.dtype}")
         if keep.dim() != 4:
             raise ValueError(f"keep must have 4 dims [B, H, q_blocks, kv_blocks], got shape {tuple(keep.shape)}")
+        if 0 in keep.shape[:2]:
+            raise ValueError(f"keep must have non-empty batch and head dims, got shape {tuple(keep.shape)}")
         expected = (num_blocks(self.q_len, self.block_q), num_blocks(self.kv_len, self.block_k))
         if tuple(keep.shape[-2:]) != expected:
             raise ValueError(
@@ -102,7 +105,13 @@ class SparseMask:
         """
         mask = cls(keep=keep, q_len=q_len, kv_len=kv_len, block_q=block_q, block_k=block_k)
         if kv_table is not None:
+            if not (isinstance(kv_table, (tuple, list)) and len(kv_table) == 2
+                    and all(isinstance(t, torch.Tensor) for t in kv_table)):
+                raise TypeError(f"kv_table must be a (kv_count, kv_index) pair of tensors, got {kv_table!r}")
             count, index = kv_table
+            if count.device != keep.device or index.device != keep.device:
+                raise ValueError(f"kv_table must be on keep's device {keep.device}, got {count.device} and "
+                                 f"{index.device}")
             if (count.dtype, index.dtype) != (torch.int32, torch.int32):
                 raise TypeError(f"kv_table must hold int32 tensors, got {count.dtype} and {index.dtype}")
             if tuple(count.shape) != tuple(keep.shape[:-1]) or tuple(index.shape) != tuple(keep.shape):
@@ -269,8 +278,16 @@ def random_block_mask(batch: int, heads: int, q_len: int, kv_len: int, sparsity:
     Each query-block row keeps ``max(1, round((1 - sparsity) * KB))`` key blocks chosen uniformly;
     with ``keep_diagonal`` the key block holding the row's first query token is always one of them.
     """
+    for name, value in (("batch", batch), ("heads", heads), ("q_len", q_len), ("kv_len", kv_len)):
+        _check_length(name, value)
+    _check_block_size("block_q", block_q)
+    _check_block_size("block_k", block_k)
+    if not isinstance(sparsity, numbers.Real) or isinstance(sparsity, bool):
+        raise TypeError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity must be in [0, 1), got {sparsity!r}")
+    if not isinstance(keep_diagonal, bool):
+        raise TypeError(f"keep_diagonal must be a bool, got {keep_diagonal!r}")
     qb, kb = num_blocks(q_len, block_q), num_blocks(kv_len, block_k)
     per_row = max(1, min(kb, int(round((1.0 - sparsity) * kb))))
     scores = torch.rand(batch, heads, qb, kb, generator=generator)

@@ -1,6 +1,7 @@
 """Input checks shared by the ops: clear errors that name the argument, before any kernel runs."""
 from __future__ import annotations
 
+import math
 import numbers
 import os
 
@@ -38,8 +39,10 @@ def grad_requested(*tensors: torch.Tensor) -> bool:
 
 
 def check_scale(scale) -> None:
-    if scale is not None and not (isinstance(scale, numbers.Real) and not isinstance(scale, bool) and scale > 0):
-        raise ValueError(f"scale must be None or a positive number, got {scale!r}")
+    """``scale`` is None or a finite number > 0 (an infinite scale turns every softmax row into NaN)."""
+    if scale is not None and not (isinstance(scale, numbers.Real) and not isinstance(scale, bool)
+                                  and 0 < scale < math.inf):
+        raise ValueError(f"scale must be None or a positive finite number, got {scale!r}")
 
 
 def check_choice(name: str, value, choices: tuple) -> None:

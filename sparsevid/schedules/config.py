@@ -262,13 +262,14 @@ class SparseConfig:
 
     def __post_init__(self) -> None:
         self.tile = _as_tile(self.tile)
-        if isinstance(self.dense_layers, (list, set, frozenset)):
-            self.dense_layers = tuple(sorted(self.dense_layers))
+        layers = self.dense_layers
+        if not isinstance(layers, (tuple, list, set, frozenset)) or not all(_is_int(i) and i >= 0 for i in layers):
+            raise ValueError(f"dense_layers must be a tuple of layer indices >= 0, got {layers!r}")
+        if not isinstance(layers, tuple):
+            self.dense_layers = tuple(sorted(layers))
         _check_plan_fields({k: getattr(self, k) for k in PLAN_FIELDS + SCHEDULE_FIELDS}, where="")
         self._check_schedule()
         _check_final({k: getattr(self, k) for k in ("topk", "topp") + SCHEDULE_FIELDS}, where="")
-        if not isinstance(self.dense_layers, tuple) or not all(_is_int(i) and i >= 0 for i in self.dense_layers):
-            raise ValueError(f"dense_layers must be a tuple of layer indices >= 0, got {self.dense_layers!r}")
         if not _is_int(self.dense_steps) or self.dense_steps < 0:
             raise ValueError(f"dense_steps must be an int >= 0, got {self.dense_steps!r}")
         if not isinstance(self.layer_overrides, dict):
@@ -309,8 +310,8 @@ class SparseConfig:
         if self.schedule in ("linear", "cosine") and (self.num_steps is None or self.num_steps <= self.dense_steps):
             raise ValueError(f"schedule={self.schedule!r} needs num_steps (an int > dense_steps={self.dense_steps}), "
                              f"got {self.num_steps!r}")
-        if not _is_number(self.num_train_timesteps) or self.num_train_timesteps <= 0:
-            raise ValueError(f"num_train_timesteps must be a positive number, got {self.num_train_timesteps!r}")
+        if not _is_number(self.num_train_timesteps) or not 0 < self.num_train_timesteps < math.inf:
+            raise ValueError(f"num_train_timesteps must be a positive finite number, got {self.num_train_timesteps!r}")
 
     def _layer_values(self, override: dict[str, Any]) -> dict[str, Any]:
         """The plan and schedule fields of one layer: the config's, with the layer's override applied."""
