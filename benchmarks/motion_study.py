@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -232,12 +233,12 @@ SLIDE_AXES = {"moving left": (0, -1), "moving right": (0, 1), "moving up": (1, -
 def read_tracks(video: torch.Tensor, captions: list[str], motion: str) -> dict:
     """How the single objects of one-object clips ``video`` [B, 3, T, H, W] move, all captioned ``motion``:
     the mean motion score, "read_as" (how many tracks read as each motion, "none" where no membership reaches
-    0.5, "not found" where the object is missing), and over the found objects the mean path length and
-    "along", the mean net displacement in the captioned direction (slides; None for bouncing and circling),
-    in frame fractions."""
+    0.5, "not found" where the object is missing), and over the found objects the mean path length, "drift",
+    the mean length of the net displacement (any direction), and "along", the mean net displacement in the
+    captioned direction (slides; None for bouncing and circling), all in frame fractions."""
     objects = [s["objects"][0] for s in faithfulness(video, captions)]
     read_as: dict[str, int] = {}
-    along, paths = [], []
+    along, paths, drifts = [], [], []
     for entry in objects:
         reading = entry["motion_reading"]
         if reading is None:
@@ -246,13 +247,14 @@ def read_tracks(video: torch.Tensor, captions: list[str], motion: str) -> dict:
             best = max(range(len(grammar.MOTIONS)), key=lambda m: reading["memberships"][m])
             label = grammar.MOTIONS[best] if reading["memberships"][best] >= 0.5 else "none"
             paths.append(reading["path"])
+            drifts.append(math.hypot(*reading["net"]))
             if motion in SLIDE_AXES:
                 axis, sign = SLIDE_AXES[motion]
                 along.append(sign * reading["net"][axis])
         read_as[label] = read_as.get(label, 0) + 1
     mean = (lambda values: sum(values) / len(values) if values else None)
     return {"motion": mean([e["motion"] for e in objects]), "read_as": read_as, "along": mean(along),
-            "path": mean(paths)}
+            "drift": mean(drifts), "path": mean(paths)}
 
 
 def motion_tracks(model, clips: int) -> dict:
@@ -275,10 +277,11 @@ def tracks_table(rows: dict) -> str:
     def cells(reading: dict) -> str:
         counts = ", ".join(f"{label} {n}" for label, n in sorted(reading["read_as"].items(), key=lambda kv: -kv[1]))
         along = "-" if reading["along"] is None else f"{reading['along']:+.3f}"
-        path = "-" if reading["path"] is None else f"{reading['path']:.3f}"
-        return f"{reading['motion']:.3f} | {counts} | {along} | {path}"
-    head = ("| captioned motion | model: score | model: read as | model: net along | model: path | truth: score | "
-            "truth: read as | truth: net along | truth: path |\n|---|---|---|---|---|---|---|---|---|\n")
+        drift, path = ("-" if reading[k] is None else f"{reading[k]:.3f}" for k in ("drift", "path"))
+        return f"{reading['motion']:.3f} | {counts} | {along} | {drift} | {path}"
+    columns = ("score", "read as", "net along", "drift", "path")
+    head = ("| captioned motion | " + " | ".join(f"{who}: {c}" for who in ("model", "truth") for c in columns)
+            + " |\n|---|" + "---|" * 2 * len(columns) + "\n")
     return head + "\n".join(f"| {motion} | {cells(r['model'])} | {cells(r['truth'])} |" for motion, r in rows.items()) + "\n"
 
 
