@@ -37,9 +37,16 @@ Two parts, each on one GPU:
 
     python3 -m benchmarks.motion_study --out OUT --part tracks [--clips 4]
 
+* ``scratch``: can this architecture learn a captioned direction at all? A small model of it (4 layers, 2 heads
+  of 64, 1.5M parameters) trained from scratch on the simplest data, 8 x 32 x 32 clips of one object sliding
+  left, right, up or down on a plain background, then read as in ``tracks`` (runs on the CPU at about 1.9 s a
+  step at batch 16).
+
+    python3 -m benchmarks.motion_study --out OUT --part scratch --seconds 1800 --batch-size 16 --lr 5e-4
+
 Writes OUT/motion_<part>.json and OUT/motion_<part>.md (sampler, train: one row per setting, faithfulness
 overall and per attribute over the evaluation captions x seeds; captions: one row per noise level; temporal:
-one row per layer and head; tracks: one row per motion; short clips 16 x 64 x 64).
+one row per layer and head; tracks, scratch: one row per motion; short clips 16 x 64 x 64 but in scratch).
 """
 from __future__ import annotations
 
@@ -51,13 +58,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.builtin_study import SHORT, recorded_attention, token_grid, train_phase
+from benchmarks.builtin_study import SHORT, model_config, recorded_attention, token_grid, train_phase
 from benchmarks.run_info import run_metadata
 from sparsevid.data import ProceduralVideos, grammar
 from sparsevid.eval.faithfulness import faithfulness
 from sparsevid.eval.faithfulness_summary import summarize_faithfulness
 from sparsevid.eval.harness import DEFAULT_CAPTIONS
 from sparsevid.models import load_builtin
+from sparsevid.models.builtin import BuiltinVideoDiT
 from sparsevid.models.sampling import generate
 from sparsevid.training.flow import noisy, weighted_squared_error
 
@@ -257,11 +265,12 @@ def read_tracks(video: torch.Tensor, captions: list[str], motion: str) -> dict:
             "drift": mean(drifts), "path": mean(paths)}
 
 
-def motion_tracks(model, clips: int) -> dict:
-    """Per motion of the grammar: {"captions", "model": read_tracks of the model's clips, "truth": read_tracks
-    of the rendered clips of the same scenes}."""
+def motion_tracks(model, clips: int, motions=grammar.MOTIONS) -> dict:
+    """Per motion (of the grammar, or ``motions``): {"captions", "model": read_tracks of the model's clips,
+    "truth": read_tracks of the rendered clips of the same scenes}."""
     rows = {}
-    for m, motion in enumerate(grammar.MOTIONS):
+    for motion in motions:
+        m = grammar.MOTIONS.index(motion)
         data = ProceduralVideos(**{**model.data.config(), "max_objects": 1, "motions": [motion]})
         scenes = data.sample_scenes(clips, torch.Generator().manual_seed(TRACK_SEED + m))
         captions = _captions(scenes, None)
@@ -270,6 +279,27 @@ def motion_tracks(model, clips: int) -> dict:
                         "truth": read_tracks(data.render(scenes), captions, motion)}
         print(tracks_table({motion: rows[motion]}), flush=True)
     return rows
+
+
+SLIDES = grammar.MOTIONS[:4]
+SCRATCH_CLIP = (8, 32, 32)
+
+
+def scratch_model() -> BuiltinVideoDiT:
+    """A small model of the built-in architecture (4 layers, 2 heads of 64, ~1.5M parameters) whose data are
+    the simplest with a captioned direction: SCRATCH_CLIP clips of one object sliding on a plain background."""
+    config = model_config({"max_objects": 1, "motions": list(SLIDES)},
+                          {"attention_head_dim": 64, "freq_dim": 128, "ffn_dim": 512, "num_layers": 4}, SCRATCH_CLIP)
+    return BuiltinVideoDiT(config)
+
+
+def learn_from_scratch(clips: int, seconds: float, batch: int, lr: float, max_steps: int | None = None) -> dict:
+    """{"training": the loss summary, "tracks": motion_tracks of the four slides} of a scratch_model trained
+    (seed 0) for ``seconds`` (at most ``max_steps``) at ``batch`` clips a step."""
+    torch.manual_seed(0)
+    model = scratch_model().train()
+    training = train_phase(model, SCRATCH_CLIP, batch, seconds, seed=0, lr=lr, max_steps=max_steps)
+    return {"training": training, "tracks": motion_tracks(model.eval(), clips, SLIDES)}
 
 
 def tracks_table(rows: dict) -> str:
@@ -300,6 +330,8 @@ def run_part(args) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     rows = {}
+    if args.part == "scratch":
+        return learn_from_scratch(args.clips, args.seconds, args.batch_size, args.lr, args.max_steps)
     if args.part != "train":  # the model as it is, at the short clip
         model = load_builtin(args.model, device=device, dtype=dtype)
         model.use_clip(*SHORT)
@@ -330,9 +362,11 @@ def run_part(args) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--part", choices=("sampler", "train", "captions", "temporal", "tracks"), required=True)
+    parser.add_argument("--part", choices=("sampler", "train", "captions", "temporal", "tracks", "scratch"),
+                        required=True)
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the shipped model)")
-    parser.add_argument("--seconds", type=float, default=100.0, help="training budget of each lever (part train)")
+    parser.add_argument("--seconds", type=float, default=100.0,
+                        help="training budget of each lever (part train) or of the scratch model")
     parser.add_argument("--max-steps", type=int, default=None, help="step cap of each lever (a CPU smoke run)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-4)
@@ -342,21 +376,29 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="only the first N settings (a CPU smoke run)")
     parser.add_argument("--clips", type=int, default=None,
                         help="clips of the captions (one object each) and temporal parts (default 16); per motion "
-                             "in the tracks part (default 4)")
+                             "in the tracks and scratch parts (default 4)")
     args = parser.parse_args()
     if args.clips is None:
-        args.clips = 4 if args.part == "tracks" else 16
+        args.clips = 4 if args.part in ("tracks", "scratch") else 16
     args.out.mkdir(parents=True, exist_ok=True)
     rows = run_part(args)
-    probe = args.part in ("captions", "temporal", "tracks")
+    probe = args.part in ("captions", "temporal", "tracks", "scratch")
     seeds = {"captions": [CAPTION_SEED, CAPTION_SEED + 1], "temporal": [CAPTION_SEED],
-             "tracks": [TRACK_SEED, *range(args.clips)]}.get(args.part, list(SEEDS))
-    meta = run_metadata(model=str(args.model or "shipped"), clip=list(SHORT), part=args.part, seeds=seeds,
-                        seconds=args.seconds if args.part == "train" else None, clips=args.clips if probe else None)
+             "tracks": [TRACK_SEED, *range(args.clips)], "scratch": [0, TRACK_SEED, *range(args.clips)]}
+    scratch = args.part == "scratch"
+    meta = run_metadata(model="scratch" if scratch else str(args.model or "shipped"),
+                        clip=list(SCRATCH_CLIP if scratch else SHORT), part=args.part,
+                        seeds=seeds.get(args.part, list(SEEDS)),
+                        seconds=args.seconds if args.part in ("train", "scratch") else None,
+                        clips=args.clips if probe else None)
     if args.part == "captions":
         text = f"Objects cover {rows['object_share']:.1%} of the pixels.\n\n" + caption_table(rows["levels"])
     elif args.part == "tracks":
         text = tracks_table(rows)
+    elif scratch:
+        t = rows["training"]
+        text = (f"Trained from scratch: {t['steps']} steps x batch {t['batch']} in {t['seconds']} s, final loss "
+                f"{t['final_loss']:.4f}.\n\n" + tracks_table(rows["tracks"]))
     elif args.part == "temporal":
         text = temporal_table(rows)
         plot_temporal(rows, args.out / "motion_temporal.png")

@@ -145,3 +145,13 @@ def test_tracks_part_reads_every_motion_of_the_tiny_model():
         assert len(row["captions"]) == 1 and sum(row["model"]["read_as"].values()) == 1
         assert (row["truth"]["along"] is None) == (motion not in motion_study.SLIDE_AXES)
     assert "| moving left |" in motion_study.tracks_table(rows)
+
+
+def test_scratch_part_trains_the_small_model_and_reads_the_four_slides():
+    model = motion_study.scratch_model()
+    assert model.data.config()["motions"] == list(motion_study.SLIDES) and model.data.max_objects == 1
+    assert 1e6 < sum(p.numel() for p in model.parameters()) < 2e6
+    found = motion_study.learn_from_scratch(clips=1, seconds=60, batch=2, lr=5e-4, max_steps=1)
+    assert found["training"]["steps"] == 1 and list(found["tracks"]) == list(motion_study.SLIDES)
+    for row in found["tracks"].values():
+        assert row["truth"]["motion"] > 0.5  # ground-truth slides at 8 x 32 x 32 read as their caption
