@@ -155,9 +155,9 @@ class Grid:
     def training_shift(self, teacher) -> float:
         """Time shift of the students' training noise levels: ``--train-shift``, else the teacher's pre-training
         one (the sampler's, 5 for the shipped model, puts most of its steps at higher noise levels)."""
-        if self.args.train_shift is not None:
-            return self.args.train_shift
-        return teacher.config.get("training", {}).get("arguments", {}).get("train_shift", 1.0)
+        from sparsevid.training.distill import pretraining_noise
+
+        return pretraining_noise(teacher, self.args.train_shift)[0]
 
     def context(self) -> dict:
         """What every evaluation compares against (computed once per call): held-out captions x seeds, the
@@ -310,14 +310,13 @@ def train_student(grid: Grid, student: dict, sparse) -> bool:
     """Fine-tune one student, save its fine-tuned tensors, evaluate it. False if the budget cut it short."""
     from sparsevid.models import remove_sparse_attention
     from sparsevid.training import DistillConfig, LoopConfig, ProceduralSource, distill
+    from sparsevid.training.distill import pretraining_noise
     from sparsevid.training.student_asset import save_sparse_student
 
     a, name = grid.args, student["name"]
     model = grid.teacher(torch.float32)
-    pretraining = model.config.get("training", {}).get("arguments", {})
     config = DistillConfig(objective=student["objective"], sparse=sparse, trainable=a.trainable, batch_size=a.batch,
-                           seed=a.seed, shift=grid.training_shift(model),
-                           null_prob=pretraining.get("null_prob", 0.1))
+                           seed=a.seed, shift=grid.training_shift(model), null_prob=pretraining_noise(model)[1])
     # The time left after this student's evaluation; the schedule follows the step budget alone.
     stop_at = grid.deadline - grid.eval_seconds()
     loop = LoopConfig(lr=a.lr, warmup_steps=a.warmup, ema_decay=None, max_steps=a.steps, weight_decay=0.0,

@@ -128,10 +128,11 @@ def _target(grid: dict, target: float) -> dict:
             "evidence": [f"faithfulness gap {gap:.3f}, PSNR {student['psnr']:.2f} dB"]}
 
 
-# What must be equal in the two arms for their entries to compare: the evaluation and the budget (the teacher
-# is checked by its measured yardsticks: a grid names it by where it was loaded from).
-SHARED_SETTINGS = ("captions", "seeds", "sample_steps", "guidance", "heldout", "slice", "steps", "batch", "clips",
-                   "lr", "trainable", "train_shift")
+EVALUATION_SETTINGS = ("captions", "seeds", "sample_steps", "guidance", "heldout")
+TRAINING_SETTINGS = ("slice", "fine_tuning", "steps", "batch", "clips", "lr", "trainable", "train_shift")
+# What must be equal in the two data arms for their entries to compare: the evaluation and the budget, all but the
+# fine-tuning data (the teacher is checked by its measured yardsticks: a grid names it by where it was loaded from).
+SHARED_SETTINGS = EVALUATION_SETTINGS + tuple(k for k in TRAINING_SETTINGS if k != "fine_tuning")
 
 
 def _other_teacher(a: dict, b: dict) -> list[str]:
@@ -195,8 +196,6 @@ def data_arms_markdown(mismatched: dict, matched: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-EVALUATION_SETTINGS = ("captions", "seeds", "sample_steps", "guidance", "heldout")
-TRAINING_SETTINGS = ("slice", "fine_tuning", "steps", "batch", "clips", "lr", "trainable", "train_shift")
 SETTING_DEFAULTS = {"fine_tuning": "slice"}  # grids from before --fine-tune-on existed fine-tuned on the slice
 
 

@@ -61,7 +61,7 @@ import torch
 from benchmarks.builtin_study import SHORT, model_config, recorded_attention, token_grid, train_phase
 from benchmarks.run_info import run_metadata
 from sparsevid.data import ProceduralVideos, grammar
-from sparsevid.eval.faithfulness import faithfulness
+from sparsevid.eval.faithfulness import SLIDE_DIRECTIONS, faithfulness
 from sparsevid.eval.faithfulness_summary import summarize_faithfulness
 from sparsevid.eval.harness import DEFAULT_CAPTIONS
 from sparsevid.models import load_builtin
@@ -235,7 +235,7 @@ def caption_table(rows: dict) -> str:
 
 
 TRACK_SEED = 321  # the tracks part's captions (motion m: TRACK_SEED + m); the sampler's noise: seeds 0..clips-1
-SLIDE_AXES = {"moving left": (0, -1), "moving right": (0, 1), "moving up": (1, -1), "moving down": (1, 1)}
+SLIDES = grammar.MOTIONS[:len(SLIDE_DIRECTIONS)]
 
 
 def read_tracks(video: torch.Tensor, captions: list[str], motion: str) -> dict:
@@ -256,9 +256,8 @@ def read_tracks(video: torch.Tensor, captions: list[str], motion: str) -> dict:
             label = grammar.MOTIONS[best] if reading["memberships"][best] >= 0.5 else "none"
             paths.append(reading["path"])
             drifts.append(math.hypot(*reading["net"]))
-            if motion in SLIDE_AXES:
-                axis, sign = SLIDE_AXES[motion]
-                along.append(sign * reading["net"][axis])
+            if motion in SLIDES:
+                along.append(float(SLIDE_DIRECTIONS[SLIDES.index(motion)] @ torch.tensor(reading["net"])))
         read_as[label] = read_as.get(label, 0) + 1
     mean = (lambda values: sum(values) / len(values) if values else None)
     return {"motion": mean([e["motion"] for e in objects]), "read_as": read_as, "along": mean(along),
@@ -281,7 +280,6 @@ def motion_tracks(model, clips: int, motions=grammar.MOTIONS) -> dict:
     return rows
 
 
-SLIDES = grammar.MOTIONS[:4]
 SCRATCH_CLIP = (8, 32, 32)
 
 

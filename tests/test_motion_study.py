@@ -143,7 +143,7 @@ def test_tracks_part_reads_every_motion_of_the_tiny_model():
     assert list(rows) == list(grammar.MOTIONS)
     for motion, row in rows.items():
         assert len(row["captions"]) == 1 and sum(row["model"]["read_as"].values()) == 1
-        assert (row["truth"]["along"] is None) == (motion not in motion_study.SLIDE_AXES)
+        assert (row["truth"]["along"] is None) == (motion not in motion_study.SLIDES)
     assert "| moving left |" in motion_study.tracks_table(rows)
 
 

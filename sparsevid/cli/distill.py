@@ -98,7 +98,7 @@ def run(args) -> int:
     from ..data import SLICE_FIELDS
     from ..eval.harness import parse_config
     from ..training import LoopConfig
-    from ..training.distill import DistillConfig, distill
+    from ..training.distill import DistillConfig, distill, pretraining_noise
     from ..training.distributed import is_main_process, setup, teardown
     from .demo import load_model
 
@@ -119,13 +119,12 @@ def run(args) -> int:
     try:
         args.device = str(job.device)
         model = load_model(args).float()
-        pretraining = model.config.get("training", {}).get("arguments", {})
+        shift, null_prob = pretraining_noise(model, args.train_shift, args.null_prob)
         config = DistillConfig(
             objective=args.objective, sparse=None if args.dense else parse_config(args.config),
             trainable=args.trainable,
             batch_size=args.batch_size, seed=args.seed,
-            shift=args.train_shift if args.train_shift is not None else pretraining.get("train_shift", 1.0),
-            null_prob=args.null_prob if args.null_prob is not None else pretraining.get("null_prob", 0.1),
+            shift=shift, null_prob=null_prob,
             gradient_checkpointing=args.gradient_checkpointing)
         loop = LoopConfig(lr=args.lr, warmup_steps=args.warmup, grad_clip=args.grad_clip,
                           weight_decay=args.weight_decay, ema_decay=args.ema, max_steps=args.max_steps,

@@ -460,6 +460,10 @@ def _ramp(value: torch.Tensor | float, low: float, high: float) -> torch.Tensor:
     return ((torch.as_tensor(value) - low) / (high - low)).clamp(0, 1)
 
 
+# Unit direction [4, 2] (frame fractions, y down) of the slides, grammar.MOTIONS[:4]: left, right, up, down.
+SLIDE_DIRECTIONS = torch.tensor([[-1.0, 0.0], [1.0, 0.0], [0.0, -1.0], [0.0, 1.0]])
+
+
 def _displacement(centre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Net displacement [2] and path length [] of a centroid track ``centre`` [N, 2]."""
     return centre[-1] - centre[0], (centre[1:] - centre[:-1]).norm(dim=-1).sum()
@@ -474,9 +478,8 @@ def _motion_memberships(centre: torch.Tensor) -> torch.Tensor:
     sweep, fit_error = _circle_sweep(centre)
     circling = _ramp(sweep, 3.0, 4.0) * (1 - _ramp(fit_error, 0.08, 0.15)) * _ramp(path, 0.3, 0.45)
     bouncing = _ramp(path, 0.6, 0.85) * (1 - circling)
-    directions = torch.tensor([[-1.0, 0.0], [1.0, 0.0], [0.0, -1.0], [0.0, 1.0]])
-    along = directions @ net
-    across = (net - along.unsqueeze(-1) * directions).norm(dim=-1)
+    along = SLIDE_DIRECTIONS @ net
+    across = (net - along.unsqueeze(-1) * SLIDE_DIRECTIONS).norm(dim=-1)
     slides = _ramp(along, 0.1, 0.18) * (1 - _ramp(across / along.abs().clamp_min(1e-6), 0.3, 0.6)) \
         * _ramp(straight, 0.4, 0.7) * (1 - _ramp(path, 0.6, 0.85))
     return torch.cat([slides, bouncing.view(1), circling.view(1)])

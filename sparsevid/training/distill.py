@@ -43,6 +43,14 @@ def distillation_loss(student, teacher, x0: torch.Tensor, cond: torch.Tensor, t:
     return torch.nn.functional.mse_loss(student(x_t, t, cond).float(), target.float())
 
 
+def pretraining_noise(model, shift: float | None = None, null_prob: float | None = None) -> tuple[float, float]:
+    """(time shift, caption-dropout probability) for fine-tuning ``model``: the given values, else those it was
+    pre-trained with (its config's "training" arguments), else 1.0 and 0.1."""
+    arguments = model.config.get("training", {}).get("arguments", {})
+    return (arguments.get("train_shift", 1.0) if shift is None else shift,
+            arguments.get("null_prob", 0.1) if null_prob is None else null_prob)
+
+
 def _default_sparse() -> SparseConfig:
     return SparseConfig(rule="hybrid", topk=0.05, topp=0.9)
 
