@@ -196,6 +196,8 @@ def test_cpu_defaults_are_optional_and_can_keep_the_clip():
     assert tiny.use_cpu_defaults() == {}  # no CPU defaults in its config: nothing changes
     tiny.config["sampling"]["cpu"] = {"clip": [2, 16, 16], "steps": 3}
     assert tiny.use_cpu_defaults(clip=False) == {"steps": 3} and tiny.clip_shape == (3, 4, 32, 32)
+    tiny.config["sampling"]["steps"] = 5
+    assert tiny.use_cpu_defaults(clip=False, steps=False) == {} and tiny.config["sampling"]["steps"] == 5
     assert tiny.use_cpu_defaults() == {"clip": [2, 16, 16], "steps": 3} and tiny.clip_shape == (3, 2, 16, 16)
 
 

@@ -172,11 +172,16 @@ def test_the_two_arms_compare_distillations_lead_pair_by_pair():
         matched["students"][name]["velocity_error"]["overall"] += 0.001
     found = data_arms(mismatched, matched)
     assert found["verdict"] == "confirmed" and len(found["rows"]) == 3
+    assert found["larger_on_slice"] == {"psnr": 3, "velocity": 3, "both": 3}
     assert found["rows"][0]["mismatched"][0] == pytest.approx(2.0) and found["rows"][0]["matched"][0] == pytest.approx(1.0)
 
     matched["students"]["distill_topp_95"]["psnr"] += 5.0  # one pair where matched data give the larger lead
-    assert data_arms(mismatched, matched)["verdict"] == "not confirmed"
-    assert "| topp | 95% | +2.00 | +6.00 |" in data_arms_markdown(mismatched, matched)
+    found = data_arms(mismatched, matched)
+    assert found["verdict"] == "not confirmed"
+    assert found["larger_on_slice"] == {"psnr": 2, "velocity": 3, "both": 2}
+    report = data_arms_markdown(mismatched, matched)
+    assert "| topp | 95% | +2.00 | +6.00 |" in report
+    assert "in 2 of 3 pairs on both yardsticks (PSNR gain: 2 of 3; velocity-error cut: 3 of 3)" in report
 
     del matched["students"]["distill_topk_95"], matched["students"]["distill_topp_95"]
     assert len(data_arms(mismatched, matched)["rows"]) == 1  # only the pairs both arms measured

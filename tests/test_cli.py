@@ -111,3 +111,15 @@ def test_real_bugs_keep_their_traceback(monkeypatch):
     monkeypatch.setattr("sparsevid.cli.demo.load_model", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["demo", "--tiny"])
+
+
+def test_an_explicit_steps_wins_over_the_cpu_default(capsys):
+    from sparsevid.cli.demo import load_model
+
+    args = argparse.Namespace(model=None, tiny=False, device="cpu", clip=None, steps=10)
+    model = load_model(args)
+    assert model.config["sampling"]["steps"] == 10 and model.clip_shape == (3, 16, 64, 64)
+    said = capsys.readouterr().out
+    assert "clip 16x64x64" in said and "steps" not in said.split("(its own")[0]
+    model = load_model(argparse.Namespace(**{**vars(args), "steps": None}))
+    assert model.config["sampling"]["steps"] == 6 and "steps 6" in capsys.readouterr().out

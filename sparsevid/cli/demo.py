@@ -90,7 +90,8 @@ def load_model(args):
         model = load_builtin(args.model, device=device, dtype=dtype)
     if device.type == "cpu":
         own = "x".join(map(str, model.clip_shape[1:])), model.config["sampling"]["steps"]
-        changed = model.use_cpu_defaults(clip=args.clip is None)
+        # an explicit --clip or --steps wins over the CPU default
+        changed = model.use_cpu_defaults(clip=args.clip is None, steps=getattr(args, "steps", None) is None)
         if changed:
             print("on the CPU the model runs its CPU defaults: " + ", ".join(
                 f"{k} {'x'.join(map(str, v)) if k == 'clip' else v}" for k, v in changed.items())

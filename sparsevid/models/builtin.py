@@ -84,17 +84,17 @@ class BuiltinVideoDiT(nn.Module):
         self.config["data"].update(frames=frames, height=height, width=width)
         self.data = ProceduralVideos(**self.config["data"])
 
-    def use_cpu_defaults(self, clip: bool = True) -> dict:
+    def use_cpu_defaults(self, clip: bool = True, steps: bool = True) -> dict:
         """Switch to the model's CPU defaults, ``config["sampling"]["cpu"]`` (e.g. ``{"clip": [16, 64, 64],
         "steps": 6}``: a shorter clip and fewer sampler steps, so that a 2-core CPU samples a clip in seconds
-        rather than minutes): the clip shape (unless ``clip`` is False) and the sampler steps become these.
-        Returns what changed, {} for a model without CPU defaults."""
+        rather than minutes): the clip shape (unless ``clip`` is False) and the sampler steps (unless ``steps``
+        is False) become these. Returns what changed, {} for a model without CPU defaults."""
         cpu = self.config["sampling"].get("cpu", {})
         changed = {}
         if clip and "clip" in cpu:
             self.use_clip(*cpu["clip"])
             changed["clip"] = list(cpu["clip"])
-        if "steps" in cpu:
+        if steps and "steps" in cpu:
             self.config["sampling"]["steps"] = changed["steps"] = int(cpu["steps"])
         return changed
 
