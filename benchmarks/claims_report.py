@@ -335,8 +335,8 @@ def plot_grid(grid: dict, path: str | Path) -> Path:
     axes[0][0].set_ylabel("PSNR against dense (dB)")
     axes[0][-1].legend(fontsize=7, loc="upper right")
     floor = grid.get("noise_floor")
-    fig.suptitle("Sparse students and training-free rules against the dense teacher"
-                 + (f" (noise floor {floor['psnr']:.1f} dB)" if floor else ""), fontsize=9)
+    fig.suptitle(f"Sparse students (fine-tuned on {fine_tuning_words(grid['settings'])}) and training-free rules "
+                 "against the dense teacher" + (f" (noise floor {floor['psnr']:.1f} dB)" if floor else ""), fontsize=9)
     return save_figure(fig, path)
 
 
