@@ -187,12 +187,17 @@ def temporal_attention(model, clips: int) -> dict:
     return {"frames": frames, "uniform": uniform_frame_distance(frames).tolist(), "levels": levels}
 
 
+def mean_over_levels(result: dict) -> torch.Tensor:
+    """The shares of :func:`temporal_attention`'s result averaged over its noise levels: [layers, H, frames]."""
+    return torch.tensor(list(result["levels"].values())).mean(0)
+
+
 DISTANCE_BINS = (("own frame", 0, 1), ("1 frame away", 1, 2), ("2-3 away", 2, 4), ("4+ away", 4, None))
 
 
 def temporal_table(result: dict) -> str:
     """Per layer and head, the mass by frame distance (mean over the noise levels), and uniform attention's."""
-    shares = torch.tensor(list(result["levels"].values())).mean(0)  # [layers, H, frames]
+    shares = mean_over_levels(result)
     uniform = torch.tensor(result["uniform"])
 
     def cells(row: torch.Tensor) -> str:
@@ -210,7 +215,7 @@ def plot_temporal(result: dict, path: Path) -> Path:
     from sparsevid.eval.plots import pyplot, save_figure
 
     plt = pyplot()
-    shares = torch.tensor(list(result["levels"].values())).mean(0)
+    shares = mean_over_levels(result)
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for layer, heads in enumerate(shares):
         for head, row in enumerate(heads):

@@ -440,9 +440,8 @@ def _object_scores(track: dict | None, caption_object: tuple[int, int, int, int,
     area = track["area"][visible]
     whole = area >= WHOLE_AREA * torch.quantile(area, 0.9)
     centre = track["centre"][visible][whole]
-    memberships = _motion_memberships(centre)
+    memberships, net, path = _motion_memberships(centre)
     motion_score = float(memberships[motion] / memberships.sum().clamp_min(1))
-    net, path = _displacement(centre)
     reading = {"net": net.tolist(), "path": float(path), "memberships": memberships.tolist()}
     scores = {"colour": colour, "size": size_score, "motion": motion_score, "texture": None,
               "motion_reading": reading}
@@ -464,16 +463,11 @@ def _ramp(value: torch.Tensor | float, low: float, high: float) -> torch.Tensor:
 SLIDE_DIRECTIONS = torch.tensor([[-1.0, 0.0], [1.0, 0.0], [0.0, -1.0], [0.0, 1.0]])
 
 
-def _displacement(centre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Net displacement [2] and path length [] of a centroid track ``centre`` [N, 2]."""
-    return centre[-1] - centre[0], (centre[1:] - centre[:-1]).norm(dim=-1).sum()
-
-
-def _motion_memberships(centre: torch.Tensor) -> torch.Tensor:
+def _motion_memberships(centre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fuzzy memberships float32 [6] of a centroid track ``centre`` [N, 2] (N >= 2 visible frames, in
     frame fractions, y down) in the motions of ``grammar.MOTIONS``: left, right, up, down, bouncing,
-    circling."""
-    net, path = _displacement(centre)
+    circling; with the net displacement [2] and path length [] they are read from."""
+    net, path = centre[-1] - centre[0], (centre[1:] - centre[:-1]).norm(dim=-1).sum()
     straight = net.norm() / path.clamp_min(1e-6)
     sweep, fit_error = _circle_sweep(centre)
     circling = _ramp(sweep, 3.0, 4.0) * (1 - _ramp(fit_error, 0.08, 0.15)) * _ramp(path, 0.3, 0.45)
@@ -482,7 +476,7 @@ def _motion_memberships(centre: torch.Tensor) -> torch.Tensor:
     across = (net - along.unsqueeze(-1) * SLIDE_DIRECTIONS).norm(dim=-1)
     slides = _ramp(along, 0.1, 0.18) * (1 - _ramp(across / along.abs().clamp_min(1e-6), 0.3, 0.6)) \
         * _ramp(straight, 0.4, 0.7) * (1 - _ramp(path, 0.6, 0.85))
-    return torch.cat([slides, bouncing.view(1), circling.view(1)])
+    return torch.cat([slides, bouncing.view(1), circling.view(1)]), net, path
 
 
 def _circle_sweep(centre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
