@@ -22,8 +22,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import sparsevid as sv
-from benchmarks.run_info import run_metadata
-from benchmarks.timing import median_ms
+from .run_info import run_metadata
+from .timing import median_ms
 from sparsevid.ops import triton_attention  # kernel internals: TMA variants and the autotuned kernels
 
 SHAPES = {"wan1.3b-480p": (1, 12, 32760, 128), "wan14b-720p": (1, 40, 75600, 128)}

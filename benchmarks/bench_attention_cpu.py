@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import sparsevid as sv
-from benchmarks.run_info import run_metadata
+from .run_info import run_metadata
 from sparsevid.ops.mask import random_block_mask
 
 SPARSITIES = (0.5, 0.75, 0.9, 0.95)

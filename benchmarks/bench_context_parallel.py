@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 
 import sparsevid as sv
-from benchmarks.bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs, model_config,
+from .bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs, model_config,
                                   time_forward)
-from benchmarks.run_info import run_metadata
+from .run_info import run_metadata
 
 TINY = {"layers": 2, "heads": 2, "grid": (3, 8, 8)}  # --tiny: every model shrunk to this (192 tokens)
 

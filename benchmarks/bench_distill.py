@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 import sparsevid as sv
-from benchmarks.bench_e2e import MODELS, build_transformer, model_config, parse_grid, sync
-from benchmarks.run_info import run_metadata
+from .bench_e2e import MODELS, build_transformer, model_config, parse_grid, sync
+from .run_info import run_metadata
 from sparsevid.training import distillation_loss, sample_t
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import sparsevid as sv
-from benchmarks.run_info import run_metadata
+from .run_info import run_metadata
 
 # Wan2.1 configs; grid = latent (T, H, W) after 1x2x2 patching.
 MODELS = {

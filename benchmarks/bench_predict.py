@@ -62,8 +62,8 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 
 import sparsevid as sv  # noqa: E402
-from benchmarks.run_info import run_metadata  # noqa: E402
-from benchmarks.timing import flushed_ms, median_ms  # noqa: E402
+from .run_info import run_metadata  # noqa: E402
+from .timing import flushed_ms, median_ms  # noqa: E402
 from sparsevid.eval import attention_recall  # noqa: E402
 from sparsevid.ops import triton_predict  # noqa: E402  (the stages and their candidate configs are timed alone)
 from sparsevid.ops.mask import kept_index_table  # noqa: E402

@@ -40,10 +40,10 @@ if _cpu_requested(sys.argv):
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run interpreted; set before they are imported
 
 import sparsevid as sv  # noqa: E402
-from benchmarks.bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs,  # noqa: E402
+from .bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs,  # noqa: E402
                                   parse_grid, sync)
-from benchmarks.run_info import run_metadata  # noqa: E402
-from benchmarks.timing import cuda_kernel_ms, median_ms  # noqa: E402
+from .run_info import run_metadata  # noqa: E402
+from .timing import cuda_kernel_ms, median_ms  # noqa: E402
 
 KERNEL_ROUNDS = 5
 

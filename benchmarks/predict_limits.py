@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 
 import sparsevid as sv
-from benchmarks.bench_predict import (INPUTS, RULE, SHAPES, attention_95_ms, differing_rows, read_once,
+from .bench_predict import (INPUTS, RULE, SHAPES, attention_95_ms, differing_rows, read_once,
                                       timing_inputs)
-from benchmarks.run_info import run_metadata
-from benchmarks.timing import cuda_kernel_ms, flushed_ms, median_ms
+from .run_info import run_metadata
+from .timing import cuda_kernel_ms, flushed_ms, median_ms
 from sparsevid.ops import triton_predict  # the stages' kernels are timed alone
 from sparsevid.ops.predict import prediction_options
 

@@ -20,7 +20,7 @@ from diffusers import AutoencoderKLWan, ContextParallelConfig, UniPCMultistepSch
 from diffusers.utils import export_to_video
 
 import sparsevid as sv
-from sparsevid.eval.harness import parse_config
+from sparsevid.plan import parse_config
 
 DEFAULT_CONFIG = "rule=hybrid,topk=0.05,topp=0.9,dense_steps=5,dense_layers=[0]"
 

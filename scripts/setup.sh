@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv (seeing any torch already installed on the system) and installs sparsevid with the extras a
-# make target needs: `bash scripts/setup.sh demo` (what `make demo` needs) or `bash scripts/setup.sh test` (the
-# default: what `make test` needs, a superset of demo's). If no torch is importable, installs torch 2.13.0 (on
+# Creates .venv (seeing any torch already installed on the system) and installs sparsevid and its lab (lab/,
+# editable) with what a make target needs: `bash scripts/setup.sh demo` (the lab with the library's runtime extras,
+# for `make demo`) or `bash scripts/setup.sh test` (the default: that plus the test extras, for `make test`). If no torch is importable, installs torch 2.13.0 (on
 # machines that ship its CPU wheel locally, that one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ case "$EXTRAS" in demo|test) ;; *) echo "usage: scripts/setup.sh [demo|test]" >&
 # Install once per version of pyproject.toml and extras (the stamp records which); a matching stamp, or one of
 # the test extras (a superset), means the set-up is complete, so later runs start at once (no torch import).
 stamp=.venv/.sparsevid-installed
-version=$(sha256sum pyproject.toml | cut -d' ' -f1)
+version=$(cat pyproject.toml lab/pyproject.toml | sha256sum | cut -d' ' -f1)
 installed=$(cat "$stamp" 2>/dev/null || true)
 if [ -x .venv/bin/python ] && { [ "$installed" = "$version $EXTRAS" ] || [ "$installed" = "$version test" ]; }; then
     exit 0
@@ -26,5 +26,9 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
-.venv/bin/python -m pip install -q -e ".[$EXTRAS]"
+if [ "$EXTRAS" = test ]; then
+    .venv/bin/python -m pip install -q -e ".[test]" -e ./lab
+else
+    .venv/bin/python -m pip install -q -e . -e ./lab
+fi
 echo "$version $EXTRAS" > "$stamp"

@@ -6,8 +6,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import sparsevid as sv
-from sparsevid.models.adapters import adapter_for
-from sparsevid.models.context_parallel import check_parallel_config, head_range
+from sparsevid.integration.adapters import adapter_for
+from sparsevid.integration.context_parallel import check_parallel_config, head_range
 
 pytest.importorskip("diffusers")
 from diffusers import ContextParallelConfig, ParallelConfig  # noqa: E402

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import sparsevid as sv
-from sparsevid.models.step_context import StepContext
-from sparsevid.schedules import LayerPlan
+from sparsevid.integration.step_context import StepContext
+from sparsevid.plan import LayerPlan
 
 
 def test_json_round_trip_keeps_every_field():

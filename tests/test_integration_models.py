@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import sparsevid as sv
-from sparsevid.models.adapters import adapter_for
-from sparsevid.models.joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets
+from sparsevid.integration.adapters import adapter_for
+from sparsevid.integration.joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets
 from sparsevid.ops import random_block_mask
 from sparsevid.ops.mask import expand_block_mask
 

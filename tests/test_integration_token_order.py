@@ -7,8 +7,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sparsevid as sv
-from sparsevid.models import adapters, processors
-from sparsevid.models.token_order import relative_order, reorder_tokens, tile_order
+from sparsevid.integration import adapters, processors
+from sparsevid.integration.token_order import relative_order, reorder_tokens, tile_order
 from sparsevid.ops.tiling import DEFAULT_TILE
 
 pytest.importorskip("diffusers")

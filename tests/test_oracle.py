@@ -6,7 +6,7 @@ import torch
 
 import sparsevid as sv
 from sparsevid.eval.metrics import attention_recall
-from sparsevid.eval.oracle import (ExactTiles, OracleStudy, oracle_recall, oracle_study_of_model,
+from sparsevid.eval.oracle import (ExactTiles, OracleStudy, oracle_recall,
                                    tiles_for_sparsity)
 
 SPARSITIES = (0.0, 0.5, 0.75, 0.9, 0.95)
@@ -91,30 +91,6 @@ def test_oracle_input_checks():
     from sparsevid.eval.oracle import predicted_recall
     with pytest.raises(ValueError, match="tiles"):
         predicted_recall(tiles, other)
-
-
-def test_oracle_study_of_tiny_model():
-    from sparsevid.models.builtin import BuiltinVideoDiT, tiny_config
-
-    torch.manual_seed(0)
-    model = BuiltinVideoDiT(tiny_config()).eval()
-    configs = {"topk1": sv.SparseConfig(rule="topk", topk=1), "late": sv.SparseConfig(rule="topk", topk=1, dense_steps=2),
-               "raster": sv.SparseConfig(rule="hybrid", topk=1, topp=0.5, tile="none")}
-    ticks = []
-    summary = oracle_study_of_model(model, ["big red plain circle bouncing on a black background"], [0], steps=3,
-                                    sparsities=(0.0, 0.5, 0.75), configs=configs, on_probe=lambda: ticks.append(1))
-    assert summary["layers"] == [0] and summary["steps"] == [0, 1, 2] and len(ticks) == 3
-    oracle = summary["oracle"]
-    assert [len(oracle["recall"]), len(oracle["recall"][0]), len(oracle["recall"][0][0])] == [1, 3, 3]
-    assert oracle["recall_mean"][0] == pytest.approx(1.0, abs=1e-6)
-    assert oracle["recall_mean"][0] >= oracle["recall_mean"][1] >= oracle["recall_mean"][2] > 0
-    top = summary["predicted"]["topk1"]
-    # 256 tokens, 4 key blocks: one kept per row is 75% sparsity; the oracle at 75% is its ceiling.
-    assert top["sparsity_mean"] == pytest.approx(0.75)
-    assert top["recall_mean"] <= top["oracle_recall_mean"] == pytest.approx(oracle["recall_mean"][2], abs=1e-6)
-    late = summary["predicted"]["late"]
-    assert late["recall"][0][:2] == [1.0, 1.0] and late["sparsity"][0][2] == pytest.approx(0.75)
-    assert summary["predicted"]["raster"]["recall_mean"] <= summary["predicted"]["raster"]["oracle_recall_mean"]
 
 
 def test_oracle_study_from_recorded_calls():

@@ -1,8 +1,8 @@
 """Rule settings that reach a target sparsity on a model's own attention.
 
 Top-k reaches a sparsity by construction (it keeps the fraction 1 - s of the key blocks, rounded up); top-p
-and the hybrid rule reach one only through the attention they see. :func:`rules_at_sparsity` records the video
-self-attention q, k of one dense generation at the probe steps (3D-tiled token order, as the sparse processors
+and the hybrid rule reach one only through the attention they see. :func:`calibrate_rules` takes the video
+self-attention q, k recorded from a model's dense forward passes (3D-tiled token order, as the sparse processors
 see them) and finds, by bisection on p, the top-p threshold (and the hybrid's, with top-k (1 - s) / 2) whose
 predicted masks have mean sparsity s over those calls.
 """
@@ -14,42 +14,6 @@ from typing import Sequence
 import torch
 
 BISECTION_STEPS = 14
-
-
-class _Recorder:
-    """SDPA handler that keeps q, k [B, H, N, D] of video self-attention calls, in 3D-tile order, at given steps."""
-
-    def __init__(self, grid: tuple[int, int, int], steps: Sequence[int]):
-        self.grid, self.steps, self.step = grid, set(steps), 0
-        self.calls: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def on_step(self, i: int, t: float) -> None:
-        self.step = i
-
-    def __call__(self, query, key, value, **kwargs):
-        from ..models.token_order import tile_order
-
-        if self.step in self.steps and query.shape[2] == key.shape[2] == math.prod(self.grid):
-            perm = tile_order(self.grid, "auto", query.device).perm
-            self.calls.append((query.index_select(2, perm), key.index_select(2, perm)))
-        return torch.nn.functional.scaled_dot_product_attention(query, key, value, **kwargs)
-
-
-def record_video_attention(model, caption: str, seed: int, steps: int | None = None, guidance: float | None = None,
-                           probe_steps: Sequence[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(q, k) of every video self-attention of ``model``'s dense generation of ``caption`` at ``probe_steps``
-    (default first, middle, last), in 3D-tile order."""
-    from ..models.processors import SDPAInterceptor
-    from ..models.sampling import generate
-    from .harness import resolve_probe_steps, video_token_grid
-
-    steps = model.config["sampling"]["steps"] if steps is None else steps
-    probe_steps = resolve_probe_steps(steps, probe_steps)
-    grid = video_token_grid(model)
-    recorder = _Recorder(grid, probe_steps)
-    with SDPAInterceptor(recorder):
-        generate(model, [caption], [seed], steps=steps, guidance=guidance, on_step=recorder.on_step)
-    return recorder.calls
 
 
 def mean_sparsity(calls, block_q: int = 128, block_k: int = 64, **rule) -> float:
@@ -73,7 +37,7 @@ def calibrate_topp(calls, target: float, topk: float | None = None, **blocks) ->
     return (low + high) / 2
 
 
-def _check_targets(targets: Sequence[float]) -> None:
+def check_targets(targets: Sequence[float]) -> None:
     if not targets or not all(isinstance(s, (int, float)) and 0 < s < 1 for s in targets):
         raise ValueError(f"targets must be sparsities in (0, 1), got {targets!r}")
 
@@ -81,9 +45,9 @@ def _check_targets(targets: Sequence[float]) -> None:
 def calibrate_rules(calls, targets: Sequence[float], block_q: int = 128, block_k: int = 64) -> dict:
     """{label: SparseConfig}: top-k, top-p and hybrid at every target sparsity in ``targets`` (each in (0, 1)),
     calibrated on recorded ``calls`` (:func:`record_video_attention`); labels like "topp 90%"."""
-    from ..schedules import SparseConfig
+    from ..plan import SparseConfig
 
-    _check_targets(targets)
+    check_targets(targets)
     blocks = dict(block_q=block_q, block_k=block_k)
     configs = {}
     for target in targets:
@@ -94,12 +58,3 @@ def calibrate_rules(calls, targets: Sequence[float], block_q: int = 128, block_k
         configs[f"hybrid {target:.0%}"] = SparseConfig(
             rule="hybrid", topk=keep / 2, topp=round(calibrate_topp(calls, target, keep / 2, **blocks), 5), **blocks)
     return configs
-
-
-def rules_at_sparsity(model, targets: Sequence[float], caption: str, seed: int = 0, steps: int | None = None,
-                      guidance: float | None = None, block_q: int = 128, block_k: int = 64) -> dict:
-    """:func:`calibrate_rules` on ``model``'s attention for ``caption`` and ``seed`` (one dense generation; the
-    targets are checked before it runs)."""
-    _check_targets(targets)
-    calls = record_video_attention(model, caption, seed, steps, guidance)
-    return calibrate_rules(calls, targets, block_q, block_k)

@@ -12,13 +12,13 @@ each query-block row is the best any mask with ``c`` tiles in that row can do, s
   every row, predicted <= oracle).
 
 :class:`OracleStudy` gathers these per layer and denoising step, from recorded q, k, v or from a model's
-dense generation (:func:`oracle_study_of_model`), in the 3D-tiled token order that the sparse processors use.
+dense forward passes (recorded by the caller), in the 3D-tiled token order that the sparse processors use.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -164,7 +164,7 @@ class OracleStudy:
     def _ordered(self, tensors, tile):
         if self.grid is None or tile == "none":
             return tensors
-        from ..models.token_order import tile_order
+        from ..integration.token_order import tile_order
 
         perm = tile_order(self.grid, tile, tensors[0].device).perm
         return tuple(t.index_select(2, perm) for t in tensors)
@@ -239,32 +239,3 @@ class OracleStudy:
                     entry[f"{key}_per_layer"] = per_layer(cells)
             out["predicted"][name] = entry
         return out
-
-
-def oracle_study_of_model(model, captions: Sequence[str], seeds: Sequence[int], steps: int | None = None,
-                          guidance: float | None = None, probe_steps: Sequence[int] | None = None,
-                          sparsities: Sequence[float] = ORACLE_SPARSITIES, configs: dict | None = None,
-                          on_probe: Callable[[], None] | None = None, **study_options) -> dict:
-    """:meth:`OracleStudy.summary` over the dense generation of every (caption, seed) pair by ``model`` (a dense
-    :class:`~sparsevid.models.BuiltinVideoDiT`), probing its video self-attentions at ``probe_steps`` (default:
-    first, middle, last). ``on_probe()`` is called after each probed step of each clip. ``study_options``:
-    further :class:`OracleStudy` fields (tile, block_q, block_k, backend)."""
-    from ..models import is_sparse
-    from ..models.processors import SDPAInterceptor
-    from ..models.sampling import generate
-    from .harness import _SelfAttentionProbe, resolve_probe_steps, video_token_grid
-
-    if is_sparse(model.transformer):
-        raise ValueError("model must run dense attention (remove its sparse attention first)")
-    if len(captions) != len(seeds) or not captions:
-        raise ValueError(f"captions ({len(captions)}) and seeds ({len(seeds)}) must be non-empty and of equal length")
-    steps = model.config["sampling"]["steps"] if steps is None else steps
-    probe_steps = resolve_probe_steps(steps, probe_steps)
-    grid = video_token_grid(model)
-    study = OracleStudy(sparsities, dict(configs or {}), grid, **study_options)
-    for caption, seed in zip(captions, seeds):
-        probe = _SelfAttentionProbe({}, {}, grid, probe_steps, on_attention=study.add, on_probe=on_probe)
-        with SDPAInterceptor(probe):
-            generate(model, [caption], [seed], steps=steps, guidance=guidance, on_step=probe.on_step)
-        probe.finish()
-    return study.summary()

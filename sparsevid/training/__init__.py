@@ -1,20 +1,24 @@
-"""Training: the rectified-flow objective, a reusable loop (AdamW, warm-up, EMA, bf16, data parallel),
-checkpoints, and trainable sparse attention by velocity distillation (:mod:`.distill`)."""
-from .checkpoint import (export_builtin, load_training_state, save_safetensors_atomic, save_training_state,
-                         write_text_atomic)
+"""Training: velocity distillation of sparse students and the diffusion-loss baseline for diffusers video
+transformers of flow-matching families (:mod:`.distill`), on latents with their text conditioning
+(:mod:`.latents`); the rectified-flow objective, a reusable loop (AdamW, warm-up, EMA, bf16, data parallel),
+atomic checkpoints and the student format (:mod:`.student`)."""
+from .checkpoint import load_training_state, save_safetensors_atomic, save_training_state, write_text_atomic
+from .distill import DistillConfig, DistillResult, distill
+from .distributed import barrier, is_main_process, setup, teardown
+from .draws import STREAM_DATA, STREAM_NOISE, STREAM_SHUFFLE, STREAM_TEACHER, sample_generator, sample_seed
 from .ema import EMA
-from .flow import flow_matching_loss, sample_t, shift_t
+from .flow import flow_matching_loss, noisy, sample_t, shift_t, weighted_squared_error
+from .latents import LatentBatch, LatentDirectory, check_indices, write_latent_sample, write_null_text
 from .loop import LoopConfig, TrainResult, learning_rate, train_loop
-from .clipfiles import read_clip, write_clip
-from .distill import DistillConfig, DistillResult, distill, distillation_loss, save_student
-from .sources import DirectorySource, ProceduralSource
-from .student_asset import export_sparse_student, save_sparse_student
-from .teacher_cache import teacher_cache
+from .student import (STUDENT_CONFIG, STUDENT_WEIGHTS, TRAINABLE, base_fingerprint, load_student, read_student,
+                      save_student, trainable_names)
+from .velocity import DenseTeacher, predict_velocity
 
-__all__ = ["EMA", "LoopConfig", "TrainResult", "export_builtin", "flow_matching_loss", "learning_rate",
-           "load_training_state",
-           "sample_t", "save_safetensors_atomic", "save_training_state", "shift_t", "train_loop",
-           "write_text_atomic",
-           "export_sparse_student", "save_sparse_student",
-           "DirectorySource", "DistillConfig", "DistillResult", "ProceduralSource", "distill", "distillation_loss",
-           "read_clip", "save_student", "teacher_cache", "write_clip"]
+__all__ = ["EMA", "STREAM_DATA", "STREAM_NOISE", "STREAM_SHUFFLE", "STREAM_TEACHER", "STUDENT_CONFIG",
+           "STUDENT_WEIGHTS", "TRAINABLE", "DenseTeacher", "DistillConfig", "DistillResult", "LatentBatch",
+           "LatentDirectory", "LoopConfig", "TrainResult", "barrier", "base_fingerprint", "check_indices", "distill",
+           "flow_matching_loss", "is_main_process", "learning_rate", "load_student", "load_training_state", "noisy",
+           "predict_velocity", "read_student", "sample_generator", "sample_seed", "sample_t",
+           "save_safetensors_atomic", "save_student", "save_training_state", "setup", "shift_t", "teardown",
+           "train_loop", "trainable_names", "weighted_squared_error", "write_latent_sample", "write_null_text",
+           "write_text_atomic"]

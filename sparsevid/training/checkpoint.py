@@ -41,19 +41,6 @@ def _temporary_beside(path: str | Path) -> tuple[Path, Path]:
     return path, path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
-def export_builtin(model, directory: str | Path, dtype: torch.dtype = torch.bfloat16,
-                   extra: dict | None = None) -> Path:
-    """Write a :class:`BuiltinVideoDiT`'s weights (in ``dtype``) and config (plus ``extra`` entries) into
-    ``directory`` as :func:`sparsevid.models.builtin.load_builtin` reads them. Returns the weights path."""
-    from ..models.builtin import CONFIG_FILE, WEIGHTS_FILE
-
-    directory = Path(directory)
-    tensors = {name: p.detach().to("cpu", dtype) for name, p in model.state_dict().items()}
-    weights = save_safetensors_atomic(tensors, directory / WEIGHTS_FILE)
-    write_text_atomic(json.dumps({**model.config, **(extra or {})}, indent=2), directory / CONFIG_FILE)
-    return weights
-
-
 def save_training_state(path: str | Path, model: torch.nn.Module, ema: dict[str, torch.Tensor],
                         optimizer: torch.optim.Optimizer, step: int, info: dict | None = None) -> Path:
     """One file holding model weights, EMA weights, the optimizer state, the step count, the global torch

@@ -1,58 +1,35 @@
-"""Trainable sparse attention by velocity distillation.
+"""Trainable sparse attention for any diffusers video transformer of a flow-matching family: velocity distillation
+and the diffusion-loss baseline, on latents with their text conditioning.
 
-The student is a pretrained video DiT whose self-attentions are made block-sparse
-(``apply_sparse_attention``); the teacher is a frozen dense copy of the same weights. For clean clips x0,
-noise ε and noise levels t drawn as in pre-training (logit-normal, shifted), x_t = (1 - t) x0 + t ε, the
-``"distill"`` objective is ``mean((v_student(x_t, t, c) - v_teacher(x_t, t, c))^2)`` (teacher under
-no_grad); the ``"diffusion"`` baseline is the flow-matching loss ``mean((v_student - (ε - x0))^2)``.
-Both run in :func:`~sparsevid.training.loop.train_loop`, on one process or data-parallel under
-``torchrun``; every random draw is keyed by the global sample index (see :mod:`.sources`).
+The student is the pretrained transformer with its self-attentions made block-sparse (``apply_sparse_attention``);
+the teacher is the same transformer run dense on frozen copies of the weights fine-tuning changes
+(:class:`~sparsevid.training.velocity.DenseTeacher`). For latents x0, noise and noise levels t drawn as in
+pre-training (logit-normal, shifted), x_t = (1 - t) x0 + t noise, the ``"distill"`` objective is
+``mean((v_student(x_t, t, c) - v_teacher(x_t, t, c))^2)``; the ``"diffusion"`` baseline is the flow-matching loss
+``mean((v_student - (noise - x0))^2)``. Both run in :func:`~sparsevid.training.loop.train_loop`, on one process or
+data-parallel under ``torchrun``; every random draw is keyed by the global sample index (:mod:`.draws`).
 """
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..models.sparse_student import TRAINABLE
-from ..schedules import SparseConfig
-from .checkpoint import export_builtin, write_text_atomic
+from ..integration import apply_sparse_attention, is_sparse, reset_denoising_step
+from ..plan import SparseConfig
 from .distributed import is_main_process, setup, wrap
+from .draws import STREAM_NOISE, sample_generator
 from .flow import flow_matching_loss, noisy, sample_t
+from .latents import LatentBatch
 from .loop import LoopConfig, train_loop
-from .sources import STREAM_NOISE, sample_generator
+from .student import TRAINABLE, base_fingerprint, save_student, trainable_names
+from .velocity import DenseTeacher, check_flow_family, predict_velocity
 
 OBJECTIVES = ("distill", "diffusion")
-STATE_FILE, LOG_FILE, SPARSE_CONFIG_FILE, TRANSFORMER_DIR = ("state.safetensors", "log.jsonl",
-                                                             "sparse_config.json", "transformer")
-
-
-def distillation_loss(student, teacher, x0: torch.Tensor, cond: torch.Tensor, t: torch.Tensor,
-                      noise: torch.Tensor) -> torch.Tensor:
-    """Mean squared difference of the student's and the (no-grad) teacher's velocity at x_t.
-
-    student, teacher: ``model(x_t, t, cond) -> velocity``; x0, noise: [B, C, T, H, W]; t: [B] in [0, 1];
-    cond: the conditioning both models take (e.g. caption tokens int64 [B, L]).
-    """
-    x_t = noisy(x0, noise, t)
-    with torch.no_grad():
-        target = teacher(x_t, t, cond)
-    return torch.nn.functional.mse_loss(student(x_t, t, cond).float(), target.float())
-
-
-def pretraining_noise(model, shift: float | None = None, null_prob: float | None = None) -> tuple[float, float]:
-    """(time shift, caption-dropout probability) for fine-tuning ``model``: the given values, else those it was
-    pre-trained with (its config's "training" arguments), else 1.0 and 0.1."""
-    arguments = model.config.get("training", {}).get("arguments", {})
-    return (arguments.get("train_shift", 1.0) if shift is None else shift,
-            arguments.get("null_prob", 0.1) if null_prob is None else null_prob)
-
-
-def _default_sparse() -> SparseConfig:
-    return SparseConfig(rule="hybrid", topk=0.05, topp=0.9)
+STATE_FILE, LOG_FILE = "state.safetensors", "log.jsonl"
+DEFAULT_SPARSE = {"rule": "hybrid", "topk": 0.05, "topp": 0.9}
 
 
 @dataclass
@@ -61,20 +38,21 @@ class DistillConfig:
 
     Args:
         objective: "distill" (match the dense teacher) or "diffusion" (flow matching on the data).
-        sparse: the student's sparse attention (constant over noise levels: ``schedule="constant"``,
+        sparse: the student's sparse attention (one rule at every noise level: ``schedule="constant"``,
             ``dense_steps=0``); None fine-tunes the dense model (with ``objective="diffusion"`` only: a dense
             student would distil into itself), the control that shows what the fine-tuning data alone do.
         trainable: "all" parameters or the self-"attention" modules only.
         batch_size: the global batch (split evenly over the ranks of a data-parallel job).
         seed: seeds the noise, noise levels and caption dropout of every sample index.
-        shift, logit_std: the noise-level distribution (``sample_t``), as in pre-training.
-        null_prob: probability that a sample's caption becomes the null caption (keeps guidance working).
+        shift, logit_std: the noise-level distribution (``sample_t``), as in pre-training (Wan: shift 1 in
+            training with the sampler at 3-5; a model's own recipe wins).
+        null_prob: probability that a sample's text becomes the empty prompt's (keeps guidance working).
         gradient_checkpointing: recompute the transformer blocks in the backward pass.
     """
 
     objective: str = "distill"
-    sparse: SparseConfig | None = field(default_factory=_default_sparse)
-    trainable: str = "all"
+    sparse: SparseConfig | None = field(default_factory=lambda: SparseConfig(**DEFAULT_SPARSE))
+    trainable: str = "attention"
     batch_size: int = 8
     seed: int = 0
     shift: float = 1.0
@@ -113,62 +91,58 @@ class DistillConfig:
     def run_info(self, source) -> dict:
         """The settings a resumed run must share (JSON-normalised): they fix the sequence of draws."""
         info = {"objective": self.objective, "sparse": None if self.sparse is None else self.sparse.to_dict(),
-                "trainable": self.trainable,
-                "batch_size": self.batch_size, "seed": self.seed, "shift": self.shift,
+                "trainable": self.trainable, "batch_size": self.batch_size, "seed": self.seed, "shift": self.shift,
                 "logit_std": self.logit_std, "null_prob": self.null_prob, "data": source.describe()}
         return json.loads(json.dumps(info))
 
 
-class Batches:
-    """The per-rank batch of each training step: global sample indices ``step * B + rank * b + j``
-    (B the global batch, b = B / world_size), each with its own noise, noise level and caption dropout.
+class Draws:
+    """The per-rank batch of each training step: global sample indices ``step * B + rank * b + j`` (B the global
+    batch, b = B / world_size), each with its own noise level, caption dropout and noise (drawn in that order from
+    the index's generator).
 
-    Calling it with a step returns x0 float32 [b, C, T, H, W], tokens int64 [b, L], t [b], noise like x0.
-    """
+    Calling it with a step returns (batch: LatentBatch with dropped texts replaced, t float32 [b], noise float32
+    like the latents), on ``device``."""
 
-    def __init__(self, model, source, config: DistillConfig, rank: int, world_size: int, device):
+    def __init__(self, source, config: DistillConfig, rank: int, world_size: int, device):
         if config.batch_size % world_size:
             raise ValueError(f"batch_size ({config.batch_size}) must be divisible by the number of processes "
                              f"({world_size})")
-        if tuple(source.clip_shape) != tuple(model.clip_shape):
-            raise ValueError(f"the data's clips have shape {tuple(source.clip_shape)} but the model takes "
-                             f"{tuple(model.clip_shape)}")
-        self.model, self.source, self.config, self.device = model, source, config, torch.device(device)
+        self.source, self.config, self.device = source, config, torch.device(device)
         self.per_rank = config.batch_size // world_size
         self.offset = rank * self.per_rank
-        self.null = model.tokenize([""])
+        self.null = source.null_text()
 
     def indices(self, step: int) -> list[int]:
         start = step * self.config.batch_size + self.offset
         return list(range(start, start + self.per_rank))
 
-    def __call__(self, step: int):
+    def __call__(self, step: int) -> tuple[LatentBatch, torch.Tensor, torch.Tensor]:
         cfg = self.config
         indices = self.indices(step)
-        x0, captions = self.source.clips(indices, self.device)
-        tokens = self.model.tokenize(captions)
+        batch = self.source.batch(indices, self.device)
         ts, noises, drops = [], [], []
         for index in indices:
             generator = sample_generator(cfg.seed, index, STREAM_NOISE)
             ts.append(sample_t(1, generator, shift=cfg.shift, logit_std=cfg.logit_std))
             drops.append(torch.rand(1, generator=generator) < cfg.null_prob)
-            noises.append(torch.randn(x0.shape[1:], generator=generator))
-        tokens = torch.where(torch.cat(drops).unsqueeze(1), self.null, tokens).to(self.device)
-        return x0, tokens, torch.cat(ts).to(self.device), torch.stack(noises).to(self.device)
+            noises.append(torch.randn(batch.latents.shape[1:], generator=generator))
+        batch = batch.drop_text(torch.cat(drops), self.null)
+        return batch, torch.cat(ts).to(self.device), torch.stack(noises).to(self.device)
 
 
-def select_trainable(model, trainable: str) -> int:
-    """Set ``requires_grad`` on ``model``'s parameters: every one ("all") or only those of the transformer's
-    video self-attentions ("attention"). Returns how many parameters train."""
-    from ..models.adapters import adapter_for
-
-    if trainable not in TRAINABLE:
-        raise ValueError(f"trainable must be one of {TRAINABLE}, got {trainable!r}")
-    model.requires_grad_(trainable == "all")
-    if trainable == "attention":
-        for attention in adapter_for(model.transformer).self_attentions(model.transformer):
-            attention.requires_grad_(True)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+def check_source(transformer: torch.nn.Module, source) -> None:
+    """ValueError when ``source``'s samples do not fit ``transformer`` (latent channels, text width)."""
+    config = transformer.config
+    channels = getattr(config, "in_channels", None)
+    if channels is not None and source.latent_shape[0] != channels:
+        raise ValueError(f"the data's latents have {source.latent_shape[0]} channels but the "
+                         f"{type(transformer).__name__} takes {channels}: data made for another model?")
+    text_dim = next((getattr(config, name) for name in ("text_dim", "text_embed_dim") if hasattr(config, name)), None)
+    text_shape = getattr(source, "text_shape", None)
+    if text_dim is not None and text_shape is not None and text_shape[-1] != text_dim:
+        raise ValueError(f"the data's text states have width {text_shape[-1]} but the {type(transformer).__name__} "
+                         f"takes {text_dim}: data encoded for another model?")
 
 
 @dataclass
@@ -184,47 +158,54 @@ class DistillResult:
     finished: bool = True
 
 
-def distill(model, source, config: DistillConfig, loop: LoopConfig, out: str | Path | None = None,
-            resume: bool = False, device: str | torch.device | None = None, log=print) -> DistillResult:
-    """Train ``model`` (a :class:`~sparsevid.models.BuiltinVideoDiT`, dense) in place into a sparse-attention
-    student; on return its self-attentions stay sparse with ``config.sparse`` (dense if it is None).
+def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: LoopConfig,
+            out: str | Path | None = None, resume: bool = False, device: str | torch.device | None = None,
+            log=print, extra: dict | None = None) -> DistillResult:
+    """Fine-tune ``transformer`` (a dense, pretrained diffusers video transformer of a flow-matching family) in
+    place into a sparse-attention student; on return its self-attentions stay sparse with ``config.sparse``.
 
-    source: fine-tuning clips (:mod:`sparsevid.training.sources`); loop: optimiser and budget.
-    out: directory for the training state (``state.safetensors``, resumable with ``resume``), the per-step
-    log (``log.jsonl``) and, once the budget is used up, the student (see :func:`save_student`). Under ``torchrun`` each
-    process calls this; rank 0 writes the files. ``device`` defaults to the model's.
+    source: the fine-tuning latents and texts (:mod:`sparsevid.training.latents`); loop: optimiser and budget.
+    out: directory for the training state (``state.safetensors``, resumable with ``resume``), the per-step log
+    (``log.jsonl``) and, once the budget is used up, the student (:func:`~sparsevid.training.student.save_student`;
+    ``extra`` goes into its ``student.json``). Under ``torchrun`` each process calls this; rank 0 writes the files.
+    ``device`` defaults to the transformer's.
     """
-    from ..models.integration import apply_sparse_attention, is_sparse, reset_denoising_step
-
     if not isinstance(config, DistillConfig):
         raise TypeError(f"config must be a DistillConfig, got {type(config).__name__}")
     if not isinstance(loop, LoopConfig):
         raise TypeError(f"loop must be a LoopConfig, got {type(loop).__name__}")
-    if is_sparse(model.transformer):
-        raise ValueError("model already has sparse attention; pass the dense pretrained model")
-    job = setup(device if device is not None else next(model.parameters()).device)
-    model.to(job.device)
-    batches = Batches(model, source, config, job.rank, job.world_size, job.device)
-    teacher = None
-    if config.objective == "distill":
-        teacher = copy.deepcopy(model).requires_grad_(False).eval()
+    check_flow_family(transformer)
+    if is_sparse(transformer):
+        raise ValueError("transformer already has sparse attention; pass the dense pretrained transformer")
+    check_source(transformer, source)
+    job = setup(device if device is not None else next(transformer.parameters()).device)
+    transformer.to(job.device)
+    draws = Draws(source, config, job.rank, job.world_size, job.device)
+    names = trainable_names(transformer, config.trainable)
+    base = base_fingerprint(transformer, config.trainable)
+    teacher = DenseTeacher(transformer, names) if config.objective == "distill" else None
     if config.sparse is not None:
-        apply_sparse_attention(model.transformer, config.sparse)
-    trainable = select_trainable(model, config.trainable)
+        apply_sparse_attention(transformer, config.sparse)
+    wanted = set(names)
+    for name, parameter in transformer.named_parameters():
+        parameter.requires_grad_(name in wanted)
     if config.gradient_checkpointing:
-        model.transformer.enable_gradient_checkpointing()
-    student = wrap(model, job)
+        transformer.enable_gradient_checkpointing()
+    student = wrap(transformer, job)
 
     def loss_fn(step: int) -> torch.Tensor:
-        x0, tokens, t, noise = batches(step)
+        batch, t, noise = draws(step)
         if config.sparse is not None:
-            reset_denoising_step(model.transformer)  # every forward predicts its own masks
+            reset_denoising_step(transformer)  # every forward predicts its own masks
+        x_t = noisy(batch.latents, noise, t)
+        velocity = predict_velocity(student, x_t, t, batch, module=transformer)
         if teacher is None:
-            return flow_matching_loss(student, x0, tokens, t, noise)
-        return distillation_loss(student, teacher, x0, tokens, t, noise)
+            return flow_matching_loss(velocity, batch.latents, noise)
+        return torch.nn.functional.mse_loss(velocity.float(), teacher(x_t, t, batch).float())
 
     out = Path(out) if out is not None else None
     run_info = config.run_info(source)
+    trainable = sum(p.numel() for p in transformer.parameters() if p.requires_grad)
     if is_main_process():
         log(f"{config.objective}: {trainable / 1e6:.2f}M trainable parameters ({config.trainable}), global batch "
             f"{config.batch_size} over {job.world_size} process(es), data {source.describe()}")
@@ -232,37 +213,14 @@ def distill(model, source, config: DistillConfig, loop: LoopConfig, out: str | P
                         resume=resume, log=log, run_info=run_info,
                         jsonl_path=None if out is None else out / LOG_FILE)
     if result.ema is not None:
-        result.ema.copy_to(model)
-    if out is not None and is_main_process() and result.history and result.finished:
+        result.ema.copy_to(transformer)
+    if out is not None and is_main_process() and result.history and result.finished and config.sparse is not None:
         summary = {"objective": config.objective, "steps": result.steps, "seconds": round(result.seconds, 1),
-                   "final_loss": result.history[-1]["loss"], "trainable": config.trainable,
-                   "world_size": job.world_size, "run": run_info}
-        save_student(model, config.sparse, out, summary)
+                   "final_loss": result.history[-1]["loss"], "world_size": job.world_size, "run": run_info,
+                   **(extra or {})}
+        save_student(transformer, out, config.sparse, config.trainable, base, extra=summary)
         _plot_log(out / LOG_FILE, out / "loss.png", config.objective)
     return DistillResult(result.steps, result.seconds, result.history, trainable, out, result.finished)
-
-
-def save_student(model, sparse: SparseConfig | None, directory: str | Path, summary: dict | None = None) -> Path:
-    """Write the student into ``directory``: the built-in format (float32 ``builtin.safetensors`` +
-    ``builtin.json`` with ``summary`` under "distillation"; ``python -m sparsevid eval --model``), the
-    transformer as a diffusers model (``transformer/``, ``WanTransformer3DModel.from_pretrained``) and its
-    ``sparse_config.json`` (``SparseConfig.from_json``; ``eval --config``; not written for a dense student,
-    ``sparse`` None). Returns ``directory``."""
-    directory = Path(directory)
-    export_builtin(model, directory, dtype=torch.float32, extra={"distillation": summary or {}})
-    model.transformer.save_pretrained(directory / TRANSFORMER_DIR)
-    if sparse is not None:
-        write_text_atomic(sparse.to_json(indent=2), directory / SPARSE_CONFIG_FILE)
-    return directory
-
-
-def load_student(directory: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
-    """(model, SparseConfig) of a student that :func:`save_student` wrote into ``directory``, the model in eval
-    mode on ``device`` in ``dtype``."""
-    from ..models.builtin import load_builtin
-
-    config = SparseConfig.from_json((Path(directory) / SPARSE_CONFIG_FILE).read_text())
-    return load_builtin(directory, device=device, dtype=dtype), config
 
 
 def _plot_log(log_path: Path, png: Path, objective: str) -> None:

@@ -28,16 +28,12 @@ def noisy(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tenso
     return (1 - tt) * x0 + tt * noise
 
 
-def flow_matching_loss(model, x0: torch.Tensor, tokens: torch.Tensor, t: torch.Tensor,
-                       noise: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean squared error of the predicted velocity.
-
-    model(x_t, t, tokens) -> velocity; x0, noise: [B, C, T, H, W]; tokens: int64 [B, L]; t: [B] in [0, 1].
-    weight: None, or per-pixel weights >= 0 broadcastable to x0 (e.g. [B, 1, T, H, W]): the weighted mean
-    sum(w e^2) / sum(w), so the loss keeps the scale of the plain mean.
-    """
-    prediction = model(noisy(x0, noise, t), t, tokens)
-    return weighted_squared_error(prediction, noise - x0, weight)
+def flow_matching_loss(velocity: torch.Tensor, x0: torch.Tensor, noise: torch.Tensor,
+                       weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The flow-matching loss of a predicted ``velocity`` at x_t = (1 - t) x0 + t noise: its mean squared error
+    (float32) against the target ``noise - x0``; all three [B, C, T, H, W]. ``weight``: see
+    :func:`weighted_squared_error`."""
+    return weighted_squared_error(velocity, noise - x0, weight)
 
 
 def weighted_squared_error(prediction: torch.Tensor, target: torch.Tensor,

@@ -1,0 +1,169 @@
+"""The demo command end to end on the tiny configuration."""
+import json
+
+import numpy as np
+
+import pytest
+
+from sparsevid.cli import main
+
+
+def test_demo_runs_and_writes_its_files(tmp_path, capsys):
+    assert main(["demo", "--tiny", "--out", str(tmp_path), "--steps", "2", "--rule", "topk", "--topk", "0.25"]) == 0
+    printed = capsys.readouterr().out
+    assert "sparsity" in printed and "PSNR" in printed and "SSIM" in printed and "attention s" in printed
+    for name in ("dense_vs_sparse.gif", "dense_vs_sparse.png", "demo.json"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    summary = json.loads((tmp_path / "demo.json").read_text())
+    # the tiny model's dense generation is fast: --noise-floor auto measures the noise floor
+    assert list(summary["runs"]) == ["dense", "training-free top-k 0.25", "noise floor"]
+    dense, sparse, floor = summary["runs"].values()
+    assert sparse["sparsity"] == pytest.approx(0.75)  # one of four key blocks per query block
+    assert dense["sparsity"] == 0.0 and dense["speedup"] == 1.0 and dense["ssim"] == pytest.approx(1.0)
+    assert sparse["seconds"] > 0 and sparse["attention_s"] > 0
+    assert sparse["speedup"] == pytest.approx(dense["seconds"] / sparse["seconds"])
+    assert all(0 <= run["faithfulness"] <= 1 for run in (dense, sparse)) and "faithful" in printed
+    assert floor["sparsity"] == 0.0 and floor["config"]["topk"] == 1.0 and floor["psnr"] > 60
+    assert f"noise floor {floor['psnr']:.2f} dB" in printed and "measured in this run" in printed
+    assert "What the numbers mean" in printed
+    assert summary["settings"]["steps"] == 2
+
+
+def test_demo_student_column_and_noise_floor_reuse(tmp_path, capsys, monkeypatch):
+    """--student adds the student's clip under its own sparse setting; without a measured noise floor the
+    printout says so, and a later run with the same settings reuses an earlier measured one."""
+    import torch
+
+    import sparsevid as sv
+    from sparsevid.cli import demo
+    from sparsevid_lab.model.builtin import BuiltinVideoDiT, tiny_config
+    from sparsevid.training.distill import save_student
+
+    torch.manual_seed(1)
+    student_dir = save_student(BuiltinVideoDiT(tiny_config()), sv.SparseConfig(rule="topk", topk=0.5),
+                               tmp_path / "student")
+    out = tmp_path / "demo"
+    common = ["demo", "--tiny", "--out", str(out), "--steps", "2", "--student", str(student_dir)]
+    assert main(common + ["--noise-floor", "off"]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "demo.json").read_text())
+    assert list(summary["runs"]) == ["dense", "training-free top-k 0.25", "sparse student"]
+    student = summary["runs"]["sparse student"]
+    assert student["sparsity"] == pytest.approx(0.5) and student["config"]["topk"] == 0.5
+    assert 0 < student["psnr"] < 60  # other weights (seed 1) than the tiny dense model (seed 0)
+    assert "noise floor not measured" in printed and "--noise-floor on" in printed
+
+    assert main(common + ["--noise-floor", "on"]) == 0
+    measured = json.loads((out / "demo.json").read_text())["runs"]["noise floor"]
+    assert "measured in this run" in capsys.readouterr().out
+    monkeypatch.setattr(demo, "AUTO_NOISE_FLOOR_S", 0.0)  # auto now skips measuring: as on a slow machine
+    assert main(common) == 0
+    printed = capsys.readouterr().out
+    assert f"noise floor {measured['psnr']:.2f} dB" in printed and "reused from the run of" in printed
+    assert json.loads((out / "demo.json").read_text())["runs"]["noise floor"]["psnr"] == measured["psnr"]
+    assert main(common + ["--seed", "3"]) == 0  # other noise: the earlier floor does not apply
+    assert "noise floor not measured" in capsys.readouterr().out
+
+
+def test_clip_header_names_each_clip_and_fits_the_caption():
+    """The header band is white with dark text over each clip and one caption wider than the clips wraps."""
+    from sparsevid_lab.eval.media import header
+
+    band = header(200, 99, 2, labels=["dense", "sparse hybrid 90%"], caption="big red plain circle " * 6)
+    assert band.dtype == np.uint8 and band.shape[1] == 200 and band.shape[0] > 30  # caption lines + labels
+    dark = band.min(axis=-1) < 128
+    label_row = dark[-15:]  # the last line holds the labels, one over each clip
+    assert label_row[:, :99].any() and label_row[:, 101:].any()
+    assert dark.any(axis=1).sum() > 20 and (band[0] == 255).all()
+
+
+def test_eval_command_writes_table_json_and_plots(tmp_path, capsys):
+    assert main(["eval", "--tiny", "--out", str(tmp_path), "--steps", "2", "--captions", "1", "--heldout-per-bin", "1",
+                 "--noise-bins", "3", "--oracle-sparsity", "0.5", "0.75", "--probe-steps", "1",
+                 "--config", "rule=topk,topk=1,tile=none", "--config", "rule=topk,topk=1.0"]) == 0
+    assert "smoke test" in capsys.readouterr().out
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["configs"]) == {"rule=topk,topk=1,tile=none", "rule=topk,topk=1.0"}
+    assert results["configs"]["rule=topk,topk=1.0"]["sparsity"] == 0.0
+    assert results["settings"]["smoke_test"] is True
+    assert results["noise_floor_psnr"] > 60 and results["noise_floor_ssim"] == pytest.approx(1.0, abs=1e-6)
+    for entry in [results["dense"], results["noise_floor"], *results["configs"].values()]:
+        assert {"faithfulness", "velocity_error", "heldout_loss"} <= set(entry)
+        assert len(entry["velocity_error"]["per_bin"]) == 3 and len(entry["heldout_loss"]["per_bin"]) == 3
+    assert results["dense"]["velocity_error"]["overall"] == 0.0
+    assert results["configs"]["rule=topk,topk=1,tile=none"]["velocity_error"]["overall"] > 1e-3
+    assert results["oracle"]["sparsities"] == [0.5, 0.75]
+    one = results["configs"]["rule=topk,topk=1,tile=none"]
+    assert one["predicted_recall"] <= one["oracle_recall"] + 1e-9
+    table = (tmp_path / "results.md").read_text()
+    assert all(0 <= entry["faithfulness"]["overall"] <= 1 and "motion" in entry["faithfulness"]["per_attribute"]
+               for entry in [results["dense"], results["noise_floor"], *results["configs"].values()])
+    assert "Smoke test" in table and "| setting | sparsity | PSNR (dB) | SSIM | faithfulness | velocity error |" in table
+    assert "Caption faithfulness per attribute" in table
+    assert "every tile kept (noise floor)" in table
+    for name in ("first_clip.gif", "quality_vs_sparsity.png", "recall_vs_sparsity.png", "recall_per_layer.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+
+
+@pytest.mark.parametrize("argv, message", [(["--topp", "1.5"], "--topp"), (["--student", "no/such/dir"], "--student"),
+                                           (["--noise-floor", "sometimes"], "--noise-floor")])
+def test_demo_rejects_bad_arguments(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--tiny", "--out", str(tmp_path)] + argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_demo_student_needs_its_sparse_config(tmp_path, capsys):
+    from sparsevid_lab.model.builtin import BuiltinVideoDiT, tiny_config
+    from sparsevid.training.checkpoint import export_builtin
+
+    export_builtin(BuiltinVideoDiT(tiny_config()), tmp_path / "model")  # a model directory, not a student
+    with pytest.raises(SystemExit):
+        main(["demo", "--tiny", "--out", str(tmp_path), "--student", str(tmp_path / "model")])
+    assert "neither student.json (a student asset) nor sparse_config.json" in capsys.readouterr().err
+
+
+def test_demo_runs_the_student_shipped_beside_the_model(tmp_path, capsys):
+    """--student auto (the default) finds the asset in the model's sparse_student folder; 'none' leaves the
+    column out; an asset fine-tuned from other weights is refused with a clear error."""
+    import torch
+
+    import sparsevid as sv
+    from sparsevid_lab.cli.students import read_student_like
+    from sparsevid_lab.model.builtin import BuiltinVideoDiT, tiny_config
+    from sparsevid.training.checkpoint import export_builtin
+    from sparsevid_lab.model.student_asset import save_sparse_student
+
+    torch.manual_seed(0)
+    base = export_builtin(BuiltinVideoDiT(tiny_config()), tmp_path / "model", dtype=torch.float32).parent
+    student = sv.models.load_builtin(base)
+    with torch.no_grad():
+        for name, tensor in student.transformer.named_parameters():
+            if ".attn1." in name:
+                tensor.add_(0.01)  # "fine-tuned" self-attention
+    save_sparse_student(student, sv.SparseConfig(rule="topk", topk=0.5), "attention", base, base / "sparse_student")
+    reference = sv.models.load_builtin(base)
+    reference.use_clip(2, 16, 16)  # as --clip does: the student must sample the reference's clip shape
+    reference.config["sampling"]["steps"] = 3  # as the CPU defaults do: and with the reference's sampler steps
+    like, config = read_student_like(base / "sparse_student", reference, base)
+    assert like.clip_shape == reference.clip_shape == (3, 2, 16, 16) and config.topk == 0.5
+    assert like.config["sampling"] == reference.config["sampling"]
+    out = tmp_path / "demo"
+    common = ["demo", "--model", str(base), "--out", str(out), "--steps", "2", "--noise-floor", "off"]
+    assert main(common) == 0
+    summary = json.loads((out / "demo.json").read_text())
+    assert list(summary["runs"]) == ["dense", "training-free top-k 0.25", "sparse student"]
+    assert summary["settings"]["student"] == str(base / "sparse_student")
+    assert summary["runs"]["sparse student"]["sparsity"] == pytest.approx(0.5)
+    assert 0 < summary["runs"]["sparse student"]["psnr"] < 60  # its attention weights differ from the base's
+
+    assert main(common + ["--student", "none"]) == 0
+    assert list(json.loads((out / "demo.json").read_text())["runs"]) == ["dense", "training-free top-k 0.25"]
+
+    torch.manual_seed(1)
+    other = export_builtin(BuiltinVideoDiT(tiny_config()), tmp_path / "other", dtype=torch.float32).parent
+    capsys.readouterr()
+    code = main(["demo", "--model", str(other), "--out", str(out), "--steps", "2",
+                 "--student", str(base / "sparse_student")])
+    error = capsys.readouterr().err
+    assert code == 2 and "--student" in error and "not the base this student was fine-tuned from" in error

@@ -1,0 +1,163 @@
+"""What the integration needs to know about each supported diffusers video transformer.
+
+An adapter names the transformer's video self-attention modules (in layer order), reads the latent
+token grid from the forward inputs, says where text tokens sit in a joint attention sequence, and names
+the position-wise tensors that must follow the video token order when a whole forward runs in 3D-tile
+order (see ``token_order``). Everything else (projections, norms, RoPE, the attention call itself) stays
+diffusers' own code.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenSite:
+    """A position-wise tensor whose video tokens must follow the forward's token order.
+
+    Attributes:
+        name: a submodule path (its output, a tensor or a tuple of tensors, is reordered) or, with
+            ``argument=True``, a forward argument of the transformer.
+        dim: the token dim; the video tokens are the last ``T*H*W`` entries along it (text may precede them).
+        argument: ``name`` is a forward argument, reordered by a forward pre-hook.
+        min_dims: tensors with fewer dims are left alone (e.g. a per-sample timestep [B] versus a per-token
+            timestep [B, N]).
+        channels_first: the output is a 5D patch embedding [B, C, T, H, W] (tokens are dims 2..4).
+    """
+
+    name: str
+    dim: int = 1
+    argument: bool = False
+    min_dims: int = 0
+    channels_first: bool = False
+
+
+def _always(config) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class ModelAdapter:
+    """Model-family facts.
+
+    Attributes:
+        name: family name used in messages.
+        class_name: the diffusers transformer class it handles.
+        block_attrs: ((ModuleList attribute, attention attribute), ...) of the self-attentions, in order.
+        frames_dim: dim of ``hidden_states`` (the 5D latent input) that holds frames; H, W are the last two.
+        text_first: in joint attention, text tokens precede the video tokens (else they follow).
+        patch_sizes: (t, h, w) patch size from the model config.
+        token_sites: every input of the blocks that depends on video token positions (patch embedding,
+            RoPE tables, per-token conditioning).
+        output_module: the position-wise submodule after the blocks whose output [B, N, C] (video tokens
+            only) is put back in raster order before unpatchifying.
+        reorders_forward: whether ``token_sites`` cover a model with this config (else every sparse layer
+            reorders its own q, k, v).
+        objective: what the family's pre-training predicts: "flow" (the rectified-flow velocity noise - x0 at
+            x_t = (1 - t) x0 + t noise, timestep 1000 t) or "v_prediction" (DDPM); sparsevid's training path
+            fine-tunes flow families.
+    """
+
+    name: str
+    class_name: str
+    block_attrs: tuple[tuple[str, str], ...]
+    frames_dim: int
+    text_first: bool
+    patch_sizes: Callable[[object], tuple[int, int, int]]
+    token_sites: tuple[TokenSite, ...]
+    output_module: str = "proj_out"
+    reorders_forward: Callable[[object], bool] = _always
+    objective: str = "flow"
+
+    def self_attentions(self, transformer: torch.nn.Module) -> list[torch.nn.Module]:
+        """The video self-attention modules of ``transformer``, in layer order."""
+        found = []
+        for blocks_attr, attn_attr in self.block_attrs:
+            for block in getattr(transformer, blocks_attr):
+                found.append(getattr(block, attn_attr))
+        return found
+
+    def grid(self, hidden_states: torch.Tensor, config) -> tuple[int, int, int] | None:
+        """(T, H, W) latent tokens after patching, from the 5D ``hidden_states`` input (None if not 5D)."""
+        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 5:
+            return None
+        p_t, p_h, p_w = self.patch_sizes(config)
+        frames = hidden_states.shape[self.frames_dim]
+        return frames // p_t, hidden_states.shape[-2] // p_h, hidden_states.shape[-1] // p_w
+
+
+def _wan_patch(config) -> tuple[int, int, int]:
+    p_t, p_h, p_w = config.patch_size
+    return int(p_t), int(p_h), int(p_w)
+
+
+def _square_patch(config) -> tuple[int, int, int]:
+    p_t = getattr(config, "patch_size_t", None) or 1
+    return int(p_t), int(config.patch_size), int(config.patch_size)
+
+
+def _no_token_replace(config) -> bool:
+    # HunyuanVideo I2V "token_replace" modulates the first frame's tokens by their position in raster order.
+    return getattr(config, "image_condition_type", None) != "token_replace"
+
+
+ADAPTERS = (
+    # Wan: RoPE tables [1, N, 1, D]; Wan2.2 TI2V passes a per-token timestep [B, N].
+    ModelAdapter("wan", "WanTransformer3DModel", (("blocks", "attn1"),), frames_dim=2, text_first=False,
+                 patch_sizes=_wan_patch,
+                 token_sites=(TokenSite("patch_embedding", channels_first=True), TokenSite("rope", dim=1),
+                              TokenSite("timestep", dim=1, argument=True, min_dims=2))),
+    # HunyuanVideo: RoPE tables [N, D].
+    ModelAdapter("hunyuan_video", "HunyuanVideoTransformer3DModel",
+                 (("transformer_blocks", "attn"), ("single_transformer_blocks", "attn")), frames_dim=2,
+                 text_first=False, patch_sizes=_square_patch,
+                 token_sites=(TokenSite("x_embedder", dim=1), TokenSite("rope", dim=0)),
+                 reorders_forward=_no_token_replace),
+    # CogVideoX: the patch embedding returns [text, video] tokens; RoPE tables [N, D] come as an argument.
+    ModelAdapter("cogvideox", "CogVideoXTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=1,
+                 text_first=True, patch_sizes=_square_patch,
+                 token_sites=(TokenSite("patch_embed", dim=1), TokenSite("image_rotary_emb", dim=0, argument=True)),
+                 objective="v_prediction"),
+)
+
+
+def adapter_for(transformer) -> ModelAdapter:
+    """The adapter for ``transformer`` (matched on its class or a base class); TypeError if unsupported."""
+    if not isinstance(transformer, torch.nn.Module):
+        raise TypeError(f"transformer must be a torch.nn.Module (a diffusers transformer), "
+                        f"got {type(transformer).__name__}")
+    mro_names = {cls.__name__ for cls in type(transformer).__mro__}
+    for adapter in ADAPTERS:
+        if adapter.class_name in mro_names:
+            return adapter
+    supported = ", ".join(a.class_name for a in ADAPTERS)
+    raise TypeError(f"transformer of type {type(transformer).__name__} is not supported; supported: {supported}. "
+                    f"Pass the pipeline's transformer (e.g. pipe.transformer), not the pipeline.")
+
+
+def _position(transformer: torch.nn.Module, name: str, args: tuple) -> int | None:
+    """Index of forward argument ``name`` among the positional ``args`` of a call (None if not passed so)."""
+    params = list(inspect.signature(transformer.forward).parameters)
+    if name in params and params.index(name) < len(args):
+        return params.index(name)
+    return None
+
+
+def forward_argument(transformer: torch.nn.Module, name: str, args: tuple, kwargs: dict):
+    """The value of forward argument ``name`` in a call ``transformer(*args, **kwargs)`` (None if absent)."""
+    if name in kwargs:
+        return kwargs[name]
+    position = _position(transformer, name, args)
+    return None if position is None else args[position]
+
+
+def replace_argument(transformer: torch.nn.Module, name: str, args: tuple, kwargs: dict, value) -> tuple[tuple, dict]:
+    """(args, kwargs) of the call with forward argument ``name`` (passed either way) set to ``value``."""
+    position = None if name in kwargs else _position(transformer, name, args)
+    if position is None:
+        return args, {**kwargs, name: value}
+    return (*args[:position], value, *args[position + 1:]), kwargs

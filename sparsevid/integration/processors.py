@@ -1,0 +1,222 @@
+"""The sparse attention processor: diffusers' own processor, with its attention call made sparse.
+
+:class:`SparseAttnProcessor` wraps the model's original processor. Dense decisions call the original
+unchanged. Sparse decisions run a copy of it (pinned to diffusers' native attention backend) while a
+torch-function mode routes its one ``scaled_dot_product_attention`` call to :meth:`SparseAttnProcessor._attend`,
+which runs in a straight line: the layer's runtime (``sparsevid.schedules.runtime``) gives the mask, the
+joint core (:func:`~sparsevid.models.joint_attention.joint_sparse_attention`) attends under it, the runtime
+records what the next step's mask needs. Projections, norms, RoPE and output layers therefore stay diffusers'
+code, whatever the model or diffusers version.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from ..plan.runtime import LayerRuntime
+from .adapters import ModelAdapter
+from .context_parallel import check_parallel_config, check_video_only, local_heads
+from .joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets, video_tokens
+from .stats import AttentionRecord, Clock, mark
+from .step_context import StepContext
+from .token_order import plan_tile, relative_order, tile_order
+
+
+class SDPAInterceptor(TorchFunctionMode):
+    """Inside ``with``, calls of ``F.scaled_dot_product_attention`` go to ``handler`` (same signature).
+
+    Tensor methods that torch implements in Python (``Tensor.unflatten``, ...) are called as methods of the
+    tensor rather than as the function the mode receives: their Python body calls ``super()``, which
+    torch.compile cannot trace inside a mode.
+    """
+
+    def __init__(self, handler):
+        super().__init__()
+        self.handler = handler
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            self.calls += 1
+            return self.handler(*args, **kwargs)
+        if getattr(func, "__module__", None) == "torch._tensor":
+            # A Tensor method written in Python: call it on the tensor (inside __torch_function__ the mode is off).
+            return getattr(args[0], func.__name__)(*args[1:], **kwargs)
+        return func(*args, **kwargs)
+
+
+def _native_copy(processor):
+    """A shallow copy of ``processor`` whose diffusers attention dispatch uses the native (SDPA) backend."""
+    pinned = copy.copy(processor)
+    if hasattr(pinned, "_attention_backend"):
+        from diffusers.models.attention_dispatch import AttentionBackendName
+
+        pinned._attention_backend = AttentionBackendName.NATIVE
+    return pinned
+
+
+class SparseAttnProcessor:
+    """Replaces the processor of one video self-attention module (see module docstring).
+
+    Its ``__call__`` declares the arguments of diffusers' video attention processors (diffusers passes a
+    processor only the keyword arguments its signature names, also under ``torch.compile``) and hands them to
+    the original in the original's order: the fifth positional argument is the rotary embedding, named
+    ``rotary_emb`` by Wan and ``image_rotary_emb`` by HunyuanVideo and CogVideoX.
+
+    Under diffusers' Ulysses context parallelism (``enable_parallelism``, before or after applying) the
+    sparse core runs between diffusers' all-to-alls on the whole sequence of this rank's heads
+    (``context_parallel``). ``set_attention_backend`` reaches the original (the dense path) through
+    ``_attention_backend``; the sparse path always runs diffusers' native backend.
+
+    Args:
+        original: the processor it replaces (kept unmodified but for the ``_parallel_config`` and
+            ``_attention_backend`` that diffusers sets through this processor; ``remove_sparse_attention`` puts
+            it back).
+        runtime: the layer's mask decision (plan and mask reuse).
+        context: the transformer's shared StepContext.
+        adapter: model-family facts (where text tokens sit).
+    """
+
+    def __init__(self, original, runtime: LayerRuntime, context: StepContext, adapter: ModelAdapter):
+        check_parallel_config(getattr(original, "_parallel_config", None))
+        self.original = original
+        self.runtime = runtime
+        self.context = context
+        self.adapter = adapter
+        self._native = _native_copy(original)
+
+    @property
+    def layer(self) -> int:
+        return self.runtime.layer
+
+    @property
+    def _parallel_config(self):
+        """diffusers' context-parallel config of the original (AttributeError where it has none, so that
+        ``enable_parallelism`` treats this processor as it would the original)."""
+        return self.original._parallel_config
+
+    @_parallel_config.setter
+    def _parallel_config(self, config) -> None:
+        self.original._parallel_config = config
+        self._native._parallel_config = config
+
+    @property
+    def _attention_backend(self):
+        """The original's diffusers attention backend (AttributeError where it has none, so that
+        ``set_attention_backend`` treats this processor as it would the original); dense calls use it."""
+        return self.original._attention_backend
+
+    @_attention_backend.setter
+    def _attention_backend(self, backend) -> None:
+        self.original._attention_backend = backend
+
+    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, image_rotary_emb=None, **kwargs) -> torch.Tensor:
+        args = (attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        context = self.context
+        plan = None if context.dense else self.runtime.plan
+        parallel = getattr(self.original, "_parallel_config", None)
+        check_parallel_config(parallel, attn.heads)
+        if plan is None and not context.collect_stats:
+            return self.original(*args, **kwargs)
+        layout = self._layout(hidden_states, encoder_hidden_states)
+        heads = None
+        if parallel is not None:
+            check_video_only(layout)
+            heads = local_heads(parallel, attn.heads)
+        record = None
+        if context.collect_stats:
+            forward = context.forward_record
+            record = AttentionRecord(self.layer, None if forward is None else forward.step, plan is None,
+                                     layout.video_len, layout.text_len, Clock(hidden_states.device))
+            context.records.append(record)
+        interceptor = SDPAInterceptor(functools.partial(self._attend, layout=layout, record=record, heads=heads))
+        with interceptor:
+            out = self._native(*args, **kwargs)
+        if interceptor.calls != 1:
+            raise RuntimeError(f"expected the {type(self.original).__name__} processor to make exactly one "
+                               f"scaled_dot_product_attention call, saw {interceptor.calls}")
+        return out
+
+    def _layout(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None) -> TokenLayout:
+        video = hidden_states.shape[1]
+        text = 0 if encoder_hidden_states is None else encoder_hidden_states.shape[1]
+        start = text if self.adapter.text_first else 0
+        return TokenLayout(start, video, video + text)
+
+    def _token_order(self, tile, layout: TokenLayout, device: torch.device) -> TokenOrder | None:
+        """How this layer reorders its video tokens: from the forward's order to the plan's ``tile`` (None:
+        already so). Computed once per forward and tile, shared by the layers."""
+        context, wanted = self.context, plan_tile(tile)
+        if context.grid is None or wanted == context.tile:
+            return None
+        grid = context.grid
+        if grid[0] * grid[1] * grid[2] != layout.video_len:
+            raise ValueError(f"the latent grid {grid} has {grid[0] * grid[1] * grid[2]} tokens but the attention "
+                             f"sees {layout.video_len} video tokens")
+        orders = context.values.token_orders
+        if wanted not in orders:
+            orders[wanted] = relative_order(context.order, None if wanted is None else tile_order(grid, wanted, device))
+        return orders[wanted]
+
+    def _key_sets(self, attn_mask, layout: TokenLayout, batch: int):
+        """The valid text keys per batch entry (read once per forward and attention mask)."""
+        if attn_mask is None or layout.text_len == 0:
+            return None
+        values = self.context.values
+        if values.key_sets is None or values.key_sets[0] is not attn_mask:
+            values.key_sets = (attn_mask, text_key_sets(attn_mask, layout, batch))
+        return values.key_sets[1]
+
+    def _attend(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                enable_gqa=False, *, layout: TokenLayout, record: AttentionRecord | None, heads: range | None):
+        """Stands in for ``F.scaled_dot_product_attention`` (q, k, v [B, H, N, D]) inside the processor.
+
+        heads: under Ulysses context parallelism, the global heads of q's H local heads; q, k, v then hold the
+        whole sequence (N tokens) while ``layout`` counted this rank's share of it.
+        """
+        runtime = self.runtime
+        plan = None if self.context.dense else runtime.plan
+        if heads is not None:
+            if query.shape[1] != len(heads):
+                raise RuntimeError(f"expected the {len(heads)} heads {heads.start}..{heads.stop - 1} on this rank, "
+                                   f"got {query.shape[1]}")
+            layout = TokenLayout(0, query.shape[2], query.shape[2])
+            if record is not None:
+                record.video_tokens = layout.video_len
+                record.extra["heads"] = (heads.start, heads.stop)
+        clock = None if record is None else record.clock
+        mark(clock, "start")
+        if plan is None:
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+            mark(clock, "end")
+            return out
+        if dropout_p or is_causal:
+            raise ValueError("sparse attention supports dropout_p=0 and is_causal=False only")
+        if key.shape[1] != query.shape[1]:
+            raise ValueError(f"sparse attention needs as many key heads as query heads, got {key.shape[1]} "
+                             f"and {query.shape[1]}")
+        if attn_mask is not None and layout.text_len == 0:
+            raise ValueError("sparse attention does not support an attention mask over video tokens")
+        order = self._token_order(plan.tile, layout, query.device)
+        video = video_tokens(query, key, value, layout, order)
+        mark(clock, "reordered")
+        wants_tile_mass = runtime.wants_tile_mass(query)
+        mask = runtime.mask(video[0], video[1], scale)
+        mark(clock, "predicted")
+        out, tile_mass = joint_sparse_attention(
+            query, key, value, layout, mask, order, video=video, scale=scale, backend=plan.backend,
+            attn_mask=attn_mask, key_sets=self._key_sets(attn_mask, layout, query.shape[0]),
+            tile_mass=wants_tile_mass, clock=clock)
+        runtime.record(tile_mass)
+        if record is not None:
+            record.extra["mask_source"] = runtime.source
+            record.sparsity = mask.sparsity_per_head.mean()
+        mark(clock, "end")
+        return out

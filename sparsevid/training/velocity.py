@@ -1,0 +1,74 @@
+"""Calling a diffusers video transformer of a flow-matching family on a noisy latent batch, and its dense
+teacher on the same weights.
+
+The velocity convention is the rectified flow of Wan and HunyuanVideo pre-training: x_t = (1 - t) x0 + t noise
+at t in [0, 1], the transformer gets ``timestep = 1000 t`` and predicts ``noise - x0``.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..integration import adapter_for, dense_attention, is_sparse
+from .latents import LatentBatch
+
+TIMESTEP_SCALE = 1000.0  # diffusers' flow-matching schedulers pass timestep = 1000 t
+
+
+def check_flow_family(transformer: torch.nn.Module) -> None:
+    """TypeError unless ``transformer`` is a supported diffusers video transformer trained by flow matching."""
+    adapter = adapter_for(transformer)
+    if adapter.objective != "flow":
+        raise TypeError(f"{type(transformer).__name__} was pre-trained with the {adapter.objective!r} objective; "
+                        f"sparsevid's training and velocity yardsticks support flow-matching families (Wan, "
+                        f"HunyuanVideo)")
+
+
+def predict_velocity(transformer: torch.nn.Module, x_t: torch.Tensor, t: torch.Tensor, batch: LatentBatch,
+                     module: torch.nn.Module | None = None) -> torch.Tensor:
+    """The velocity [B, C, T, H, W] that ``transformer`` predicts at noisy latents ``x_t`` [B, C, T, H, W] and
+    noise levels ``t`` [B] in [0, 1], conditioned on ``batch``'s text (and extra inputs).
+
+    ``module``: the diffusers transformer itself when ``transformer`` is a wrapper that forwards to it (e.g.
+    ``DistributedDataParallel``); its family decides the latent layout (CogVideoX-style models take frames
+    before channels)."""
+    adapter = adapter_for(transformer if module is None else module)
+    frames_first = adapter.frames_dim == 1
+    hidden = x_t.transpose(1, 2) if frames_first else x_t
+    inputs = {"encoder_hidden_states": batch.text, **batch.extra}
+    if batch.text_mask is not None:
+        inputs["encoder_attention_mask"] = batch.text_mask
+    out = transformer(hidden_states=hidden, timestep=t * TIMESTEP_SCALE, return_dict=False, **inputs)[0]
+    return out.transpose(1, 2) if frames_first else out
+
+
+class DenseTeacher:
+    """The dense model that a sparse student is distilled from, without a second copy of the unchanged weights.
+
+    It runs the student's own transformer with sparse attention off (:func:`sparsevid.integration.dense_attention`)
+    and its trainable tensors swapped for frozen copies of their values when the teacher was made
+    (``torch.func.functional_call``): fine-tuning only the self-attention costs one copy of the attention weights,
+    fine-tuning every weight one copy of them all.
+
+    Args:
+        transformer: the (dense, pretrained) diffusers transformer, before fine-tuning changes it.
+        trainable_names: ``named_parameters`` names of the tensors fine-tuning will change.
+    """
+
+    def __init__(self, transformer: torch.nn.Module, trainable_names: list[str]):
+        parameters = dict(transformer.named_parameters())
+        unknown = [name for name in trainable_names if name not in parameters]
+        if unknown:
+            raise ValueError(f"trainable_names are not parameters of the transformer: {unknown[:3]}")
+        self.transformer = transformer
+        self.frozen = {name: parameters[name].detach().clone() for name in trainable_names}
+
+    @torch.no_grad()
+    def __call__(self, x_t: torch.Tensor, t: torch.Tensor, batch: LatentBatch) -> torch.Tensor:
+        """The teacher's velocity, as :func:`predict_velocity` (no gradient)."""
+        def frozen(**inputs):
+            return torch.func.functional_call(self.transformer, self.frozen, (), inputs, strict=False)
+
+        if not is_sparse(self.transformer):
+            return predict_velocity(frozen, x_t, t, batch, module=self.transformer)
+        with dense_attention(self.transformer):
+            return predict_velocity(frozen, x_t, t, batch, module=self.transformer)
