@@ -40,7 +40,7 @@ def test_caption_use_reports_the_object_loss_of_every_variant_at_every_noise_lev
 def test_the_weighted_loss_is_the_plain_mean_under_equal_weights_and_follows_the_objects():
     import torch
 
-    from sparsevid.training.flow import flow_matching_loss
+    from sparsevid_lab.model.builtin import pretraining_loss
 
     data = ProceduralVideos(4, 32, 32, max_objects=1)
     scenes = data.sample_scenes(2, torch.Generator().manual_seed(1))
@@ -53,14 +53,14 @@ def test_the_weighted_loss_is_the_plain_mean_under_equal_weights_and_follows_the
         return torch.zeros_like(x)
 
     tokens, t, noise = data.tokenize(scenes.captions()), torch.full((2,), 0.5), torch.randn(video.shape)
-    plain = flow_matching_loss(model, video, tokens, t, noise)
-    assert torch.allclose(flow_matching_loss(model, video, tokens, t, noise, weight=torch.ones(2, 1, 4, 32, 32)), plain)
-    objects_only = flow_matching_loss(model, video, tokens, t, noise, weight=mask.float())
+    plain = pretraining_loss(model, video, tokens, t, noise)
+    assert torch.allclose(pretraining_loss(model, video, tokens, t, noise, weight=torch.ones(2, 1, 4, 32, 32)), plain)
+    objects_only = pretraining_loss(model, video, tokens, t, noise, weight=mask.float())
     squared = (noise - video).square()
     expected = (squared * mask).sum() / (mask.sum() * 3)
     assert torch.allclose(objects_only, expected)
     with pytest.raises(TypeError, match="weight"):
-        flow_matching_loss(model, video, tokens, t, noise, weight=mask)
+        pretraining_loss(model, video, tokens, t, noise, weight=mask)
 
 
 def test_the_object_weight_lever_trains_a_step():

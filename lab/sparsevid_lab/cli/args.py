@@ -98,21 +98,12 @@ def model_dir_arg(text: str) -> str:
 
 
 def student_dir_arg(text: str) -> str:
-    """``--student``: a sparse student's directory, either a shipped asset (student.json and
-    student.safetensors, as `sparsevid export-student` writes) or a `sparsevid distill` output directory (a
-    model directory with its sparse_config.json)."""
-    from pathlib import Path
+    """``--student``: a sparse student's folder (student.json and student.safetensors, as `distill` writes)."""
+    from .students import is_student
 
-    from ..model.sparse_student import STUDENT_CONFIG
-    from sparsevid.training.distill import SPARSE_CONFIG_FILE
-    from .students import is_student_asset
-
-    if is_student_asset(text):
-        return text
-    model_dir_arg(text)
-    if not (Path(text) / SPARSE_CONFIG_FILE).is_file():
-        raise argparse.ArgumentTypeError(f"neither {STUDENT_CONFIG} (a student asset) nor {SPARSE_CONFIG_FILE} (a "
-                                         f"`sparsevid distill` output directory) found in {text!r}")
+    if not is_student(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a student folder: student.json and student.safetensors "
+                                         f"not found (`python -m sparsevid_lab distill` writes them)")
     return text
 
 

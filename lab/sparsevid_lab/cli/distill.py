@@ -1,6 +1,8 @@
-"""``sparsevid distill``: fine-tune the built-in video DiT into a sparse-attention student, by velocity
-distillation from its dense self (``--objective distill``) or by the flow-matching loss on the data
-(``--objective diffusion``, the baseline). Runs on one process or under ``torchrun`` (data parallel)."""
+"""``python -m sparsevid_lab distill``: fine-tune the built-in video DiT's transformer into a sparse-attention
+student with the library's training path (:func:`sparsevid.training.distill`, as for any diffusers model; the
+caption encoder supplies the text states), by velocity distillation from its dense self (``--objective distill``)
+or by the flow-matching loss on the data (``--objective diffusion``, the baseline). Runs on one process or under
+``torchrun`` (data parallel)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,9 +25,6 @@ def add_parser(subparsers) -> None:
                    help="distill: match the dense teacher's velocity; diffusion: the flow-matching loss on the data")
     p.add_argument("--config", type=config_spec_arg, default=DEFAULT_SPARSE, metavar="SPEC",
                    help="the student's sparse attention: SparseConfig fields as 'key=value,...' or a JSON file")
-    p.add_argument("--dense", action="store_true",
-                   help="fine-tune the dense model instead (needs --objective diffusion; --config is ignored): the "
-                        "control that shows what the fine-tuning data alone do to the model")
     p.add_argument("--clip", type=clip_arg, default=None, metavar="T,H,W",
                    help="clip frames, height, width (default: the model's own)")
     p.add_argument("--model", type=model_dir_arg, default=None,
@@ -51,8 +50,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     p.add_argument("--ema", type=float, default=None,
                    help="decay of an exponential moving average of the weights (without it: no average)")
-    p.add_argument("--trainable", default="all", choices=("all", "attention"),
-                   help="which weights are trained: all, or only the attention layers")
+    p.add_argument("--trainable", default="attention", choices=("attention", "all"),
+                   help="which transformer weights are trained: the self-attention layers only, or all (the caption "
+                        "encoder stays frozen: it makes the text states, as a real model's text encoder)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute activations in the backward pass (less memory, more time)")
     p.add_argument("--no-bf16", action="store_true", help="train in fp32 on CUDA (bf16 autocast otherwise)")
@@ -97,9 +97,9 @@ def _source(args, model, job):
 def run(args) -> int:
     from ..data import SLICE_FIELDS
     from sparsevid.plan import parse_config
-    from sparsevid.training import LoopConfig
-    from sparsevid.training.distill import DistillConfig, distill, pretraining_noise
-    from sparsevid.training.distributed import is_main_process, setup, teardown
+    from sparsevid.training import DistillConfig, LoopConfig, distill, is_main_process, setup, teardown
+
+    from ..model.builtin import CaptionedClips, pretraining_noise
     from .demo import load_model
 
     if args.minutes is None and args.max_steps is None:
@@ -110,9 +110,6 @@ def run(args) -> int:
     if sliced and args.data != "procedural":
         raise CommandError(f"{' '.join(sliced)} select procedural clips: they need --data procedural, "
                            f"got --data {args.data}")
-    if args.dense and args.objective != "diffusion":
-        raise CommandError("--dense fine-tunes the dense model with the flow-matching loss: it needs "
-                           "--objective diffusion")
     if args.data == "dir" and args.data_dir is None:
         raise CommandError("--data dir needs --data-dir, the directory of clip files")
     job = setup(args.device)
@@ -121,7 +118,7 @@ def run(args) -> int:
         model = load_model(args).float()
         shift, null_prob = pretraining_noise(model, args.train_shift, args.null_prob)
         config = DistillConfig(
-            objective=args.objective, sparse=None if args.dense else parse_config(args.config),
+            objective=args.objective, sparse=parse_config(args.config),
             trainable=args.trainable,
             batch_size=args.batch_size, seed=args.seed,
             shift=shift, null_prob=null_prob,
@@ -131,15 +128,16 @@ def run(args) -> int:
                           max_seconds=None if args.minutes is None else args.minutes * 60, bf16=not args.no_bf16,
                           log_every=args.log_every, checkpoint_every=args.checkpoint_every,
                           progress=not args.no_progress)
-        source = _source(args, model, job)
-        result = distill(model, source, config, loop, out=args.out, resume=args.resume, device=job.device)
+        source = CaptionedClips(model, _source(args, model, job))
+        result = distill(model.transformer, source, config, loop, out=args.out, resume=args.resume,
+                         device=job.device)
         if is_main_process():
             if not result.history:
                 print(f"nothing to train: the state in {args.out} is already at step {result.steps}")
             else:
                 print(f"trained to step {result.steps} in {result.seconds:.0f}s, final loss "
-                      f"{result.history[-1]['loss']:.3g}; wrote the student to {args.out} (builtin.safetensors, "
-                      f"transformer/, sparse_config.json), log.jsonl and loss.png")
+                      f"{result.history[-1]['loss']:.3g}; wrote the student to {args.out} (student.safetensors, "
+                      f"student.json), log.jsonl and loss.png")
     finally:
         teardown()
     return 0

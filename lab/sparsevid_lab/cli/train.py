@@ -133,7 +133,9 @@ def initial_model(args):
 def run(args) -> int:
     from ..eval.media import write_clips
     from ..model.sampling import generate
-    from sparsevid.training import LoopConfig, export_builtin, flow_matching_loss, sample_t, train_loop, write_text_atomic
+    from sparsevid.training import LoopConfig, sample_t, train_loop, write_text_atomic
+
+    from ..model.builtin import export_builtin, pretraining_loss
     from sparsevid.training.plots import plot_loss
 
     if args.minutes is None and args.max_steps is None:
@@ -178,7 +180,7 @@ def run(args) -> int:
         tokens = torch.where(drop.unsqueeze(1), null, tokens).to(device)
         t = sample_t(batch, gen, device, shift=args.train_shift)
         noise = torch.randn(video.shape, generator=noise_gen, device=device)
-        return flow_matching_loss(model, video, tokens, t, noise)
+        return pretraining_loss(model, video, tokens, t, noise)
 
     config = LoopConfig(lr=args.lr, warmup_steps=args.warmup, ema_decay=args.ema, max_steps=args.max_steps,
                         max_seconds=None if args.minutes is None else args.minutes * 60,

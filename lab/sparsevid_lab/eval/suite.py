@@ -40,7 +40,9 @@ def run_suite(model, configs: dict, captions: Sequence[str], seeds: Sequence[int
     from tqdm.auto import tqdm
 
     from .faithfulness_summary import summarize_faithfulness
-    from .heldout import flow_matching_loss, heldout_set, predict_velocities, velocity_error
+    from sparsevid.eval import heldout_loss, velocity_error
+
+    from .heldout import heldout_set, predict_velocities
     from .noise_floor import EVERY_TILE_LABEL, every_tile_config, noise_floor
 
     if not configs:
@@ -67,7 +69,7 @@ def run_suite(model, configs: dict, captions: Sequence[str], seeds: Sequence[int
         results["noise_floor_ssim"] = results["noise_floor"]["ssim"]
 
         bar.set_postfix_str("held-out velocity")
-        heldout = heldout_set(model.data, heldout_per_bin, noise_bins)
+        heldout = heldout_set(model, model.data, heldout_per_bin, noise_bins)
         results["settings"]["heldout"] = heldout.describe()
         reference_velocity = predict_velocities(reference or model, heldout)
         bar.update()
@@ -80,7 +82,7 @@ def run_suite(model, configs: dict, captions: Sequence[str], seeds: Sequence[int
                 velocity = predict_velocities(model, heldout, config)
                 bar.update()
             entry["velocity_error"] = velocity_error(velocity, reference_velocity, heldout)
-            entry["heldout_loss"] = flow_matching_loss(velocity, heldout)
+            entry["heldout_loss"] = heldout_loss(velocity, heldout)
 
         oracle = study.summary() if probe_jobs else None
         results["oracle"] = oracle

@@ -4,8 +4,10 @@ Clips are RGB float [B, 3, T, H, W] in [-1, 1]; with the default patch (1, 4, 4)
 16 x 16 x 16 = 4,096 tokens, attended by 2 heads of dimension 128 in each of 6 layers. The model predicts
 the rectified-flow velocity ``noise - clip`` at noise level t in [0, 1] (see :mod:`sparsevid.training.flow`).
 
-The trained weights ship in ``sparsevid/assets/`` (``builtin.safetensors`` + ``builtin.json``);
-:func:`load_builtin` loads them.
+The trained weights ship in ``sparsevid_lab/assets/`` (``builtin.safetensors`` + ``builtin.json``);
+:func:`load_builtin` loads them. To sparsevid's training path the model is what a real one is: a diffusers
+transformer (``model.transformer``) whose text states come from an encoder (its caption encoder); see
+:class:`CaptionedClips`.
 """
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from sparsevid.training import (LatentBatch, flow_matching_loss, noisy, save_safetensors_atomic,
+                                write_text_atomic)
 
 from ..data import ProceduralVideos, grammar
 from .caption_encoder import CaptionEncoder
@@ -159,3 +164,67 @@ def load_builtin(directory: str | Path | None = None, device: torch.device | str
     model = BuiltinVideoDiT(json.loads(config_path.read_text()))
     model.load_state_dict(load_file(str(weights)))  # copied into the fp32 parameters, cast on the way
     return model.to(device, dtype).eval()
+
+
+def export_builtin(model, directory: str | Path, dtype: torch.dtype = torch.bfloat16,
+                   extra: dict | None = None) -> Path:
+    """Write a :class:`BuiltinVideoDiT`'s weights (in ``dtype``) and config (plus ``extra`` entries) into
+    ``directory`` as :func:`load_builtin` reads them. Returns the weights path."""
+    directory = Path(directory)
+    tensors = {name: p.detach().to("cpu", dtype) for name, p in model.state_dict().items()}
+    weights = save_safetensors_atomic(tensors, directory / WEIGHTS_FILE)
+    write_text_atomic(json.dumps({**model.config, **(extra or {})}, indent=2), directory / CONFIG_FILE)
+    return weights
+
+
+def pretraining_loss(model: BuiltinVideoDiT, x0: torch.Tensor, tokens: torch.Tensor, t: torch.Tensor,
+                     noise: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The model's pre-training objective: the flow-matching loss of its velocity at x_t = (1 - t) x0 + t noise.
+
+    x0, noise: [B, 3, T, H, W]; tokens: int64 [B, L]; t: [B] in [0, 1]; weight: see
+    :func:`sparsevid.training.weighted_squared_error`."""
+    return flow_matching_loss(model(noisy(x0, noise, t), t, tokens), x0, noise, weight)
+
+
+def pretraining_noise(model: BuiltinVideoDiT, shift: float | None = None,
+                      null_prob: float | None = None) -> tuple[float, float]:
+    """(time shift, caption-dropout probability) for fine-tuning ``model``: the given values, else those it was
+    pre-trained with (its config's "training" arguments), else 1.0 and 0.1."""
+    arguments = model.config.get("training", {}).get("arguments", {})
+    return (arguments.get("train_shift", 1.0) if shift is None else shift,
+            arguments.get("null_prob", 0.1) if null_prob is None else null_prob)
+
+
+class CaptionedClips:
+    """Clips of the built-in model as a latent source of sparsevid's training path
+    (:mod:`sparsevid.training.latents`): the pixels are its latents, its frozen caption encoder makes the text
+    states, as a real model's VAE and text encoder would.
+
+    Args:
+        model: the BuiltinVideoDiT whose caption encoder encodes the captions (not trained by the path, which
+            fine-tunes ``model.transformer``).
+        clips: a clip source: ``clips(indices, device) -> (video float32 [B, 3, T, H, W], captions)``,
+            ``clip_shape`` and ``describe()`` (:mod:`sparsevid_lab.data.sources`).
+    """
+
+    def __init__(self, model: BuiltinVideoDiT, clips):
+        self.model, self.clips = model, clips
+        self.latent_shape = tuple(clips.clip_shape)
+        self.text_shape = (model.data.caption_length, model.config["caption_encoder"]["dim"])
+
+    @torch.no_grad()
+    def encode(self, captions: list[str], device: torch.device | str) -> torch.Tensor:
+        """Caption states [B, L, D] of ``captions`` on ``device``."""
+        encoder = self.model.caption_encoder
+        tokens = self.model.tokenize(captions).to(next(encoder.parameters()).device)
+        return encoder(tokens).to(device)
+
+    def batch(self, indices, device: torch.device | str = "cpu") -> LatentBatch:
+        video, captions = self.clips.clips(indices, device)
+        return LatentBatch(video, self.encode(captions, device))
+
+    def null_text(self) -> tuple[torch.Tensor, None]:
+        return self.encode([""], "cpu")[0], None
+
+    def describe(self) -> dict:
+        return self.clips.describe()

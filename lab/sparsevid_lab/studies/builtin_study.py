@@ -31,10 +31,10 @@ import torch
 from benchmarks.run_info import run_metadata
 from ..data import ProceduralVideos
 from sparsevid.eval.oracle import ExactTiles
-from ..model.builtin import DEFAULT_CONFIG, BuiltinVideoDiT
+from ..model.builtin import DEFAULT_CONFIG, BuiltinVideoDiT, pretraining_loss
 from sparsevid.integration.processors import SDPAInterceptor
 from sparsevid.integration.token_order import tile_order
-from sparsevid.training import LoopConfig, flow_matching_loss, sample_t, train_loop
+from sparsevid.training import LoopConfig, sample_t, train_loop
 from sparsevid.training.flow import noisy
 
 BLOCKS = dict(block_q=128, block_k=64)
@@ -87,7 +87,7 @@ def train_phase(model, clip, batch: int, seconds: float, seed: int, lr: float, s
         tokens = torch.where(drop.unsqueeze(1), null, tokens).to(device)
         t = sample_t(batch, gen, device, shift=shift)
         noise = torch.randn(video.shape, generator=noise_gen, device=device)
-        return flow_matching_loss(model, video, tokens, t, noise, weight=weight)
+        return pretraining_loss(model, video, tokens, t, noise, weight=weight)
 
     config = LoopConfig(lr=lr, warmup_steps=100, ema_decay=None, max_seconds=seconds, max_steps=max_steps,
                         log_every=100)

@@ -22,15 +22,15 @@ The run is split into parts that each fit one GPU call (``--budget-minutes``) an
 * ``report``: ``grid.json`` and ``grid.md`` again from the files alone (no model, no GPU), e.g. for every
   target once calls have run with one ``--targets`` each;
 * ``ship``: the best student at the highest target sparsity (PSNR against dense) as a small asset
-  (``--ship-to``; :func:`sparsevid.load_sparse_student`).
+  (``--ship-to``; :func:`sparsevid_lab.model.sparse_student.load_sparse_student`).
 
 Each student keeps only its fine-tuned tensors (``--trainable attention``: the self-attention modules, bf16,
 about 3 MB for the built-in model) in ``OUT/students/NAME/`` beside its ``eval.json``.
 
-    python3 -m benchmarks.claims_grid --out outputs/claims --part plan        # the calls it will take
-    python3 -m benchmarks.claims_grid --out outputs/claims --part calibrate train evaluate   # repeat until
+    python3 -m sparsevid_lab.studies.claims_grid --out outputs/claims --part plan        # the calls it will take
+    python3 -m sparsevid_lab.studies.claims_grid --out outputs/claims --part calibrate train evaluate   # repeat until
                                                                             # grid.md lists nothing missing
-    python3 -m benchmarks.claims_grid --out outputs/claims --part ship --ship-to sparsevid/assets/sparse_student_95
+    python3 -m sparsevid_lab.studies.claims_grid --out outputs/claims --part ship --ship-to lab/sparsevid_lab/assets/sparse_student_95
 
 CPU smoke run (untrained tiny model, seconds): ``--tiny --device cpu --steps 2 --batch 2 --captions 1
 --heldout-per-bin 1 --noise-bins 2 --targets 0.5 0.75``.
@@ -181,7 +181,7 @@ class Grid:
             steps = a.sample_steps or teacher.config["sampling"]["steps"]
             texts = [c for c, _ in jobs]
             dense, seconds = sample_dense(teacher, jobs, steps, a.guidance)
-            heldout = heldout_set(teacher.data, a.heldout_per_bin, a.noise_bins, exclude=data)
+            heldout = heldout_set(teacher, teacher.data, a.heldout_per_bin, a.noise_bins, exclude=data)
             self._context = {"jobs": jobs, "texts": texts, "steps": steps, "dense": dense,
                              "dense_seconds": seconds, "heldout": heldout,
                              "reference_velocity": predict_velocities(teacher, heldout), "slice": data.config(),
@@ -308,11 +308,13 @@ def part_train(grid: Grid) -> None:
 
 
 def train_student(grid: Grid, student: dict, sparse) -> bool:
-    """Fine-tune one student, save its fine-tuned tensors, evaluate it. False if the budget cut it short."""
-    from sparsevid.integration import remove_sparse_attention
-    from sparsevid.training import DistillConfig, LoopConfig, ProceduralSource, distill
-    from sparsevid.training.distill import pretraining_noise
-    from ..model.student_asset import save_sparse_student
+    """Fine-tune one student through the library's training path (the teacher's transformer, its caption
+    encoder supplying the text states), keep its student folder, evaluate it. False if the budget cut it short."""
+    from sparsevid import load_student, remove_sparse_attention
+    from sparsevid.training import STUDENT_CONFIG, STUDENT_WEIGHTS, DistillConfig, LoopConfig, distill
+
+    from ..data.sources import ProceduralSource
+    from ..model.builtin import CaptionedClips, pretraining_noise
 
     a, name = grid.args, student["name"]
     model = grid.teacher(torch.float32)
@@ -323,10 +325,11 @@ def train_student(grid: Grid, student: dict, sparse) -> bool:
     loop = LoopConfig(lr=a.lr, warmup_steps=a.warmup, ema_decay=None, max_steps=a.steps, weight_decay=0.0,
                       bf16=True, log_every=max(1, a.steps // 10), checkpoint_every=max(1, a.steps // 4),
                       stop_at=stop_at)
-    source = ProceduralSource(grid.fine_tuning_data(model), seed=a.data_seed, clips=a.clips)
+    clips = ProceduralSource(grid.fine_tuning_data(model), seed=a.data_seed, clips=a.clips)
     work = grid.path("work", name)
     done_before = _state_step(work)
-    result = distill(model, source, config, loop, out=work, resume=True, device=grid.device)
+    result = distill(model.transformer, CaptionedClips(model, clips), config, loop, out=work, resume=True,
+                     device=grid.device, extra={"student": name})
     if not result.finished:
         return False
     trained = result.steps - done_before
@@ -336,11 +339,16 @@ def train_student(grid: Grid, student: dict, sparse) -> bool:
     summary = {**student, "steps": result.steps, "batch": a.batch, "clips": a.clips, "lr": a.lr,
                "trainable": a.trainable, "seconds": round(result.seconds, 1),
                "first_loss": _mean([r["loss"] for r in rows[:10]]), "last_loss": _mean([r["loss"] for r in rows[-10:]]),
-               "data": source.describe()}
+               "data": clips.describe()}
     if sparse is not None:
-        save_sparse_student(model, sparse, a.trainable, _base_dir(grid), grid.path("students", name),
-                            extra={"run": {k: summary[k] for k in ("objective", "steps", "batch", "clips")}})
+        folder = grid.path("students", name)
+        folder.mkdir(parents=True, exist_ok=True)
+        for file in (STUDENT_WEIGHTS, STUDENT_CONFIG):
+            shutil.copyfile(work / file, folder / file)
         remove_sparse_attention(model.transformer)
+        # Evaluate what ships: the student as written (bf16 tensors) over the teacher's weights.
+        model = grid.teacher()
+        load_student(model.transformer, folder, apply=False)
     model.eval()
     start = time.time()
     entry = evaluate_entry(grid, model.to(grid.eval_dtype), sparse)
@@ -351,19 +359,6 @@ def train_student(grid: Grid, student: dict, sparse) -> bool:
           f"{entry['psnr']:.2f} dB, faithfulness {entry['faithfulness']['overall']:.3f}, "
           f"sparsity {entry['sparsity']:.3f}")
     return True
-
-
-def _base_dir(grid: Grid) -> Path:
-    """The teacher's weights directory (the tiny model is written once into OUT/tiny_teacher)."""
-    from ..model.builtin import ASSETS
-    from sparsevid.training import export_builtin
-
-    if not grid.args.tiny:
-        return Path(grid.args.model) if grid.args.model else ASSETS
-    folder = grid.path("tiny_teacher")
-    if not folder.is_dir():
-        export_builtin(grid.teacher(torch.float32), folder, dtype=torch.float32)
-    return folder
 
 
 def _state_step(work: Path) -> int:
@@ -387,7 +382,9 @@ def evaluate_entry(grid: Grid, model, sparse) -> dict:
     level), sampling seconds."""
     from ..eval.faithfulness_summary import summarize_faithfulness
     from ..eval.harness import sample_dense, sample_with_stats, summarize_calls
-    from ..eval.heldout import flow_matching_loss, predict_velocities, velocity_error
+    from sparsevid.eval import heldout_loss, velocity_error
+
+    from ..eval.heldout import predict_velocities
     from sparsevid.eval.video_metrics import psnr, ssim
 
     context = grid.context()
@@ -404,14 +401,14 @@ def evaluate_entry(grid: Grid, model, sparse) -> dict:
             "psnr": float(p.mean()), "ssim": float(s.mean()), "psnr_per_clip": p.tolist(),
             "faithfulness": {"overall": faith["overall"], "per_attribute": faith["per_attribute"]},
             "velocity_error": velocity_error(velocity, context["reference_velocity"], context["heldout"]),
-            "heldout_loss": flow_matching_loss(velocity, context["heldout"])}
+            "heldout_loss": heldout_loss(velocity, context["heldout"])}
 
 
 def part_evaluate(grid: Grid) -> None:
     """The teacher, the noise floor and the training-free rules (skipping those already measured); then
     the grid so far."""
     from ..eval.faithfulness_summary import summarize_faithfulness
-    from ..eval.heldout import flow_matching_loss
+    from sparsevid.eval import heldout_loss
     from ..eval.noise_floor import every_tile_config
 
     configs = calibration_configs(grid)
@@ -420,7 +417,7 @@ def part_evaluate(grid: Grid) -> None:
         faith = summarize_faithfulness(context["dense"], context["texts"])
         grid.write({"seconds": context["dense_seconds"],
                     "faithfulness": {k: faith[k] for k in ("overall", "per_attribute")},
-                    "heldout_loss": flow_matching_loss(context["reference_velocity"], context["heldout"])},
+                    "heldout_loss": heldout_loss(context["reference_velocity"], context["heldout"])},
                    "reference", "dense.json")
     entries = {"noise_floor": every_tile_config(),
                **{reference_name(r, t): configs[rule_label(r, t)]
@@ -473,7 +470,7 @@ def write_grid(grid: Grid) -> None:
 
 def part_ship(grid: Grid) -> None:
     """Copy the best student at the highest target sparsity (PSNR against dense) to ``--ship-to``."""
-    from ..model.sparse_student import STUDENT_CONFIG, STUDENT_WEIGHTS
+    from sparsevid.training import STUDENT_CONFIG, STUDENT_WEIGHTS
 
     if not grid.args.ship_to:
         raise ValueError("--part ship needs --ship-to DIR")
