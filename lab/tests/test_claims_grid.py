@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("diffusers")
 
-from benchmarks import claims_grid  # noqa: E402
+from sparsevid_lab.studies import claims_grid  # noqa: E402
 from sparsevid_lab.studies.claims_report import beats, claims, grid_markdown  # noqa: E402
 
 TINY = ["--tiny", "--device", "cpu", "--targets", "0.75", "--rules", "hybrid", "--steps", "1", "--batch", "2",
@@ -33,7 +33,7 @@ def test_grid_smoke_run_on_the_tiny_model(tmp_path, capsys):
     assert "stopping before distill_hybrid_75" in capsys.readouterr().out and not (out / "students").exists()
 
     assert claims_grid.main(["--out", str(out), "--part", "train", "evaluate", "ship",
-                             "--ship-to", str(out / "tiny_teacher" / "sparse_student"), *TINY]) == 0
+                             "--ship-to", str(out / "shipped"), *TINY]) == 0
     grid = json.loads((out / "grid.json").read_text())
     assert grid["missing"] == [] and set(grid["students"]) == {"distill_hybrid_75", "diffusion_hybrid_75",
                                                               "dense_diffusion"}
@@ -52,8 +52,13 @@ def test_grid_smoke_run_on_the_tiny_model(tmp_path, capsys):
     assert "distill_hybrid_75" in text and "| target:" in text and "not measured" in text  # claim 2 needs topk, topp
     assert not (out / "work" / "distill_hybrid_75").exists()  # a finished student keeps no training state
 
-    shipped = sv.load_sparse_student(out / "tiny_teacher" / "sparse_student")
-    assert sv.is_sparse(shipped.transformer)
+    import argparse
+
+    from sparsevid_lab.cli.demo import load_model
+
+    teacher = load_model(argparse.Namespace(tiny=True, model=None, device="cpu", clip=None))  # the tiny base again
+    assert sv.load_student(teacher.transformer, out / "shipped").rule == "hybrid"
+    assert sv.is_sparse(teacher.transformer)
 
     capsys.readouterr()
     before = (out / "students" / "distill_hybrid_75" / "eval.json").stat().st_mtime_ns

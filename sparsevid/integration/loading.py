@@ -30,10 +30,9 @@ def load_transformer(source: str | Path, dtype: torch.dtype = torch.float32, dev
     model_class = getattr(diffusers, str(class_name), None)
     if model_class is None:
         raise TypeError(f"{source}: diffusers has no model class {class_name!r}")
-    transformer = model_class.from_pretrained(str(path if path.is_dir() else source), subfolder=subfolder,
-                                              torch_dtype=dtype)
+    transformer = model_class.from_pretrained(str(path if path.is_dir() else source), subfolder=subfolder)
     adapter_for(transformer)  # TypeError for an unsupported family
-    return transformer.to(device)
+    return transformer.to(device, dtype)
 
 
 def _hub_class(repo: str) -> tuple[str, str | None]:

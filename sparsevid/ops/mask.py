@@ -22,7 +22,7 @@ def num_blocks(length: int, block: int) -> int:
     return (length + block - 1) // block
 
 
-def _check_block_size(name: str, value) -> None:
+def check_block_size(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value not in SUPPORTED_BLOCK_SIZES:
         raise ValueError(f"{name} must be one of {SUPPORTED_BLOCK_SIZES}, got {value!r}")
 
@@ -75,8 +75,8 @@ class SparseMask:
     def __post_init__(self) -> None:
         _check_length("q_len", self.q_len)
         _check_length("kv_len", self.kv_len)
-        _check_block_size("block_q", self.block_q)
-        _check_block_size("block_k", self.block_k)
+        check_block_size("block_q", self.block_q)
+        check_block_size("block_k", self.block_k)
         keep = self.keep
         if not isinstance(keep, torch.Tensor):
             raise TypeError(f"keep must be a torch.Tensor, got {type(keep).__name__}")
@@ -126,8 +126,8 @@ class SparseMask:
     def full(cls, q_len: int, kv_len: int, block_q: int = 128, block_k: int = 64,
              device: torch.device | str | None = None) -> "SparseMask":
         """A mask that keeps every tile (dense attention), shape [1, 1, QB, KB]."""
-        _check_block_size("block_q", block_q)
-        _check_block_size("block_k", block_k)
+        check_block_size("block_q", block_q)
+        check_block_size("block_k", block_k)
         _check_length("q_len", q_len)
         _check_length("kv_len", kv_len)
         qb, kb = num_blocks(q_len, block_q), num_blocks(kv_len, block_k)
@@ -280,8 +280,8 @@ def random_block_mask(batch: int, heads: int, q_len: int, kv_len: int, sparsity:
     """
     for name, value in (("batch", batch), ("heads", heads), ("q_len", q_len), ("kv_len", kv_len)):
         _check_length(name, value)
-    _check_block_size("block_q", block_q)
-    _check_block_size("block_k", block_k)
+    check_block_size("block_q", block_q)
+    check_block_size("block_k", block_k)
     if not isinstance(sparsity, numbers.Real) or isinstance(sparsity, bool):
         raise TypeError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
     if not 0.0 <= sparsity < 1.0:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .mask import SparseMask, _check_block_size, num_blocks
+from .mask import SparseMask, check_block_size, num_blocks
 from .pooling import block_similarity, pool_blocks, pooled_scores
 from .selection import (RULES, add_option_blocks, diagonal_blocks, resolve_similarity_threshold, resolve_topk,
                         resolve_topp, threshold_keep, uses_topk, uses_topp)
@@ -104,8 +104,8 @@ def prediction_options(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", t
     such part), similarity threshold, option flags, blocks, scale, and ``within`` as a bool map or None."""
     check_head_tensors(q=q, k=k)
     _check_options(rule, scale, keep_sink, keep_diagonal, min_blocks, backend, q)
-    _check_block_size("block_q", block_q)
-    _check_block_size("block_k", block_k)
+    check_block_size("block_q", block_q)
+    check_block_size("block_k", block_k)
     heads = q.shape[1]
     kb = num_blocks(k.shape[2], block_k)
     return dict(rule_topk=resolve_topk(topk, kb, heads) if uses_topk(rule) else None,

@@ -53,12 +53,59 @@ def _check_per_head(name: str, value: torch.Tensor, heads: int) -> None:
         raise TypeError(f"{name} as a tensor must be a real float or integer tensor, got dtype {value.dtype}")
 
 
+def check_topk(topk) -> None:
+    """Raise unless ``topk`` is a fraction in (0, 1] (float), a count >= 1 (int) or a real tensor (its values
+    and shape are checked where the heads are known, :func:`resolve_topk`)."""
+    if isinstance(topk, torch.Tensor):
+        if topk.dtype == torch.bool or topk.is_complex():
+            raise TypeError(f"topk as a tensor must be a real float or integer tensor, got dtype {topk.dtype}")
+    elif isinstance(topk, numbers.Integral) and not isinstance(topk, bool):
+        if topk < 1:
+            raise ValueError(f"topk as an int count must be >= 1, got {topk}")
+    elif _is_real(topk):
+        if not 0 < topk <= 1:
+            raise ValueError(f"topk as a fraction must lie in (0, 1], got {topk}")
+    else:
+        raise TypeError(f"topk must be a float fraction, an int count or a tensor [H], got {type(topk).__name__}")
+
+
+def check_topp(topp) -> None:
+    """Raise unless ``topp`` is a float in (0, 1] or a floating-point tensor (values checked by
+    :func:`resolve_topp`)."""
+    if isinstance(topp, torch.Tensor):
+        if not topp.is_floating_point():
+            raise TypeError(f"topp as a tensor must be floating point, got dtype {topp.dtype}")
+    elif _is_real(topp):
+        if not 0 < topp <= 1:
+            raise ValueError(f"topp must lie in (0, 1], got {topp}")
+    else:
+        raise TypeError(f"topp must be a float in (0, 1] or a tensor [H], got {type(topp).__name__}")
+
+
+def check_similarity_threshold(threshold) -> None:
+    """Raise unless ``threshold`` is None, a float in [-1, 1] or a floating-point tensor (values checked by
+    :func:`resolve_similarity_threshold`)."""
+    if threshold is None:
+        return
+    if isinstance(threshold, torch.Tensor):
+        if not threshold.is_floating_point():
+            raise TypeError(f"similarity_threshold as a tensor must be floating point, got dtype {threshold.dtype}")
+    elif _is_real(threshold):
+        if not -1 <= threshold <= 1:
+            raise ValueError(f"similarity_threshold must lie in [-1, 1], got {threshold}")
+    else:
+        raise TypeError(
+            f"similarity_threshold must be None, a float in [-1, 1] or a tensor [H], got {type(threshold).__name__}"
+        )
+
+
 def resolve_topk(topk, num_kv_blocks: int, heads: int) -> int | torch.Tensor:
     """Number of key blocks the top-k rule keeps per row: an int, or int32 [H] for per-head values.
 
     topk: a fraction of KB in (0, 1] (float; rounded up, at least 1), a count >= 1 (int; capped at KB),
     or a tensor [H] of either kind (floating dtype: fractions, integer dtype: counts).
     """
+    check_topk(topk)
     if isinstance(topk, torch.Tensor):
         _check_per_head("topk", topk, heads)
         if topk.is_floating_point():
@@ -71,51 +118,33 @@ def resolve_topk(topk, num_kv_blocks: int, heads: int) -> int | torch.Tensor:
                 raise ValueError(f"topk counts must be >= 1, got {topk.tolist()}")
             counts = topk
         return counts.clamp(1, num_kv_blocks).to(torch.int32)
-    if isinstance(topk, numbers.Integral) and not isinstance(topk, bool):
-        if topk < 1:
-            raise ValueError(f"topk as an int count must be >= 1, got {topk}")
+    if isinstance(topk, numbers.Integral):
         return min(int(topk), num_kv_blocks)
-    if _is_real(topk):
-        if not 0 < topk <= 1:
-            raise ValueError(f"topk as a fraction must lie in (0, 1], got {topk}")
-        return min(max(1, math.ceil(float(topk) * num_kv_blocks - 1e-6)), num_kv_blocks)
-    raise TypeError(f"topk must be a float fraction, an int count or a tensor [H], got {type(topk).__name__}")
+    return min(max(1, math.ceil(float(topk) * num_kv_blocks - 1e-6)), num_kv_blocks)
 
 
 def resolve_topp(topp, heads: int) -> float | torch.Tensor:
     """The cumulative pooled mass a row keeps: a float in (0, 1], or float32 [H] for per-head values."""
+    check_topp(topp)
     if isinstance(topp, torch.Tensor):
         _check_per_head("topp", topp, heads)
-        if not topp.is_floating_point():
-            raise TypeError(f"topp as a tensor must be floating point, got dtype {topp.dtype}")
         if not bool(((topp > 0) & (topp <= 1)).all()):
             raise ValueError(f"topp values must lie in (0, 1], got {topp.tolist()}")
         return topp.to(torch.float32)
-    if _is_real(topp):
-        if not 0 < topp <= 1:
-            raise ValueError(f"topp must lie in (0, 1], got {topp}")
-        return float(topp)
-    raise TypeError(f"topp must be a float in (0, 1] or a tensor [H], got {type(topp).__name__}")
+    return float(topp)
 
 
 def resolve_similarity_threshold(threshold, heads: int) -> float | torch.Tensor | None:
     """The block self-similarity below which a block is kept in full: None, a float in [-1, 1] or float32 [H]."""
+    check_similarity_threshold(threshold)
     if threshold is None:
         return None
     if isinstance(threshold, torch.Tensor):
         _check_per_head("similarity_threshold", threshold, heads)
-        if not threshold.is_floating_point():
-            raise TypeError(f"similarity_threshold as a tensor must be floating point, got dtype {threshold.dtype}")
         if not bool(((threshold >= -1) & (threshold <= 1)).all()):
             raise ValueError(f"similarity_threshold values must lie in [-1, 1], got {threshold.tolist()}")
         return threshold.to(torch.float32)
-    if _is_real(threshold):
-        if not -1 <= threshold <= 1:
-            raise ValueError(f"similarity_threshold must lie in [-1, 1], got {threshold}")
-        return float(threshold)
-    raise TypeError(
-        f"similarity_threshold must be None, a float in [-1, 1] or a tensor [H], got {type(threshold).__name__}"
-    )
+    return float(threshold)
 
 
 def _per_head(value, heads: int, dtype: torch.dtype, device) -> torch.Tensor:

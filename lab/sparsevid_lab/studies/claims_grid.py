@@ -155,7 +155,7 @@ class Grid:
     def training_shift(self, teacher) -> float:
         """Time shift of the students' training noise levels: ``--train-shift``, else the teacher's pre-training
         one (the sampler's, 5 for the shipped model, puts most of its steps at higher noise levels)."""
-        from sparsevid.training.distill import pretraining_noise
+        from ..model.builtin import pretraining_noise
 
         return pretraining_noise(teacher, self.args.train_shift)[0]
 

@@ -1,0 +1,185 @@
+"""The library's training path on tiny random diffusers transformers: latent folders, the dense teacher on the
+student's own weights, velocity distillation and the diffusion baseline, the student format, the CLI."""
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+pytest.importorskip("safetensors")
+
+import sparsevid as sv  # noqa: E402
+from sparsevid.eval import heldout_loss, heldout_set, predict_velocities, velocity_error  # noqa: E402
+from sparsevid.training import (DenseTeacher, DistillConfig, LatentBatch, LatentDirectory, LoopConfig,  # noqa: E402
+                                distill, load_student, predict_velocity, trainable_names, write_latent_sample,
+                                write_null_text)
+
+from tiny_models import build  # noqa: E402
+
+SPARSE = sv.SparseConfig(rule="topk", topk=2, block_q=64, block_k=64, tile="none")
+
+
+def _latents(model_name: str, tmp_path, count: int = 6, seed: int = 0):
+    """A latent folder fitting the tiny ``model_name`` (its inputs' latent and text shapes), random samples."""
+    _, inputs = build(model_name)
+    generator = torch.Generator().manual_seed(seed)
+    latent_shape = inputs["hidden_states"].shape[1:]
+    if model_name == "cogvideox":
+        latent_shape = (latent_shape[1], latent_shape[0], *latent_shape[2:])
+    text_shape = inputs["encoder_hidden_states"].shape[1:]
+    folder = tmp_path / f"latents_{model_name}"
+    for i in range(count):
+        write_latent_sample(folder, i, torch.randn(*latent_shape, generator=generator),
+                            torch.randn(*text_shape, generator=generator))
+    write_null_text(folder, torch.zeros(*text_shape))
+    return folder
+
+
+def test_latent_directory_round_trips_and_checks(tmp_path):
+    folder = _latents("wan", tmp_path, count=3)
+    data = LatentDirectory(folder, seed=1)
+    assert data.latent_shape == (4, 4, 16, 20) and data.text_shape == (12, 16) and len(data) == 3
+    batch = data.batch([0, 1, 2, 3])  # index 3 is the first of epoch 1
+    assert batch.latents.shape == (4, 4, 4, 16, 20) and batch.text.shape == (4, 12, 16)
+    epoch0 = {data.file(i).name for i in range(3)}
+    assert len(epoch0) == 3  # a permutation: every sample once per epoch
+    with pytest.raises(ValueError, match="indices"):
+        data.batch([])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="no sample_"):
+        LatentDirectory(empty)
+    (folder / "null.safetensors").unlink()
+    with pytest.raises(ValueError, match="empty prompt"):
+        LatentDirectory(folder)
+
+
+def test_drop_text_replaces_only_the_dropped_rows():
+    batch = LatentBatch(torch.randn(3, 2, 1, 2, 2), torch.randn(3, 5, 4), torch.ones(3, 5, dtype=torch.long))
+    null = (torch.full((5, 4), 7.0), torch.tensor([1, 0, 0, 0, 0]))
+    dropped = batch.drop_text(torch.tensor([False, True, False]), null)
+    assert torch.equal(dropped.text[0], batch.text[0]) and torch.equal(dropped.text[2], batch.text[2])
+    assert torch.equal(dropped.text[1], null[0]) and dropped.text_mask[1].tolist() == [1, 0, 0, 0, 0]
+    with pytest.raises(ValueError, match="empty prompt"):
+        batch.drop_text(torch.tensor([True, False, False]), (torch.zeros(4, 4), None))
+
+
+def test_dense_teacher_is_the_dense_model_on_its_original_weights():
+    """After the student's weights move and its attention turns sparse, the teacher still gives the velocity the
+    untouched dense model gives, at no cost of a second model."""
+    model, inputs = build("wan")
+    reference, _ = build("wan")
+    names = trainable_names(model, "attention")
+    assert names and all(".attn1." in n for n in names)
+    teacher = DenseTeacher(model, names)
+    sv.apply_sparse_attention(model, SPARSE)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name in names:
+                parameter.add_(0.1 * torch.randn_like(parameter))
+    x_t, t = inputs["hidden_states"], torch.tensor([0.7])
+    batch = LatentBatch(x_t, inputs["encoder_hidden_states"])
+    with torch.no_grad():
+        expected = predict_velocity(reference, x_t, t, batch)
+        student = predict_velocity(model, x_t, t, batch)
+    assert torch.allclose(teacher(x_t, t, batch), expected, atol=1e-5)
+    assert not torch.allclose(student, expected, atol=1e-3)
+    assert sv.is_sparse(model)  # the teacher's pass leaves the student sparse
+
+
+@pytest.mark.parametrize("objective", ["distill", "diffusion"])
+def test_distill_trains_a_tiny_wan_and_the_student_loads_back(tmp_path, objective):
+    torch.manual_seed(0)
+    model, _ = build("wan")
+    data = LatentDirectory(_latents("wan", tmp_path), seed=0)
+    heldout = heldout_set(data, per_bin=2, num_bins=2)
+    dense_velocity = predict_velocities(model, heldout)
+    before = velocity_error(predict_velocities(model, heldout, SPARSE), dense_velocity, heldout)["overall"]
+    config = DistillConfig(objective=objective, sparse=SPARSE, trainable="attention", batch_size=2, null_prob=0.2)
+    loop = LoopConfig(lr=3e-3, warmup_steps=2, ema_decay=None, max_steps=25, log_every=5, bf16=False)
+    out = tmp_path / "student"
+    result = distill(model, data, config, loop, out=out, log=lambda *_: None)
+    assert result.finished and result.steps == 25 and sv.is_sparse(model)
+    losses = [row["loss"] for row in result.history]
+    assert losses[-1] < losses[0]
+    trained = predict_velocities(model, heldout)
+    if objective == "distill":  # it learns the teacher's velocity under sparse attention
+        assert velocity_error(trained, dense_velocity, heldout)["overall"] < before
+    record = json.loads((out / "student.json").read_text())
+    assert record["trainable"] == "attention" and record["steps"] == 25 and record["transformer"] == "WanTransformer3DModel"
+    fresh, _ = build("wan")  # the same base weights (seeded)
+    config = load_student(fresh, out)
+    assert config == SPARSE and sv.is_sparse(fresh)
+    assert torch.allclose(predict_velocities(fresh, heldout), trained, atol=1e-2)
+    assert heldout_loss(trained, heldout)["overall"] > 0
+
+
+def test_load_student_refuses_another_base_and_another_model(tmp_path):
+    torch.manual_seed(0)
+    model, _ = build("wan")
+    data = LatentDirectory(_latents("wan", tmp_path), seed=0)
+    loop = LoopConfig(lr=1e-3, warmup_steps=0, ema_decay=None, max_steps=2, bf16=False)
+    distill(model, data, DistillConfig(sparse=SPARSE, batch_size=2), loop, out=tmp_path / "s", log=lambda *_: None)
+    other, _ = build("wan")
+    with torch.no_grad():
+        other.blocks[0].attn1.to_q.weight.add_(1.0)
+    with pytest.raises(ValueError, match="not the base"):
+        load_student(other, tmp_path / "s")
+    hunyuan, _ = build("hunyuan_video")
+    with pytest.raises(ValueError, match="WanTransformer3DModel"):
+        load_student(hunyuan, tmp_path / "s")
+    with pytest.raises(FileNotFoundError, match="student folder"):
+        load_student(other, tmp_path)
+
+
+def test_distill_refuses_data_for_another_model_and_non_flow_families(tmp_path):
+    model, _ = build("wan", in_channels=8, out_channels=8)
+    data = LatentDirectory(_latents("wan", tmp_path), seed=0)
+    loop = LoopConfig(max_steps=1)
+    with pytest.raises(ValueError, match="4 channels"):
+        distill(model, data, DistillConfig(sparse=SPARSE, batch_size=2), loop)
+    cog, _ = build("cogvideox")
+    with pytest.raises(TypeError, match="v_prediction"):
+        distill(cog, data, DistillConfig(sparse=SPARSE, batch_size=2), loop)
+    sparse_already, _ = build("wan")
+    sv.apply_sparse_attention(sparse_already, SPARSE)
+    with pytest.raises(ValueError, match="already has sparse attention"):
+        distill(sparse_already, data, DistillConfig(sparse=SPARSE, batch_size=2), loop)
+
+
+def test_hunyuan_video_trains_through_the_same_path(tmp_path):
+    """Joint text+video attention, a text mask and extra inputs (pooled projections, guidance) per sample."""
+    torch.manual_seed(0)
+    model, inputs = build("hunyuan_video")
+    folder = tmp_path / "hv"
+    for i in range(4):
+        write_latent_sample(folder, i, torch.randn(4, 3, 10, 10), torch.randn(12, 16),
+                            text_mask=inputs["encoder_attention_mask"][i % 2],
+                            extra={"pooled_projections": torch.randn(8), "guidance": torch.tensor(3000.0)})
+    write_null_text(folder, torch.zeros(12, 16), torch.tensor([1] + [0] * 11))
+    data = LatentDirectory(folder)
+    config = DistillConfig(sparse=sv.SparseConfig(rule="topk", topk=1, block_q=64, block_k=64), batch_size=2)
+    loop = LoopConfig(lr=3e-3, warmup_steps=0, ema_decay=None, max_steps=6, log_every=2, bf16=False)
+    result = distill(model, data, config, loop, log=lambda *_: None)
+    assert result.finished and all(torch.isfinite(torch.tensor(r["loss"])) for r in result.history)
+
+
+def test_cli_distill_and_evaluate_on_a_saved_transformer(tmp_path, capsys):
+    from sparsevid.cli import main
+
+    torch.manual_seed(0)
+    model, _ = build("wan")
+    model.save_pretrained(tmp_path / "model")
+    data = _latents("wan", tmp_path)
+    spec = "rule=topk,topk=2,block_q=64,block_k=64,tile=none"
+    assert main(["distill", "--model", str(tmp_path / "model"), "--data", str(data), "--out", str(tmp_path / "out"),
+                 "--sparse", spec, "--steps", "3", "--batch-size", "2", "--device", "cpu"]) == 0
+    assert (tmp_path / "out" / "student.safetensors").is_file()
+    assert main(["evaluate", "--model", str(tmp_path / "model"), "--data", str(data), "--student",
+                 str(tmp_path / "out"), "--per-bin", "1", "--bins", "2", "--device", "cpu",
+                 "--out", str(tmp_path / "eval.json")]) == 0
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["velocity_error"]["overall"] > 0 and len(result["velocity_error"]["per_bin"]) == 2
+    assert main(["distill", "--model", str(tmp_path / "nothing"), "--data", str(data), "--out",
+                 str(tmp_path / "o2"), "--steps", "1", "--device", "cpu"]) == 2
+    assert "error:" in capsys.readouterr().err
