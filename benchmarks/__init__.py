@@ -1,2 +1,4 @@
-"""GPU benchmarks of sparsevid and the helpers they share (run each from the repository root as
-``python -m benchmarks.<name> --help``; ``benchmarks/gpu_session.sh`` runs them in bounded parts)."""
+"""Speed benchmarks of sparsevid against dense and sparse baselines, and the helpers they share. Run one from the
+repository root by its registered name, ``python -m benchmarks NAME`` (``--list`` names them; ``registry.py``);
+each writes its current result to ``benchmarks/results/NAME/<gpu>.{json,md,png}``. ``gpu_session.sh`` runs
+them in parts bounded to a few GPU minutes; ``NOTES.md`` keeps the history of the measured changes."""

@@ -3,15 +3,15 @@
 For every shape, block size and sparsity the same random block mask (diagonal kept) is given to every
 sparse competitor. Correctness is checked in the same run before timing (relative error vs a float64
 reference on two heads, for out, lse and the three gradients); a Triton error above the bf16 budget of
-``ERROR_BUDGET`` (or not finite) is listed at the end and makes the exit status 1. Writes results.json,
-results.csv and speedup.png under --out and prints a table.
+``ERROR_BUDGET`` (or not finite) is listed at the end and makes the exit status 1. Writes its result under
+--out (:func:`benchmarks.report.write_result`: the rows, a Markdown table, the speed-up over cuDNN by sparsity
+as a figure) and prints the table.
 
-    python3 -m benchmarks.bench_attention --out results/attention
+    python -m benchmarks attention          # also attention_128x64, attention_14b (python -m benchmarks --list)
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import json
 import os
@@ -22,6 +22,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import sparsevid as sv
+from .report import write_result
 from .run_info import run_metadata
 from .timing import median_ms
 from sparsevid.ops import triton_attention  # kernel internals: TMA variants and the autotuned kernels
@@ -33,15 +34,18 @@ ERROR_BUDGET = 1e-2
 
 
 def attention_flops(n: int, m: int, heads: int, batch: int, d: int, kept: float, backward: bool) -> float:
+    """FLOPs of attention over the kept share ``kept`` of an N x M score matrix (backward: 2.5x the forward's)."""
     fwd = 4.0 * batch * heads * n * m * d * kept
     return fwd * 3.5 if backward else fwd
 
 
 def bench(fn, grad_to_none=None) -> float:
+    """Median ms of ``fn()`` on the GPU (:func:`benchmarks.timing.median_ms`, 150 ms of repetitions)."""
     return median_ms(fn, torch.device("cuda"), rep_ms=150, grad_to_none=grad_to_none)
 
 
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """||a - ref|| / ||ref|| over the finite entries of ref; inf when a's non-finite entries differ."""
     a, ref = a.double(), ref.double()
     finite = torch.isfinite(ref)
     if not torch.equal(finite, torch.isfinite(a)):
@@ -79,6 +83,7 @@ def reference_check(mask_full: sv.SparseMask, shape, dtype):
 
 
 def time_variant(fn, backward: bool, inputs) -> float | str:
+    """Median ms of ``fn(q, k, v)`` (forward without autograd, or forward + backward), or the error it raised."""
     q, k, v, grad = inputs
     try:
         if backward:
@@ -95,7 +100,8 @@ def time_variant(fn, backward: bool, inputs) -> float | str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True,
+                        help="folder of the result (<gpu>.json/.md/.png); python -m benchmarks sets it")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--blocks", default=",".join(BLOCKS))
     parser.add_argument("--sparsities", default="0,0.5,0.8,0.9,0.95,0.97")
@@ -108,7 +114,6 @@ def main() -> int:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention.py needs a CUDA GPU")
-    args.out.mkdir(parents=True, exist_ok=True)
     dtype = torch.bfloat16
     meta = run_metadata("cuda", dtype=str(dtype))
     print(json.dumps(meta), flush=True)
@@ -151,7 +156,7 @@ def main() -> int:
                     times = {"triton": {"fwd": time_variant(attend, False, inputs),
                                         "fwdbwd": time_variant(attend, True, inputs) if with_backward else None},
                              "flex": flex}
-                    row = {**meta, "shape": shape_name, "B": b, "H": h, "N": n, "D": d, "block": block_name,
+                    row = {"shape": shape_name, "B": b, "H": h, "N": n, "D": d, "block": block_name,
                            "tma": tma, "target_sparsity": sparsity, "sparsity": mask.sparsity, "errors": errors}
                     for phase in ("fwd", "fwdbwd"):
                         for name, t in {**{k_: v_[phase] for k_, v_ in dense.items()},
@@ -168,12 +173,10 @@ def main() -> int:
                                 row[f"speedup_vs_flex_{phase}"] = flex[phase] / tri
                     row["configs"] = tuned_configs()
                     rows.append(row)
-                    print(json.dumps({k_: v_ for k_, v_ in row.items() if k_ not in meta}), flush=True)
-                    with open(args.out / "results.json", "w") as f:
-                        json.dump(rows, f, indent=1)
-    write_csv(rows, args.out / "results.csv")
-    plot(rows, args.out / "speedup.png")
-    print_table(rows)
+                    print(json.dumps(row), flush=True)
+    table = markdown(rows)
+    write_result(args.out, meta, {"rows": rows}, table, figure(rows, meta))
+    print(table)
     if failed_checks:
         print("errors above the budget:", *failed_checks, sep="\n  ")
         return 1
@@ -196,15 +199,8 @@ def tuned_configs() -> dict[str, list[str]]:
     return {name: [str(config) for config in kernel.cache.values()] for name, kernel in KERNELS.items()}
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
-    keys = sorted({k for row in rows for k in row if k != "errors"})
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def plot(rows: list[dict], path: Path) -> None:
+def figure(rows: list[dict], meta: dict):
+    """The speed-up over dense cuDNN SDPA by sparsity, one line per shape, block size, TMA setting and phase."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -222,24 +218,30 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    ax.set_title(f"sparsevid block-sparse attention, {rows[0]['gpu']}, bf16, {rows[0]['commit']}")
+    ax.set_title(f"sparsevid block-sparse attention, {meta['gpu']}, bf16, {meta['commit']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return fig
 
 
 def fmt(value) -> str:
-    return f"{value:8.3f}" if isinstance(value, float) else f"{'fail' if value else '-':>8}"
+    """A time or ratio to 3 decimals; "fail" for an error message, "-" for not measured."""
+    return f"{value:.3f}" if isinstance(value, float) else ("fail" if value else "-")
 
 
-def print_table(rows: list[dict]) -> None:
-    print(f"{'shape':14} {'block':7} {'tma':>12} {'spars':>6} | {'tri fwd':>8} {'flex fwd':>8} {'cudnn':>8} {'x cudnn':>8} "
-          f"{'x flex':>8} | {'tri f+b':>8} {'flex f+b':>8} {'x cudnn':>8} {'x flex':>8} | max err")
+def markdown(rows: list[dict]) -> str:
+    """One table row per measured row: times (ms), speed-ups over cuDNN and FlexAttention, the largest error."""
+    lines = ["| shape | block | TMA | sparsity | Triton fwd | Flex fwd | cuDNN fwd | x cuDNN | x Flex | "
+             "Triton fwd+bwd | Flex fwd+bwd | x cuDNN | x Flex | max rel. error |", "|---" * 14 + "|"]
     for r in rows:
-        errs = [v for e in r["errors"].get("triton", {}).values() for v in ([e] if isinstance(e, float) else [])]
-        print(f"{r['shape']:14} {r['block']:7} {r['tma']:>12} {r['sparsity']:6.3f} | {fmt(r['triton_fwd_ms'])} {fmt(r['flex_fwd_ms'])} "
-              f"{fmt(r['sdpa_cudnn_fwd_ms'])} {fmt(r.get('speedup_vs_sdpa_cudnn_fwd'))} {fmt(r.get('speedup_vs_flex_fwd'))} | "
-              f"{fmt(r['triton_fwdbwd_ms'])} {fmt(r['flex_fwdbwd_ms'])} {fmt(r.get('speedup_vs_sdpa_cudnn_fwdbwd'))} "
-              f"{fmt(r.get('speedup_vs_flex_fwdbwd'))} | {max(errs) if errs else float('nan'):.2e}")
+        errs = [e for e in r["errors"].get("triton", {}).values() if isinstance(e, float)]
+        cells = [r["shape"], r["block"], r["tma"], f"{r['sparsity']:.3f}",
+                 *(fmt(r.get(key)) for key in ("triton_fwd_ms", "flex_fwd_ms", "sdpa_cudnn_fwd_ms",
+                                               "speedup_vs_sdpa_cudnn_fwd", "speedup_vs_flex_fwd",
+                                               "triton_fwdbwd_ms", "flex_fwdbwd_ms",
+                                               "speedup_vs_sdpa_cudnn_fwdbwd", "speedup_vs_flex_fwdbwd")),
+                 f"{max(errs):.2e}" if errs else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "Times in ms (medians of triton.testing.do_bench).\n\n" + "\n".join(lines)
 
 
 if __name__ == "__main__":

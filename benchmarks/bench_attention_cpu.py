@@ -7,9 +7,9 @@ random q, k with a smooth positional component, so that rows keep different numb
 mask the gather backend is first checked against the reference backend in float64 (out, lse and the
 three gradients); then forward and forward+backward are timed: every round calls each competitor once
 (interleaved, so that a load change on a shared machine hits all of them alike), the median over rounds
-is reported. Writes attention_cpu_<commit>.json and .md under --out and prints the table.
+is reported. Writes its result (the rows and a Markdown table) under --out and prints the table.
 
-    python -m benchmarks.bench_attention_cpu --out benchmarks/results
+    python -m benchmarks attention_cpu
 """
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import sparsevid as sv
+from .report import write_result
 from .run_info import run_metadata
 from sparsevid.ops.mask import random_block_mask
 
@@ -66,6 +66,7 @@ def make_masks(args, generator: torch.Generator) -> list[tuple[str, float, sv.Sp
 
 
 def attend(name: str, q, k, v, mask: sv.SparseMask):
+    """Competitor ``name``'s attention: dense SDPA, or a block-sparse backend under ``mask``."""
     if name == "sdpa":
         return F.scaled_dot_product_attention(q, k, v)
     return sv.block_sparse_attention(q, k, v, mask, backend=name)
@@ -107,6 +108,7 @@ def time_interleaved(calls: dict, rounds: int) -> dict[str, float]:
 
 
 def measure(args, kind: str, target: float, mask: sv.SparseMask, generator: torch.Generator) -> dict:
+    """One row: the gather backend's error under ``mask``, then every competitor's fwd and fwd+bwd times."""
     b, h, n, d = args.batch, args.heads, args.tokens, args.head_dim
     q, k, v, grad_out = (torch.randn(b, h, n, d, generator=generator) for _ in range(4))
     error = check_error(q, k, v, mask, grad_out)
@@ -132,9 +134,10 @@ def measure(args, kind: str, target: float, mask: sv.SparseMask, generator: torc
     return row
 
 
-def markdown(result: dict) -> str:
-    lines = [f"CPU block-sparse attention, {result['shape']}, fp32, {result['threads']} threads, "
-             f"load average {result['load_before']} before / {result['load_after']} after; commit {result['commit']}.",
+def markdown(result: dict, threads: int) -> str:
+    """The rows as a Markdown table under a line naming the shape, threads and the machine's load."""
+    lines = [f"CPU block-sparse attention, {result['shape']}, fp32, {threads} threads, "
+             f"load average {result['load_before']} before / {result['load_after']} after.",
              "", "| mask | sparsity | kept blocks/row | fwd ms: sdpa / gather / reference | gather vs sdpa | "
              "fwd+bwd ms: sdpa / gather / reference | gather vs sdpa | max rel. err vs fp64 (gather) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -149,7 +152,8 @@ def markdown(result: dict) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="benchmarks/results", help="directory for the JSON and Markdown results")
+    p.add_argument("--out", required=True,
+                   help="folder of the result (<gpu>.json/.md); python -m benchmarks sets it")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--tokens", type=int, default=4096, help="N = M")
@@ -170,17 +174,13 @@ def main(argv=None) -> int:
     for kind, target, mask in make_masks(args, generator):
         rows.append(measure(args, kind, target, mask, generator))
         print(json.dumps(rows[-1]), flush=True)
-    result = {**run_metadata("cpu", threads=torch.get_num_threads(), rounds=args.rounds),
-              "shape": f"B={args.batch} H={args.heads} N=M={args.tokens} D={args.head_dim} "
+    meta = run_metadata("cpu", threads=torch.get_num_threads(), rounds=args.rounds)
+    result = {"shape": f"B={args.batch} H={args.heads} N=M={args.tokens} D={args.head_dim} "
                        f"blocks {args.block_q}x{args.block_k}",
               "load_before": [round(x, 2) for x in load_before],
               "load_after": [round(x, 2) for x in os.getloadavg()], "rows": rows}
-    commit = result["commit"]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"attention_cpu_{commit}.json").write_text(json.dumps(result, indent=2))
-    table = markdown(result)
-    (out / f"attention_cpu_{commit}.md").write_text(table)
+    table = markdown(result, meta["threads"])
+    write_result(args.out, meta, result, table)
     print(table)
     failed = [f"{r['kind']} {r['sparsity']:.1%}: {r['gather_error_vs_fp64']:.2e}" for r in rows if not r["passed"]]
     for line in failed:

@@ -2,7 +2,7 @@
 
 One launch measures the whole table (the one-GPU rows run on rank 0 while the other ranks wait):
 
-    torchrun --nproc-per-node 2 -m benchmarks.bench_context_parallel --out results/context_parallel
+    torchrun --nproc-per-node 2 -m benchmarks context_parallel
 
 (a) Correctness: a shrunk Wan2.1-1.3B (480p, 32,760 tokens, --check-layers layers, random bf16 weights, the
     same on every rank): the sparse output over the ranks against the sparse output on one GPU, and dense the
@@ -12,10 +12,10 @@ One launch measures the whole table (the one-GPU rows run on rank 0 while the ot
     dense on 1 GPU (cuDNN SDPA), sparse 95% on 1 GPU, dense and sparse 95% over the ranks (Ulysses). A
     multi-rank time is the slowest rank's.
 
-Writes results.json and table.md under --out and prints the table. With --nproc-per-node 1 only the one-GPU
-rows are measured. CPU check of the same code path (gloo, tiny shapes, float32):
+Writes its result (check, rows, Markdown table) under --out and prints the table. With --nproc-per-node 1 only
+the one-GPU rows are measured. CPU check of the same code path (gloo, tiny shapes, float32):
 
-    torchrun --nproc-per-node 2 -m benchmarks.bench_context_parallel --out /tmp/cp --tiny
+    torchrun --nproc-per-node 2 -m benchmarks --results /tmp/cp context_parallel --tiny
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ import torch.distributed as dist
 import sparsevid as sv
 from .bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs, model_config,
                                   time_forward)
+from .report import write_result
 from .run_info import run_metadata
 
 TINY = {"layers": 2, "heads": 2, "grid": (3, 8, 8)}  # --tiny: every model shrunk to this (192 tokens)
@@ -208,7 +209,8 @@ def table(rows: list[dict], checked: dict | None) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="output directory (results.json, table.md)")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="folder of the result (<gpu>.json/.md); python -m benchmarks sets it")
     parser.add_argument("--tiny", action="store_true", help="CPU (gloo), float32, every model shrunk to 192 tokens")
     parser.add_argument("--sparsity", type=float, default=0.95, help="target sparsity (top-k of key blocks)")
     parser.add_argument("--backend", default="auto", choices=["auto", "triton", "flex", "reference"])
@@ -229,11 +231,8 @@ def main(argv=None) -> None:
         if rank == 0:
             meta = run_metadata(device, gpus=world, dtype=str(dtype).split(".")[-1], iters=args.iters, warmup=1,
                                 dense_backend="cudnn", parallelism="ulysses")
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "results.json").write_text(json.dumps({"meta": meta, "check": checked, "rows": rows},
-                                                              indent=2))
             text = table(rows, checked)
-            (args.out / "table.md").write_text(text + "\n")
+            write_result(args.out, meta, {"check": checked, "rows": rows}, text)
             print(json.dumps(meta))
             print(text, flush=True)
     finally:

@@ -1,15 +1,17 @@
-"""Distillation step throughput: Wan2.1-1.3B 480p, dense teacher, dense vs sparse student.
+"""Distillation step throughput: Wan2.1-1.3B 480p, dense vs sparse student.
 
-One step is what ``sparsevid distill`` runs per batch: the frozen teacher's forward (bf16 weights, no grad), the
-student's forward and backward (fp32 weights, bf16 autocast, gradient checkpointing), gradient clipping and
-an AdamW update. The transformers are built from the Wan2.1 config with random weights (as in
-bench_e2e.py), the clean latents, noise and text states are random, the noise levels logit-normal with
-shift 5. Reports the median step time (CUDA-synchronised wall clock), video tokens per second and peak
-memory per student; writes results.json and table.md under --out.
+One step is what ``sparsevid.training.distill`` runs per batch (``optimizer_step`` of its training loop): the
+dense teacher's velocity (the same transformer with sparse attention off and frozen copies of the trainable
+weights, ``DenseTeacher``; no grad), the student's forward and backward (bf16 autocast on CUDA, gradient
+checkpointing), gradient clipping and an AdamW update of the trainable weights (``--trainable``). The dense
+student runs the same step with dense attention. The transformer is built from the Wan2.1 config with random
+fp32 weights (as bench_e2e.py), the clean latents, noise and text states are random, the noise levels
+logit-normal with shift 5. Reports the median step time (CUDA-synchronised wall clock), video tokens per second
+and peak memory per student; writes its result (rows, Markdown table) under --out.
 
-    python3 -m benchmarks.bench_distill --out results/distill
+    python -m benchmarks distill
     # CPU smoke run of the same code path:
-    python3 -m benchmarks.bench_distill --out /tmp/distill --device cpu --layers 1 --heads 2 --grid 2x8x8 \
+    python -m benchmarks --results /tmp/distill distill --device cpu --layers 1 --heads 2 --grid 2x8x8 \
         --text-tokens 16 --warmup 0 --iters 1
 """
 from __future__ import annotations
@@ -19,58 +21,57 @@ import contextlib
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 import sparsevid as sv
 from .bench_e2e import MODELS, build_transformer, model_config, parse_grid, sync
+from .report import write_result
 from .run_info import run_metadata
-from sparsevid.training import distillation_loss, sample_t
+from sparsevid.training import (DenseTeacher, LatentBatch, LoopConfig, noisy, predict_velocity, sample_t,
+                                trainable_names)
+from sparsevid.training.loop import make_optimizer, optimizer_step
 
 
-class Velocity(torch.nn.Module):
-    """A Wan transformer as ``model(x_t, t, text_states) -> velocity`` with t in [0, 1] (timestep 1000 t)."""
-
-    def __init__(self, transformer):
-        super().__init__()
-        self.transformer = transformer
-
-    def forward(self, x, t, text_states):
-        return self.transformer(x, t * 1000.0, text_states, return_dict=False)[0]
-
-
-def make_batch(args, grid, device, generator):
-    """Clean latents and noise [B, 16, T, 2H, 2W], noise levels [B], text states [B, L, 4096]; float32 (the
-    step runs under bf16 autocast on CUDA)."""
+def make_batch(args, grid, device, generator) -> tuple[LatentBatch, torch.Tensor, torch.Tensor]:
+    """A batch of random clean latents [B, 16, T, 2H, 2W] and text states [B, L, 4096], its noise levels [B]
+    and noise; float32."""
     frames, height, width = grid
     shape = (args.batch, 16, frames, 2 * height, 2 * width)
-    x0 = torch.randn(shape, generator=generator).to(device)
+    latents = torch.randn(shape, generator=generator)
+    text = torch.randn(args.batch, args.text_tokens, 4096, generator=generator)
     noise = torch.randn(shape, generator=generator).to(device)
-    t = sample_t(args.batch, generator, device, shift=5.0)
-    text = torch.randn(args.batch, args.text_tokens, 4096, generator=generator).to(device)
-    return x0, text, t, noise
+    return LatentBatch(latents, text).to(device), sample_t(args.batch, generator, device, shift=5.0), noise
 
 
-def time_steps(student, teacher, optimizer, batches, args, device) -> tuple[list[float], float]:
+def distillation_loss(transformer, teacher: DenseTeacher, batch: LatentBatch, t, noise) -> torch.Tensor:
+    """The ``"distill"`` objective of ``sparsevid.training.distill``: the student's velocity against the dense
+    teacher's at x_t, every forward predicting its own masks."""
+    if sv.is_sparse(transformer):
+        sv.reset_denoising_step(transformer)
+    x_t = noisy(batch.latents, noise, t)
+    velocity = predict_velocity(transformer, x_t, t, batch)
+    return torch.nn.functional.mse_loss(velocity.float(), teacher(x_t, t, batch).float())
+
+
+def time_steps(transformer, batches, args, device) -> tuple[list[float], float]:
     """Step times in ms (each on the next batch) and the peak memory in GiB."""
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else contextlib.nullcontext())
-    params = [p for p in student.parameters() if p.requires_grad]
+    names = trainable_names(transformer, args.trainable)
+    teacher = DenseTeacher(transformer, names)
+    wanted = set(names)
+    params = [p.requires_grad_(name in wanted) for name, p in transformer.named_parameters()]
+    params = [p for p in params if p.requires_grad]
+    loop = LoopConfig(max_steps=args.warmup + args.iters)
+    optimizer = make_optimizer(params, loop)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     times = []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     for i in range(args.warmup + args.iters):
         sync(device)
         start = time.perf_counter()
-        if sv.is_sparse(student.transformer):
-            sv.reset_denoising_step(student.transformer)  # as the trainer: every forward predicts its masks
-        with autocast:
-            loss = distillation_loss(student, teacher, *batches[i % len(batches)])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
+        optimizer_step(lambda _: distillation_loss(transformer, teacher, *batches[i % len(batches)]), i, optimizer,
+                       params, loop.lr, loop.grad_clip, autocast)
         sync(device)
         if i >= args.warmup:
             times.append((time.perf_counter() - start) * 1e3)
@@ -79,33 +80,31 @@ def time_steps(student, teacher, optimizer, batches, args, device) -> tuple[list
 
 
 def run(args, device) -> list[dict]:
+    """One row per student (``--students``), the speed-up against the dense one where it ran first."""
     spec = MODELS["wan1.3b"]
     config, grid, tokens = model_config("wan1.3b", args)
-    torch.manual_seed(0)
-    teacher = Velocity(build_transformer(config, device, torch.bfloat16 if device.type == "cuda" else torch.float32))
     generator = torch.Generator().manual_seed(0)
     batches = [make_batch(args, grid, device, generator) for _ in range(2)]
     rows = []
     for label in args.students:
-        torch.manual_seed(0)  # the same random weights as the teacher, in fp32
-        student = Velocity(build_transformer(config, device, torch.float32)).train().requires_grad_(True)
+        torch.manual_seed(0)  # the same random weights for every student
+        transformer = build_transformer(config, device, torch.float32).train()
         if args.checkpointing:
-            student.transformer.enable_gradient_checkpointing()
+            transformer.enable_gradient_checkpointing()
         if label == "sparse":
-            sv.apply_sparse_attention(student.transformer, sv.SparseConfig(
+            sv.apply_sparse_attention(transformer, sv.SparseConfig(
                 rule=args.rule, topk=args.topk, topp=args.topp, block_q=args.block_q, block_k=args.block_k))
-        optimizer = torch.optim.AdamW(student.parameters(), lr=1e-5, fused=device.type == "cuda")
-        times, peak = time_steps(student, teacher, optimizer, batches, args, device)
+        times, peak = time_steps(transformer, batches, args, device)
         step_ms = statistics.median(times)
         rows.append({"model": spec["label"], "student": label, "tokens": tokens, "grid": list(grid),
                      "layers": config["num_layers"], "heads": config["num_attention_heads"], "batch": args.batch,
-                     "sparse_config": {"rule": args.rule, "topk": args.topk, "topp": args.topp}
-                     if label == "sparse" else None, "gradient_checkpointing": args.checkpointing,
-                     "step_ms": step_ms, "step_ms_all": times, "tokens_per_s": args.batch * tokens / step_ms * 1e3,
-                     "peak_memory_gib": peak})
+                     "trainable": args.trainable, "sparse_config": {"rule": args.rule, "topk": args.topk,
+                                                                    "topp": args.topp} if label == "sparse" else None,
+                     "gradient_checkpointing": args.checkpointing, "step_ms": step_ms, "step_ms_all": times,
+                     "tokens_per_s": args.batch * tokens / step_ms * 1e3, "peak_memory_gib": peak})
         print(f"{label:6s} student: step {step_ms:9.1f} ms, {rows[-1]['tokens_per_s']:10.0f} tokens/s, "
               f"peak {peak:.1f} GiB", flush=True)
-        del student, optimizer
+        del transformer
         if device.type == "cuda":
             torch.cuda.empty_cache()
     for row in rows:
@@ -124,9 +123,12 @@ def table(rows) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="output directory (results.json, table.md)")
+    parser.add_argument("--out", required=True,
+                        help="folder of the result (<gpu>.json/.md); python -m benchmarks sets it")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--students", default="dense,sparse", help="comma list of dense, sparse")
+    parser.add_argument("--trainable", default="attention", choices=["attention", "all"],
+                        help="what the step updates: the self-attention weights (distill's default) or all")
     parser.add_argument("--rule", default="topk", choices=["topk", "topp", "hybrid"],
                         help="top-k (default) holds the sparsity on random weights, whose flat pooled rows make top-p "
                              "keep most tiles")
@@ -155,10 +157,8 @@ def main(argv=None) -> None:
     rows = run(args, device)
     meta = run_metadata(device, warmup=args.warmup, iters=args.iters,
                         autocast="bfloat16" if device.type == "cuda" else None)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     text = table(rows)
-    (args.out / "table.md").write_text(text + "\n")
+    write_result(args.out, meta, {"rows": rows}, text)
     print(json.dumps(meta))
     print(text)
 

@@ -8,14 +8,12 @@ once-per-forward token reordering into 3D tiles and back (``sparsevid.forward_st
 attention time split into in-layer reordering, mask prediction, kernels and restore (from
 ``sparsevid.attention_stats``), the time per layer outside the attention kernels, and projects the forward
 time to a 50-step generation with classifier-free guidance. Compiled rows time the forward only (the breakdown
-comes from eager stats) and record the compile time of their first call. Writes results.json and table.md
-under --out.
+comes from eager stats) and record the compile time of their first call. Writes its result (rows, Markdown
+table) under --out.
 
-    python3 -m benchmarks.bench_e2e --out results/e2e
-    # compiled vs compiled, top-k 5% (the figures of docs/integration.md):
-    python3 -m benchmarks.bench_e2e --out results/e2e_compile --sparsity 0.95 --compile eager,default
+    python -m benchmarks e2e     # also e2e_13b_compiled, e2e_13b_modes, e2e_14b, e2e_14b_compiled
     # CPU smoke run of the same code path:
-    python3 -m benchmarks.bench_e2e --out /tmp/e2e --device cpu --dtype float32 --layers 2 --grid 3x8x8 \
+    python -m benchmarks --results /tmp/e2e e2e --device cpu --dtype float32 --layers 2 --grid 3x8x8 \
         --heads 2 --models wan1.3b --warmup 0 --iters 1
 """
 from __future__ import annotations
@@ -30,6 +28,7 @@ from pathlib import Path
 import torch
 
 import sparsevid as sv
+from .report import write_result
 from .run_info import run_metadata
 
 # Wan2.1 configs; grid = latent (T, H, W) after 1x2x2 patching.
@@ -250,7 +249,8 @@ def table(rows, args) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="output directory (results.json, table.md)")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="folder of the result (<gpu>.json/.md); python -m benchmarks sets it")
     parser.add_argument("--models", default="wan1.3b,wan14b", help=f"comma list of {sorted(MODELS)}")
     parser.add_argument("--sparsity", default="0.9,0.95", help="comma list of target sparsities")
     parser.add_argument("--device", default="cuda")
@@ -293,10 +293,8 @@ def main(argv=None) -> None:
     meta = run_metadata(device, dtype=args.dtype, warmup=args.warmup, iters=args.iters, steps=args.steps,
                         cfg_passes=args.cfg_passes, dense_steps=args.dense_steps, dense_backend=args.dense_backend,
                         compile=args.compile, compile_scope=args.compile_scope)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     text = table(rows, args)
-    (args.out / "table.md").write_text(text + "\n")
+    write_result(args.out, meta, {"rows": rows}, text)
     print(json.dumps(meta))
     print(text)
 

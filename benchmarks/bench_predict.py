@@ -38,21 +38,18 @@ Gaussian noise of std ``noise`` (noise = 0.5), where ``phi`` are D random Fourie
 ``amp^2 exp(-|p_i - p_j|^2 / 2)``: attention concentrates on nearby positions in space and time, as in video
 DiTs. Each head draws its own length scales l_t in [1, 4] frames and l_s in [2, 8] tokens.
 
-Writes results.json under --out and prints a short table last.
+Writes its result (rows, Markdown tables) under --out and prints the tables.
 
-    python3 -m benchmarks.bench_predict --out results/predict
-    python3 -m benchmarks.bench_predict --out results/predict_api --parts api --shapes wan1.3b --recall-grid none
-    python3 -m benchmarks.bench_predict --out /tmp/p --shapes tiny --recall-grid 6,12,16   # CPU, slow
+    python -m benchmarks predict          # predict_api: part 2 alone
+    python -m benchmarks --results /tmp/p predict --shapes tiny --recall-grid 6,12,16   # CPU, slow
 """
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import os
 import time
-from pathlib import Path
 
 import torch
 
@@ -62,6 +59,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 
 import sparsevid as sv  # noqa: E402
+from .report import write_result  # noqa: E402
 from .run_info import run_metadata  # noqa: E402
 from .timing import flushed_ms, median_ms  # noqa: E402
 from sparsevid.eval import attention_recall  # noqa: E402
@@ -316,18 +314,49 @@ def api_case(name: str, rule_name: str, blocks: tuple[int, int], device, dtype) 
     return row
 
 
-def print_api(rows: list[dict]) -> None:
-    print(f"\npredict + forward vs forward alone (target: ratio <= {API_TARGET:.2f})")
-    print(f"{'shape':<8}{'rule':>7}{'spars':>7}{'timing':>16}{'forward':>10}{'pred+fwd':>10}{'predict':>10}"
-          f"{'ratio':>7}")
+def api_table(rows: list[dict]) -> str:
+    """Part 2 as Markdown: per shape, rule and timing method the ms of each call and the ratio to the target."""
+    lines = [f"predict + forward vs forward alone (target: ratio <= {API_TARGET:.2f}); ms, host time in us", "",
+             "| shape | rule | sparsity | timing | forward | predict + forward | predict | ratio |",
+             "|---" * 8 + "|"]
     for row in rows:
         for how, ratio in row["ratio"].items():
-            print(f"{row['shape']:<8}{row['rule_name']:>7}{row['sparsity']:>7.3f}{how:>16}"
-                  f"{row['forward'][how]:>10.4f}{row['predict_forward'][how]:>10.4f}"
-                  f"{row['predict'].get(how) or float('nan'):>10.4f}{ratio:>7.3f}")
+            lines.append(f"| {row['shape']} | {row['rule_name']} | {row['sparsity']:.3f} | {how} | "
+                         f"{row['forward'][how]:.4f} | {row['predict_forward'][how]:.4f} | "
+                         f"{row['predict'].get(how) or float('nan'):.4f} | {ratio:.3f} |")
         if "host_us" in row["forward"]:
-            print(f"{row['shape']:<8}{row['rule_name']:>7}{'':>7}{'host us/call':>16}{row['forward']['host_us']:>10.1f}"
-                  f"{row['predict_forward']['host_us']:>10.1f}{row['predict']['host_us']:>10.1f}")
+            lines.append(f"| {row['shape']} | {row['rule_name']} | | host us/call | {row['forward']['host_us']:.1f} | "
+                         f"{row['predict_forward']['host_us']:.1f} | {row['predict']['host_us']:.1f} | |")
+    return "\n".join(lines)
+
+
+def timing_table(rows: list[dict]) -> str:
+    """Part 1 as Markdown: the stage and end-to-end times (ms) per case, then every config's time per kernel."""
+    lines = ["| shape | blocks | input | sparsity | pool | logits | select | staged | predict_mask | graph | "
+             "host us | naive | attention 95% | best / attention | TB/s | read floor |", "|---" * 16 + "|"]
+    for row in rows:
+        graph, host, floor = (row.get(key) or float("nan")
+                              for key in ("predict_mask_graph_ms", "predict_mask_host_us", "read_floor_ms"))
+        lines.append(f"| {row['shape']} | {row['block_q']}x{row['block_k']} | {row['input']} | "
+                     f"{row['checks']['sparsity']:.3f} | {row['pool_ms']:.4f} | {row['logits_ms']:.4f} | "
+                     f"{row['select_ms']:.4f} | {row['staged_ms']:.4f} | {row['predict_mask_ms']:.4f} | {graph:.4f} | "
+                     f"{host:.1f} | {row['naive_ms']:.3f} | {row['attention_95_ms']:.3f} | "
+                     f"{row['best_over_attention']:.3f} | {row['read_TBps']:.2f} | {floor:.4f} |")
+    lines.append("")
+    for row in rows:
+        for kernel, times in row["configs_ms"].items():
+            listed = "; ".join(f"[{config}] " + ("too big" if ms is None else f"{ms:.4f}")
+                               for config, ms in times.items())
+            lines.append(f"- {row['shape']} {row['block_q']}x{row['block_k']} {row['input']} {kernel}: {listed}")
+    return "\n".join(lines)
+
+
+def recall_table(recall: dict) -> str:
+    """Part 3 as Markdown: sparsity and attention recall per token order."""
+    lines = [f"Recall at top-k 5% on grid {tuple(recall['grid'])}:", "", "| order | sparsity | recall |",
+             "|---|---|---|"]
+    lines += [f"| {row['order']} | {row['sparsity']:.3f} | {row['recall']:.4f} |" for row in recall["orders"]]
+    return "\n".join(lines)
 
 
 def recall_study(grid, heads: int, d: int, device, dtype, tiles: list[str]) -> list[dict]:
@@ -345,7 +374,8 @@ def recall_study(grid, heads: int, d: int, device, dtype, tiles: list[str]) -> l
 def main() -> None:
     cuda = torch.cuda.is_available()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="directory for results.json")
+    parser.add_argument("--out", required=True,
+                        help="folder of the result (<gpu>.json/.md); python -m benchmarks sets it")
     parser.add_argument("--shapes", default="wan1.3b,wan14b" if cuda else "tiny",
                         help=f"comma list of {sorted(SHAPES)}")
     parser.add_argument("--inputs", default=",".join(INPUTS), help=f"comma list of {list(INPUTS)}")
@@ -364,8 +394,6 @@ def main() -> None:
 
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32  # the interpreter's dots need fp16/fp32
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     blocks = [tuple(int(v) for v in spec.split("x")) for spec in args.blocks.split(",") if spec]
     attention_ms: dict = {}
     timing, api = [], []
@@ -383,37 +411,17 @@ def main() -> None:
                       flush=True)
                 if cuda:
                     torch.cuda.empty_cache()
-    result = {**run_metadata(device), "timing": timing, "api": api}
+    result = {"timing": timing, "api": api}
     if args.recall_grid != "none":
         grid = tuple(int(v) for v in args.recall_grid.split(","))
         result["recall"] = {"grid": grid, "heads": args.recall_heads, "rule": "topk 5%",
                             "orders": recall_study(grid, args.recall_heads, 128, device, dtype,
                                                    [t for t in args.tiles.split(",") if t])}
-    (out_dir / "results.json").write_text(json.dumps(result, indent=2))
-
-    print(f"\n{result['gpu']}  torch {result['torch']}  triton {result['triton']}  commit {result['commit']}")
-    if api:
-        print_api(api)
-    if timing:
-        print(f"{'shape':<8}{'blocks':>8}{'input':>7}{'spars':>6}{'pool':>8}{'logits':>8}{'select':>8}{'staged':>8}"
-              f"{'e2e':>8}{'graph':>8}{'host us':>8}{'naive':>8}{'attn95':>8}{'best/attn':>10}{'TB/s':>6}{'floor':>7}")
-    for row in timing:
-        graph, host, floor = (row.get(key) or float("nan")
-                              for key in ("predict_mask_graph_ms", "predict_mask_host_us", "read_floor_ms"))
-        print(f"{row['shape']:<8}{row['block_q']:>4}x{row['block_k']:<3}{row['input']:>7}"
-              f"{row['checks']['sparsity']:>6.3f}{row['pool_ms']:>8.4f}{row['logits_ms']:>8.4f}{row['select_ms']:>8.4f}"
-              f"{row['staged_ms']:>8.4f}{row['predict_mask_ms']:>8.4f}{graph:>8.4f}"
-              f"{host:>8.1f}{row['naive_ms']:>8.3f}{row['attention_95_ms']:>8.3f}{row['best_over_attention']:>10.3f}"
-              f"{row['read_TBps']:>6.2f}{floor:>7.4f}")
-    for row in timing:
-        for kernel, times in row["configs_ms"].items():
-            listed = "  ".join(f"[{config}] " + ("too big" if ms is None else f"{ms:.4f}")
-                               for config, ms in times.items())
-            print(f"{row['shape']} {row['block_q']}x{row['block_k']} {row['input']} {kernel}: {listed}")
-    if "recall" in result:
-        print(f"\nrecall at top-k 5% on grid {result['recall']['grid']}:")
-        for row in result["recall"]["orders"]:
-            print(f"  {row['order']:<8} sparsity {row['sparsity']:.3f}  recall {row['recall']:.4f}")
+    sections = [api_table(api) if api else "", timing_table(timing) if timing else "",
+                recall_table(result["recall"]) if "recall" in result else ""]
+    text = "\n\n".join(section for section in sections if section)
+    write_result(args.out, run_metadata(device), result, text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,11 @@
    included; a second pass with stats gives the search (mask prediction) time per step, the mask sources
    and the sparsity per step.
 
-Writes results.json and table.md under --out.
+Writes its result (rows, Markdown table) under --out.
 
-    python3 -m benchmarks.bench_training_free --out results/training_free
+    python -m benchmarks training_free      # tile_mass: the kernel part alone
     # CPU check of the same code paths (Triton interpreted for the kernel part):
-    python3 -m benchmarks.bench_training_free --out /tmp/tf --device cpu --dtype float32 --heads 2 \
+    python -m benchmarks --results /tmp/tf training_free --device cpu --dtype float32 --heads 2 \
         --tokens 1000 --grid 3x8x8 --layers 2 --steps 8 --dense-steps 1 --refresh-interval 2 --iters 1
 """
 from __future__ import annotations
@@ -28,7 +28,6 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -42,6 +41,7 @@ if _cpu_requested(sys.argv):
 import sparsevid as sv  # noqa: E402
 from .bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs,  # noqa: E402
                                   parse_grid, sync)
+from .report import write_result  # noqa: E402
 from .run_info import run_metadata  # noqa: E402
 from .timing import cuda_kernel_ms, median_ms  # noqa: E402
 
@@ -204,7 +204,8 @@ def table(kernel_rows, loop_rows) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--out", required=True,
+                        help="folder of the result (<gpu>.json/.md); python -m benchmarks sets it")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--parts", default="kernel,loop", help="comma list of kernel, loop")
@@ -239,13 +240,12 @@ def main(argv=None) -> None:
                      f"{sorted(unknown) or args.settings}")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     parts = set(args.parts.split(","))
-    result = {**run_metadata(device), "args": {k: str(v) for k, v in vars(args).items()},
+    result = {"args": {k: str(v) for k, v in vars(args).items() if k != "out"},
               "kernel": bench_kernel(args, device, dtype) if "kernel" in parts else [],
               "loop": bench_loop(args, device, dtype) if "loop" in parts else []}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(result, indent=1))
-    (args.out / "table.md").write_text(table(result["kernel"], result["loop"]) + "\n")
-    print(table(result["kernel"], result["loop"]))
+    text = table(result["kernel"], result["loop"])
+    write_result(args.out, run_metadata(device), result, text)
+    print(text)
     if any(not math.isfinite(r["overhead"]) for r in result["kernel"]):
         raise SystemExit("non-finite kernel timings")
 

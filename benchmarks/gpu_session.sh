@@ -2,51 +2,58 @@
 # GPU checks and benchmarks in bounded parts, each sized to fit a few minutes of one H200. On a machine with
 # two GPUs run them side by side, one per GPU (`kernels` with `model`, `tests` with `throughput` or
 # `training`); `parallel` needs both.
+# Speed benchmarks run through `python -m benchmarks NAME` (benchmarks/registry.py) and write their current
+# result to RESULTS/NAME/<gpu>.{json,md,png}; the studies of the built-in model run from the lab
+# (`python3 -m sparsevid_lab.studies.NAME`) and write under OUT.
 # Usage (repo root, CUDA machine): OUT=DIR bash benchmarks/gpu_session.sh PART [ARGS]
-#   (env: OUT, the output folder, by default outside the repository; PYTHON, the interpreter, python3)
-#   kernels     kernel benchmark, Wan 1.3B 128x128 fwd and fwd+bwd vs SDPA and FlexAttention; 128x64 fwd
-#   kernels14b  kernel benchmark, Wan 14B 720p forward at 95%, 128x128 and 128x64
-#   tile_mass   forward with exact tile masses vs plain forward (time, per-kernel breakdown, mass error)
-#   model       training-free benchmark (tile-mass overhead, 50-step Wan 1.3B loop); training-free quality
-#               on the built-in model
-#   throughput  distillation step throughput (Wan 1.3B)
-#   predict     mask-prediction benchmark (every kernel config, Wan 1.3B and 14B shapes)
-#   limits      what bounds mask prediction: kernel device times, pool vs a plain read, TF32 logits, budget
-#   training    one call of the claims grid on the built-in model (benchmarks/claims_grid.py; repeat the part
+#   (env: OUT, the folder of logs and study outputs, by default outside the repository; RESULTS, the folder of
+#   the benchmarks' current results, by default benchmarks/results; PYTHON, the interpreter, python3)
+#   kernels     benchmarks attention (Wan 1.3B 128x128 fwd and fwd+bwd vs SDPA and FlexAttention) and
+#               attention_128x64 (fwd)
+#   kernels14b  benchmark attention_14b (Wan 14B 720p forward at 95%, 128x128 and 128x64)
+#   tile_mass   benchmark tile_mass (forward with exact tile masses vs plain forward: time, per-kernel
+#               breakdown, mass error)
+#   model       benchmark training_free (tile-mass overhead, 50-step Wan 1.3B loop); the training-free quality
+#               study on the built-in model
+#   throughput  benchmark distill (distillation step throughput, Wan 1.3B)
+#   predict     benchmark predict (mask prediction: every kernel config, Wan 1.3B and 14B shapes)
+#   limits      benchmark predict_limits (kernel device times, pool vs a plain read, TF32 logits, budget)
+#   training    one call of the claims grid on the built-in model (sparsevid_lab.studies.claims_grid; repeat the part
 #               until OUT/claims/grid.md lists nothing missing: each call resumes where the last stopped);
 #               arguments after the part name go to the grid, e.g. `training --targets 0.95`
 #   training_full  one call of the claims grid's other arm: students fine-tuned on the whole distribution (data
 #               like pre-training, `--fine-tune-on full`) in OUT/claims_full, calibrated as the slice grid was
-#               (benchmarks/results/claims_h200/calibration.json); repeat like `training`, e.g. `training_full
+#               (lab/results/claims_h200/calibration.json); repeat like `training`, e.g. `training_full
 #               --targets 0.95`
 #   training_shift  the distilled students of the claims grid (hybrid and top-k, 63% and 95%, on the slice) with their
 #               noise levels drawn at time shift 5, the sampler's, instead of the pre-training shift 2: does
 #               distilling where the sampler steps lift them? (OUT/claims_shift5, calibrated as the slice grid; repeat
-#               like `training`; measured: benchmarks/results/claims_shift5_h200/, +0.2 dB at 95%, none at 63%)
+#               like `training`; measured: lab/results/claims_shift5_h200/, +0.2 dB at 95%, none at 63%)
 #   motion      why the built-in model misses the captioned motion: equal-budget training levers (warm restarts
 #               of the shipped model, 100 s each; at most five fit one call, e.g. `motion --levers one_object
 #               one_object_high_noise`), by dense faithfulness (the sampler part, measured, is
-#               `python3 -m benchmarks.motion_study --part sampler`)
+#               `python3 -m sparsevid_lab.studies.motion_study --part sampler`)
 #   demo_student  the demo's sparse student: the shipped model distilled for top-k 0.25 (75%) at the CPU clip
 #               (16 x 64 x 64, whole procedural distribution, attention trainable, ~2 min), exported as an asset
-#               (OUT/sparse_student: copy it to sparsevid/assets/sparse_student/)
+#               (OUT/demo_student: copy the student's files to lab/sparsevid_lab/assets/sparse_student/)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
-#   parallel    (two GPUs) context-parallel Wan 14B forward, one vs two GPUs; distillation under DDP
+#   parallel    (two GPUs) benchmark context_parallel (Wan 14B forward, one vs two GPUs); distillation under DDP
 #   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
 #   runtime     GPU tests of the runtime (no host sync in the public calls, the step bookkeeping, inference and
 #               checkpointed training forwards; reduce-overhead CUDA graphs and inductor-compiled models in the
-#               default mode match eager); predict + forward through the public API vs the forward alone at the
-#               Wan 1.3B shape
+#               default mode match eager); benchmark predict_api (predict + forward through the public API vs
+#               the forward alone at the Wan 1.3B shape)
 #   compile_autotune  the inductor tests in mode max-autotune-no-cudagraphs (minutes per model: it benchmarks
 #               GEMM templates for every shape)
-#   e2e13b      end to end, Wan 1.3B 480p at 95% (top-k 5%), dense and sparse, eager and torch.compile
-#   e2e13b_modes  the same under compile_repeated_blocks with mode reduce-overhead (CUDA graphs) and
-#               max-autotune-no-cudagraphs
-#   e2e14b      end to end, Wan 14B 720p at 95%, dense and sparse, eager
-#   e2e14b_compiled  the same compiled (compile_repeated_blocks, default mode)
+#   e2e13b      benchmark e2e_13b_compiled (Wan 1.3B 480p at 95%, dense and sparse, eager and torch.compile)
+#   e2e13b_modes  benchmark e2e_13b_modes (the same under compile_repeated_blocks with mode reduce-overhead
+#               (CUDA graphs) and max-autotune-no-cudagraphs)
+#   e2e14b      benchmark e2e_14b (Wan 14B 720p at 95%, dense and sparse, eager)
+#   e2e14b_compiled  benchmark e2e_14b_compiled (the same compiled: compile_repeated_blocks, default mode)
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
+RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
 PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|training_full|training_shift|motion|\
 demo_student|tests|parallel|ddp|runtime|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled"
@@ -60,46 +67,49 @@ step() {  # step NAME SECONDS COMMAND...
     echo "== $name exit $?"
     grep -vE "^\{|DEBUG" "$OUT/$name.log" | tail -n 25
 }
+bench() {  # bench NAME SECONDS [OPTIONS...]: the registered benchmark NAME, its result under RESULTS
+    local name=$1 seconds=$2; shift 2
+    step "$name" "$seconds" "$PYTHON" -m benchmarks --results "$RESULTS" "$name" "$@"
+}
 claims_variant() {  # claims_variant NAME GRID_ARGS...: a variant of the claims grid in OUT/claims_NAME, calibrated
     local name=$1; shift  # as the slice grid was (its masks do not depend on the students)
     mkdir -p "$OUT/claims_$name"
-    [ -f "$OUT/claims_$name/calibration.json" ] || cp benchmarks/results/claims_h200/calibration.json "$OUT/claims_$name/"
-    step "claims_grid_$name" 580 "$PYTHON" -m benchmarks.claims_grid --out "$OUT/claims_$name" --budget-minutes 9 \
+    [ -f "$OUT/claims_$name/calibration.json" ] || cp lab/results/claims_h200/calibration.json "$OUT/claims_$name/"
+    step "claims_grid_$name" 580 "$PYTHON" -m sparsevid_lab.studies.claims_grid --out "$OUT/claims_$name" \
+        --budget-minutes 9 \
         --part calibrate evaluate train evaluate "$@"
 }
 case "$PART" in
 kernels)
-    step bench_attention 240 "$PYTHON" -m benchmarks.bench_attention --out "$OUT/attention" \
-        --shapes wan1.3b-480p --blocks 128x128 --sparsities 0,0.9,0.95,0.97,0.5,0.8
-    step bench_attention_128x64 150 "$PYTHON" -m benchmarks.bench_attention --out "$OUT/attention_128x64" \
-        --shapes wan1.3b-480p --blocks 128x64 --sparsities 0.9,0.95,0.97 --backward-shapes none
+    bench attention 240
+    bench attention_128x64 150
     ;;
 kernels14b)
-    step bench_attention_14b 300 "$PYTHON" -m benchmarks.bench_attention --out "$OUT/attention_14b" \
-        --shapes wan14b-720p --blocks 128x128,128x64 --sparsities 0.95 --backward-shapes none
+    bench attention_14b 300
     ;;
 tile_mass)
-    step bench_tile_mass 120 "$PYTHON" -m benchmarks.bench_training_free --out "$OUT/tile_mass" --parts kernel
+    bench tile_mass 120
     ;;
 model)
-    step bench_training_free 150 "$PYTHON" -m benchmarks.bench_training_free --out "$OUT/training_free" \
-        --settings dense,training-free --cfg-passes 1
-    step training_free_quality 100 "$PYTHON" -m benchmarks.training_free_quality --out "$OUT/training_free_quality"
+    bench training_free 150
+    step training_free_quality 100 "$PYTHON" -m sparsevid_lab.studies.training_free_quality \
+        --out "$OUT/training_free_quality"
     ;;
 throughput)
-    step bench_distill 110 "$PYTHON" -m benchmarks.bench_distill --out "$OUT/distill" --iters 3
+    bench distill 110
     ;;
 predict)
-    step bench_predict 240 "$PYTHON" -m benchmarks.bench_predict --out "$OUT/predict" --recall-grid none
+    bench predict 240
     ;;
 motion)
-    step motion_train 570 "$PYTHON" -m benchmarks.motion_study --out "$OUT/motion" --part train --seconds 100 "$@"
+    step motion_train 570 "$PYTHON" -m sparsevid_lab.studies.motion_study --out "$OUT/motion" --part train \
+        --seconds 100 "$@"
     ;;
 limits)
-    step predict_limits 180 "$PYTHON" -m benchmarks.predict_limits --out "$OUT/predict_limits"
+    bench predict_limits 180
     ;;
 training)
-    step claims_grid 580 "$PYTHON" -m benchmarks.claims_grid --out "$OUT/claims" --budget-minutes 9 \
+    step claims_grid 580 "$PYTHON" -m sparsevid_lab.studies.claims_grid --out "$OUT/claims" --budget-minutes 9 \
         --part calibrate evaluate train evaluate "$@"
     ;;
 training_full)
@@ -109,50 +119,43 @@ training_shift)
     claims_variant shift5 --train-shift 5 --rules hybrid topk --objectives distill "$@"
     ;;
 demo_student)
-    step demo_student 200 "$PYTHON" -m sparsevid distill --out "$OUT/demo_student" --clip 16,64,64 \
+    step demo_student 200 "$PYTHON" -m sparsevid_lab distill --out "$OUT/demo_student" --clip 16,64,64 \
         --config rule=topk,topk=0.25 --trainable attention --batch-size 32 --max-steps 500 --minutes 1.9 --lr 1e-4 \
         --warmup 20 --train-shift 2.0 --log-every 25 --no-progress
-    step demo_student_export 60 "$PYTHON" -m sparsevid export-student --run "$OUT/demo_student" \
-        --out "$OUT/sparse_student"
     ;;
 tests)
     SPARSEVID_AUTOTUNE=off step gpu_tests 300 "$PYTHON" -m pytest -q -rfE --tb=line -p no:cacheprovider -m gpu tests
     ;;
 parallel)
-    step bench_context_parallel 200 "$PYTHON" -m torch.distributed.run --nproc-per-node 2 \
-        -m benchmarks.bench_context_parallel --out "$OUT/context_parallel"
-    step distill_ddp 150 bash benchmarks/distill_ddp.sh "$OUT/ddp"
+    step context_parallel 200 "$PYTHON" -m torch.distributed.run --nproc-per-node 2 \
+        -m benchmarks --results "$RESULTS" context_parallel
+    step distill_ddp 150 bash lab/scripts/distill_ddp.sh "$OUT/ddp"
     ;;
 ddp)
-    step distill_ddp 150 bash benchmarks/distill_ddp.sh "$OUT/ddp"
+    step distill_ddp 150 bash lab/scripts/distill_ddp.sh "$OUT/ddp"
     ;;
 runtime)
     SPARSEVID_AUTOTUNE=off step runtime_tests 150 "$PYTHON" -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
         --durations=0 tests/test_runtime_gpu.py
     SPARSEVID_AUTOTUNE=off step compile_tests 240 "$PYTHON" -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
         --durations=0 tests/test_integration_compile.py -k "default"
-    step predict_api 150 "$PYTHON" -m benchmarks.bench_predict --out "$OUT/predict_api" --parts api \
-        --shapes wan1.3b --recall-grid none
+    bench predict_api 150
     ;;
 compile_autotune)
     SPARSEVID_AUTOTUNE=off step compile_autotune_tests 570 "$PYTHON" -m pytest -v -rfE --tb=short -p no:cacheprovider \
         -m gpu --durations=0 tests/test_integration_compile.py -k "max-autotune"
     ;;
 e2e13b)
-    step e2e13b 540 "$PYTHON" -m benchmarks.bench_e2e --out "$OUT/e2e13b" --models wan1.3b --sparsity 0.95 \
-        --compile eager,default
+    bench e2e_13b_compiled 540
     ;;
 e2e13b_modes)
-    step e2e13b_modes 540 "$PYTHON" -m benchmarks.bench_e2e --out "$OUT/e2e13b_modes" --models wan1.3b \
-        --sparsity 0.95 --compile reduce-overhead,max-autotune-no-cudagraphs --compile-scope blocks
+    bench e2e_13b_modes 540
     ;;
 e2e14b)
-    step e2e14b 540 "$PYTHON" -m benchmarks.bench_e2e --out "$OUT/e2e14b" --models wan14b --sparsity 0.95 \
-        --compile eager --iters 2
+    bench e2e_14b 540
     ;;
 e2e14b_compiled)
-    step e2e14b_compiled 540 "$PYTHON" -m benchmarks.bench_e2e --out "$OUT/e2e14b_compiled" --models wan14b \
-        --sparsity 0.95 --compile default --compile-scope blocks --iters 2
+    bench e2e_14b_compiled 540
     ;;
 *)
     echo "unknown part: $PART ($PARTS)" >&2

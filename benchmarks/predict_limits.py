@@ -18,22 +18,22 @@ autotuned kernels of ``predict_mask`` (hybrid rule, top-k 5%, top-p 0.9, blocks 
    the configs tuned for 12 heads. A stage whose time hardly falls with the heads is bound by latency (one
    program's chain, launch and drain), not by throughput.
 
-Writes results.json under --out and prints a table last.
+Writes its result (rows, Markdown tables) under --out and prints the tables.
 
-    python3 -m benchmarks.predict_limits --out results/predict_limits      # CUDA only
+    python -m benchmarks predict_limits      # CUDA only
 """
 from __future__ import annotations
 
 import argparse
 import functools
 import json
-from pathlib import Path
 
 import torch
 
 import sparsevid as sv
 from .bench_predict import (INPUTS, RULE, SHAPES, attention_95_ms, differing_rows, read_once,
                                       timing_inputs)
+from .report import write_result
 from .run_info import run_metadata
 from .timing import cuda_kernel_ms, flushed_ms, median_ms
 from sparsevid.ops import triton_predict  # the stages' kernels are timed alone
@@ -107,9 +107,34 @@ def head_scaling(heads: list[int], device: torch.device) -> list[dict]:
     return rows
 
 
+def markdown(rows: list[dict], scaling: list[dict]) -> str:
+    """The limits per case (kernel device times; dirty / clean-flush times of the pool, a plain read and the three
+    launches; the logits stage with 3xTF32 / TF32 products; the target and what it leaves after pooling), then
+    the kernel times by head count."""
+    ms3 = "{:.3f}".format
+    lines = ["ms; dirty / clean = L2 flush before each call (module docstring)", "",
+             "| shape | input | pool | logits | select | pool d/c | read d/c | staged d/c | logits tf32x3/tf32 | "
+             "rows differing (TF32) | target | left after pool |", "|---" * 12 + "|"]
+    for row in rows:
+        kernels, dirty, clean, logits = row["kernel_ms"], row["dirty_ms"], row["clean_ms"], row["logits_ms"]
+        pairs = [f"{ms3(dirty[name])}/{ms3(clean[name])}" for name in ("pool", "read", "staged")]
+        lines.append(f"| {row['shape']} | {row['input']} | {ms3(kernels['pool'])} | {ms3(kernels['logits'])} | "
+                     f"{ms3(kernels['select'])} | {' | '.join(pairs)} | "
+                     f"{ms3(logits['tf32x3'])}/{ms3(logits['tf32'])} | "
+                     f"{row['differing_rows_tf32']:.4f} | {ms3(row['budget']['target_ms'])} | "
+                     f"{ms3(row['budget']['left_for_logits_select_ms'])} |")
+    if scaling:
+        lines += ["", "Kernel device ms at the Wan 1.3B length by heads (configs tuned for 12 heads):", "",
+                  "| heads | " + " | ".join(STAGES) + " |", "|---" * (len(STAGES) + 1) + "|"]
+        lines += [f"| {row['heads']} | " + " | ".join(ms3(row["kernel_ms"][stage]) for stage in STAGES) + " |"
+                  for row in scaling]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="directory for results.json")
+    parser.add_argument("--out", required=True,
+                        help="folder of the result (<gpu>.json/.md); python -m benchmarks sets it")
     parser.add_argument("--shapes", default=",".join(TARGETS), help=f"comma list of {list(TARGETS)}")
     parser.add_argument("--inputs", default=",".join(INPUTS), help=f"comma list of {list(INPUTS)}")
     parser.add_argument("--head-scaling", default="12,6,3,1",
@@ -118,8 +143,6 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("predict_limits.py times CUDA kernels: it needs a GPU")
     device = torch.device("cuda")
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     attention_ms: dict = {}
     rows = []
     for shape in [s for s in args.shapes.split(",") if s]:
@@ -131,25 +154,9 @@ def main() -> None:
             torch.cuda.empty_cache()
     scaling = [] if args.head_scaling == "none" else head_scaling(
         [int(v) for v in args.head_scaling.split(",")], device)
-    result = {**run_metadata(device), "rows": rows, "head_scaling": scaling}
-    (out_dir / "results.json").write_text(json.dumps(result, indent=2))
-
-    print(f"\n{result['gpu']}  torch {result['torch']}  triton {result['triton']}  commit {result['commit']}")
-    print("ms; dirty / clean = L2 flush before each call (module docstring)")
-    print(f"{'shape':<8}{'input':>7}{'pool':>7}{'logits':>7}{'select':>7}{'pool d/c':>15}{'read d/c':>15}"
-          f"{'staged d/c':>15}{'lg tf32x3/tf32':>16}{'rows≠ 1x':>9}{'target':>7}{'left':>7}")
-    ms3 = "{:.3f}".format
-    for row in rows:
-        kernels, dirty, clean, logits = row["kernel_ms"], row["dirty_ms"], row["clean_ms"], row["logits_ms"]
-        pair = lambda name: f"{ms3(dirty[name])}/{ms3(clean[name])}"  # noqa: E731
-        print(f"{row['shape']:<8}{row['input']:>7}{ms3(kernels['pool']):>7}{ms3(kernels['logits']):>7}"
-              f"{ms3(kernels['select']):>7}{pair('pool'):>15}{pair('read'):>15}{pair('staged'):>15}"
-              f"{ms3(logits['tf32x3']) + '/' + ms3(logits['tf32']):>16}{row['differing_rows_tf32']:>9.4f}"
-              f"{ms3(row['budget']['target_ms']):>7}{ms3(row['budget']['left_for_logits_select_ms']):>7}")
-    if scaling:
-        print("\nkernel device ms at the Wan 1.3B length by heads (configs tuned for 12 heads)")
-        for row in scaling:
-            print(f"H={row['heads']:<3}" + "".join(f"{stage:>8} {ms3(ms)}" for stage, ms in row["kernel_ms"].items()))
+    text = markdown(rows, scaling)
+    write_result(args.out, run_metadata(device), {"rows": rows, "head_scaling": scaling}, text)
+    print(text)
 
 
 if __name__ == "__main__":

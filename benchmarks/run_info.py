@@ -31,13 +31,14 @@ def _version(module: str) -> str | None:
 
 
 def run_metadata(device: torch.device | str | None = None, **settings) -> dict:
-    """The record every benchmark writes with its results: ``gpu`` (the CUDA device's name, else the CPU's),
-    ``torch``, ``triton`` and ``diffusers`` versions (None where not installed), ``python``, ``commit`` (see
-    :func:`git_commit`), ``time`` (UTC, ISO 8601), then the benchmark's own ``settings``. ``device``: the
-    device measured; None means the current CUDA device when there is one, else the CPU."""
+    """The record every benchmark writes with its results: ``device`` (its type, "cuda" or "cpu"), ``gpu`` (the
+    CUDA device's name, else the CPU's), ``torch``, ``triton`` and ``diffusers`` versions (None where not
+    installed), ``python``, ``commit`` (see :func:`git_commit`), ``time`` (UTC, ISO 8601), then the benchmark's
+    own ``settings``. ``device``: the device measured; None means the current CUDA device when there is one,
+    else the CPU."""
     device = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    return {"gpu": gpu, "torch": torch.__version__, "triton": _version("triton"),
+    return {"device": device.type, "gpu": gpu, "torch": torch.__version__, "triton": _version("triton"),
             "diffusers": _version("diffusers"), "python": platform.python_version(), "commit": git_commit(),
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **settings}

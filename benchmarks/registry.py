@@ -1,0 +1,84 @@
+"""Every benchmark by name: the module that runs it, what it measures (one line) and the options of the module
+that make its published configuration. ``python -m benchmarks NAME`` runs one and writes its current result to
+``benchmarks/results/NAME/<gpu>.{json,md,png}``; options given after NAME are added to (and override) these."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    module: str
+    description: str
+    args: tuple[str, ...] = ()
+
+
+BENCHMARKS = {
+    "attention": Benchmark(
+        "benchmarks.bench_attention",
+        "Wan 1.3B attention, 128x128 blocks, 0-97% sparse: Triton vs cuDNN/flash SDPA and FlexAttention, fwd, fwd+bwd",
+        ("--shapes", "wan1.3b-480p", "--blocks", "128x128", "--sparsities", "0,0.9,0.95,0.97,0.5,0.8")),
+    "attention_128x64": Benchmark(
+        "benchmarks.bench_attention",
+        "Wan 1.3B attention forward, 128x64 blocks, 90-97% sparse, against the same baselines",
+        ("--shapes", "wan1.3b-480p", "--blocks", "128x64", "--sparsities", "0.9,0.95,0.97",
+         "--backward-shapes", "none")),
+    "attention_14b": Benchmark(
+        "benchmarks.bench_attention",
+        "Wan 14B 720p attention forward at 95%, 128x128 and 128x64 blocks, against the same baselines",
+        ("--shapes", "wan14b-720p", "--blocks", "128x128,128x64", "--sparsities", "0.95",
+         "--backward-shapes", "none")),
+    "attention_cpu": Benchmark(
+        "benchmarks.bench_attention_cpu",
+        "CPU attention at the built-in demo's shape: the gather backend vs dense SDPA and the reference backend"),
+    "tile_mass": Benchmark(
+        "benchmarks.bench_training_free",
+        "Wan 1.3B attention forward with exact tile masses vs the plain forward (overhead, mass error)",
+        ("--parts", "kernel")),
+    "training_free": Benchmark(
+        "benchmarks.bench_training_free",
+        "training-free mode: tile-mass overhead and a 50-step Wan 1.3B loop, dense vs the training-free schedule",
+        ("--settings", "dense,training-free", "--cfg-passes", "1")),
+    "predict": Benchmark(
+        "benchmarks.bench_predict",
+        "mask prediction at the Wan 1.3B and 14B shapes: every kernel config per stage, end to end, vs PyTorch",
+        ("--recall-grid", "none")),
+    "predict_api": Benchmark(
+        "benchmarks.bench_predict",
+        "predict_mask + block_sparse_attention through the public API vs the forward alone (Wan 1.3B shape)",
+        ("--parts", "api", "--shapes", "wan1.3b", "--recall-grid", "none")),
+    "predict_limits": Benchmark(
+        "benchmarks.predict_limits",
+        "what bounds mask prediction: kernel device times, pool vs a plain read, TF32 logits, the targets' budget"),
+    "e2e": Benchmark(
+        "benchmarks.bench_e2e",
+        "Wan 1.3B and 14B transformer forward, eager, dense (cuDNN SDPA) vs 90% and 95% sparse, per-layer breakdown"),
+    "e2e_13b_compiled": Benchmark(
+        "benchmarks.bench_e2e",
+        "Wan 1.3B forward at 95%, eager and torch.compile (default mode), dense against sparse",
+        ("--models", "wan1.3b", "--sparsity", "0.95", "--compile", "eager,default")),
+    "e2e_13b_modes": Benchmark(
+        "benchmarks.bench_e2e",
+        "Wan 1.3B forward at 95% under compile_repeated_blocks, modes reduce-overhead and max-autotune-no-cudagraphs",
+        ("--models", "wan1.3b", "--sparsity", "0.95", "--compile", "reduce-overhead,max-autotune-no-cudagraphs",
+         "--compile-scope", "blocks")),
+    "e2e_14b": Benchmark(
+        "benchmarks.bench_e2e",
+        "Wan 14B 720p forward at 95%, eager, dense against sparse",
+        ("--models", "wan14b", "--sparsity", "0.95", "--compile", "eager", "--iters", "2")),
+    "e2e_14b_compiled": Benchmark(
+        "benchmarks.bench_e2e",
+        "Wan 14B 720p forward at 95%, compile_repeated_blocks (default mode), dense against sparse",
+        ("--models", "wan14b", "--sparsity", "0.95", "--compile", "default", "--compile-scope", "blocks",
+         "--iters", "2")),
+    "distill": Benchmark(
+        "benchmarks.bench_distill",
+        "distillation step throughput, Wan 1.3B 480p: dense vs sparse student (step ms, tokens/s, peak memory)",
+        ("--iters", "3")),
+    "context_parallel": Benchmark(
+        "benchmarks.bench_context_parallel",
+        "Wan 14B forward over the ranks of torchrun (Ulysses) vs one GPU, dense and 95% sparse, with a check"),
+}
