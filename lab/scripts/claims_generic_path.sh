@@ -17,3 +17,5 @@ run() {  # run RULE TARGET
 }
 run hybrid 0.63
 run topk 0.95
+"$PYTHON" -m sparsevid_lab.studies.claims_grid --out "$grid" --rules hybrid topk --targets 0.63 0.95 \
+    --objectives distill --part report  # both entries in one grid.{json,md}
