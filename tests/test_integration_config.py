@@ -1,10 +1,14 @@
 """SparseConfig validation, serialisation and the per-(layer, step) decision; denoising-step counting."""
+import warnings
+
 import pytest
 import torch
 
 import sparsevid as sv
 from sparsevid.integration.step_context import StepContext
-from sparsevid.plan import LayerPlan
+from sparsevid.ops import PredictSettings
+from sparsevid.ops.settings import forget_warnings
+from sparsevid.plan import MASK_SETTINGS, LayerPlan, LayerRuntime, StepPosition
 
 
 def test_json_round_trip_keeps_every_field():
@@ -89,3 +93,41 @@ def test_per_token_timesteps_use_the_largest():
     ctx.begin_forward(torch.tensor([[0.0, 900.0, 900.0]]), None)
     ctx.begin_forward(torch.tensor([[0.0, 700.0, 700.0]]), None)
     assert ctx.step == 1 and ctx.timestep == 700.0
+
+
+def test_mask_settings_take_the_predictor_defaults_and_plans_carry_predict_settings():
+    defaults = PredictSettings()
+    cfg = sv.SparseConfig()
+    for setting in MASK_SETTINGS:
+        if "predict" in setting.uses:
+            assert getattr(cfg, setting.name) == setting.default == getattr(defaults, setting.name), setting.name
+    plan = sv.SparseConfig(rule="topk", topk=3, backend="gather", keep_sink=True).plan(0, 0)
+    assert plan.predict_settings == PredictSettings(rule="topk", topk=3, keep_sink=True, backend="reference")
+    assert plan.predict_kwargs() == {k: getattr(plan.predict_settings, k) for k in plan.predict_kwargs()}
+    # A count and a fraction of equal value stay apart.
+    assert isinstance(sv.SparseConfig(rule="topk", topk=1).plan(0, 0).predict_settings.topk, int)
+    assert isinstance(sv.SparseConfig(rule="topk", topk=1.0).plan(0, 0).predict_settings.topk, float)
+
+
+def test_a_plan_that_keeps_every_tile_warns_once_over_layers_and_steps():
+    forget_warnings()
+    cfg = sv.SparseConfig(rule="topk", topk=1000, block_q=64, block_k=64, backend="reference")
+    runtimes = [LayerRuntime(layer, cfg) for layer in range(3)]
+    q = torch.randn(1, 2, 640, 16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            for runtime in runtimes:
+                runtime.begin(StepPosition(step=step))
+                assert bool(runtime.mask(q, q, None).keep.all())
+    messages = [str(w.message) for w in caught if "0% sparsity" in str(w.message)]
+    assert len(messages) == 1 and "topk=1000" in messages[0] and "10 key blocks" in messages[0]
+    forget_warnings()
+
+
+def test_runtimes_keep_a_count_topk_apart_from_an_equal_fraction():
+    q = torch.randn(1, 2, 640, 16)
+    count, fraction = (LayerRuntime(0, sv.SparseConfig(rule="topk", topk=topk, block_q=64, block_k=64,
+                                                       backend="reference")) for topk in (1, 1.0))
+    assert bool(count.mask(q, q, 0.25).keep.sum(-1).eq(1).all())
+    assert bool(fraction.mask(q, q, 0.25).keep.all())

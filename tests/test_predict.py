@@ -3,6 +3,7 @@ pooling against float64 brute force, stats, and input checks."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from sparsevid.ops import triton_predict
 from sparsevid.ops.mask import kept_index_table
 from sparsevid.ops.pooling import block_similarity, pool_blocks, pooled_scores
 from sparsevid.ops.predict import prediction_options
+from sparsevid.ops.settings import PredictSettings, forget_warnings
 from oracles import DEVICE
 
 # (B, H, N, M, D, block_q, block_k): N, M not multiples of the blocks, N < one block, N != M, B > 1,
@@ -277,3 +279,81 @@ def test_gpu_every_launch_and_config_bf16():
         assert differing_row_fraction(keep, ref.keep) <= 1e-3, name
         ref_count, ref_index = kept_index_table(keep)
         assert torch.equal(count, ref_count) and torch.equal(index, ref_index), name
+
+
+# --------------------------------------------------------------------------- settings object, 0%-sparsity warnings
+
+def test_settings_object_and_keywords_give_the_same_mask():
+    torch.manual_seed(10)
+    q, k = structured(1, 2, 300, 32, torch.float32), structured(1, 2, 700, 32, torch.float32)
+    kwargs = dict(rule="hybrid", topk=0.2, topp=0.6, block_q=64, block_k=64, keep_sink=True, min_blocks=2,
+                  backend="reference")
+    settings = PredictSettings(**kwargs)
+    by_keywords, _ = sv.predict_mask(q, k, **kwargs)
+    by_object, _ = sv.predict_mask(q, k, settings)
+    assert torch.equal(by_object.keep, by_keywords.keep)
+    # Keywords replace the object's fields.
+    replaced, _ = sv.predict_mask(q, k, settings, topk=0.5)
+    assert torch.equal(replaced.keep, sv.predict_mask(q, k, **{**kwargs, "topk": 0.5})[0].keep)
+    assert settings.replace(topk=0.5) == PredictSettings(**{**kwargs, "topk": 0.5})
+    assert prediction_options(q, k, settings) == prediction_options(q, k, **kwargs)
+
+
+def test_settings_are_checked_on_construction_and_unknown_keywords_are_refused():
+    with pytest.raises(ValueError, match="topk"):
+        PredictSettings(topk=1.5)
+    with pytest.raises(ValueError, match="block_k"):
+        PredictSettings().replace(block_k=32)
+    q = torch.randn(1, 2, 64, 8)
+    with pytest.raises(TypeError, match="topkk"):
+        sv.predict_mask(q, q, topkk=0.1)
+    with pytest.raises(TypeError, match="settings"):
+        sv.predict_mask(q, q, "hybrid")
+
+
+@pytest.fixture
+def fresh_warnings():
+    """Every 'keeps every tile' warning can be given again; all warnings are recorded."""
+    forget_warnings()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+    forget_warnings()
+
+
+def every_tile_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, UserWarning) and "0% sparsity" in str(w.message)]
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("kwargs,length,cause", [
+    pytest.param(dict(rule="topk", topk=1000), 640, "topk=1000", id="topk-count-above-KB"),
+    pytest.param(dict(rule="hybrid", topk=10), 640, "topk=10", id="hybrid-topk-count-equals-KB"),
+    pytest.param(dict(rule="topk", topk=0.95), 640, "topk=0.95", id="topk-fraction-rounds-up-to-KB"),
+    pytest.param(dict(rule="topp", min_blocks=12), 640, "min_blocks=12", id="min_blocks-above-KB"),
+    pytest.param(dict(rule="hybrid"), 50, "kv_len=50", id="clip-below-one-block"),
+])
+def test_settings_that_keep_every_tile_warn_once(fresh_warnings, backend, kwargs, length, cause):
+    torch.manual_seed(11)
+    q, k = structured(1, 2, length, 16, torch.float32), structured(1, 2, length, 16, torch.float32)
+    for _ in range(3):  # layers and steps repeat the cause: one warning
+        mask, stats = sv.predict_mask(q, k, block_q=64, block_k=64, backend=backend, **kwargs)
+        assert bool(mask.keep.all()) and stats.sparsity == 0.0
+    messages = every_tile_warnings(fresh_warnings)
+    assert len(messages) == 1 and cause in messages[0] and "keeps every tile" in messages[0]
+    # Another cause warns again.
+    sv.predict_mask(q[:, :, :30], k[:, :, :30], block_q=64, block_k=64, backend=backend, **kwargs)
+    assert len(every_tile_warnings(fresh_warnings)) == 2
+
+
+def test_sparse_or_explicitly_dense_settings_do_not_warn(fresh_warnings):
+    torch.manual_seed(12)
+    q, k = structured(1, 2, 640, 16, torch.float32), structured(1, 2, 640, 16, torch.float32)
+    blocks = dict(block_q=64, block_k=64, backend="reference")
+    sv.predict_mask(q, k, rule="topk", topk=9, **blocks)                # one key block skipped per row
+    sv.predict_mask(q, k, rule="topk", topk=0.9, **blocks)              # rounds up to 9 of 10
+    sv.predict_mask(q, k, rule="topk", topk=1.0, **blocks)              # asks for every tile
+    sv.predict_mask(q, k, rule="topp", topp=1.0, **blocks)              # asks for every tile
+    earlier, _ = sv.predict_mask(q, k, rule="topk", topk=3, **blocks)
+    sv.predict_mask(q, k, rule="topk", topk=1000, within=earlier, **blocks)  # keeps the earlier mask's tiles
+    assert every_tile_warnings(fresh_warnings) == []

@@ -32,14 +32,12 @@ from .pooling import block_token_counts
 from .validation import grad_requested
 
 # Elements of the largest tensor a chunk of query blocks materialises (its scores [r, bq, kept * bk] or its
-# gathered keys [r, kept * bk, D]). At the demo's shape on a 2-core CPU, 2**22 (16 MiB in float32) was within
-# 10% of the fastest (2**20) when the machine was idle and twice as fast as 2**20 when it was shared (fewer
-# chunks, fewer parallel regions waiting for a descheduled thread); see benchmarks/NOTES.md.
+# gathered keys [r, kept * bk, D]): 2**22 (16 MiB in float32). Few, large chunks suit a shared CPU, where each
+# chunk's parallel regions wait for descheduled threads (benchmarks/NOTES.md, "CPU attention").
 _CHUNK_ELEMENTS = 1 << 22
 # A chunk pads at most _PADDING_SHARE-th of its kept tiles, or _FREE_PADDING_TILES tiles where that is more:
-# a bound on the padded work that still keeps chunks few (every chunk is a few parallel regions, each of which
-# waits for a descheduled thread on a shared machine; one chunk per distinct count was slower there, most of
-# all at high sparsity, where a tile costs little next to a parallel region).
+# a bound on the padded work that still keeps chunks few (every chunk is a few parallel regions, and at high
+# sparsity a tile costs little next to a parallel region).
 _PADDING_SHARE = 8
 _FREE_PADDING_TILES = 32
 

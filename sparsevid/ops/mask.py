@@ -15,6 +15,8 @@ import torch
 from .pooling import block_token_counts
 
 SUPPORTED_BLOCK_SIZES = (64, 128)
+# The tile sizes a mask (and a mask prediction) has unless given others.
+DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K = 128, 64
 
 
 def num_blocks(length: int, block: int) -> int:
@@ -68,8 +70,8 @@ class SparseMask:
     keep: torch.Tensor
     q_len: int
     kv_len: int
-    block_q: int = 128
-    block_k: int = 64
+    block_q: int = DEFAULT_BLOCK_Q
+    block_k: int = DEFAULT_BLOCK_K
     _tables: dict = field(default_factory=dict, repr=False, compare=False)  # index tables, max_kept_blocks
 
     def __post_init__(self) -> None:
@@ -95,8 +97,9 @@ class SparseMask:
             )
 
     @classmethod
-    def from_dense(cls, keep: torch.Tensor, q_len: int, kv_len: int, block_q: int = 128,
-                   block_k: int = 64, kv_table: tuple[torch.Tensor, torch.Tensor] | None = None) -> "SparseMask":
+    def from_dense(cls, keep: torch.Tensor, q_len: int, kv_len: int, block_q: int = DEFAULT_BLOCK_Q,
+                   block_k: int = DEFAULT_BLOCK_K,
+                   kv_table: tuple[torch.Tensor, torch.Tensor] | None = None) -> "SparseMask":
         """Build a mask from a bool block map ``keep`` [B|1, H|1, QB, KB] (see the class docstring).
 
         kv_table: optional precomputed ``(kv_count, kv_index)`` for ``keep``, laid out exactly as
@@ -123,7 +126,7 @@ class SparseMask:
         return mask
 
     @classmethod
-    def full(cls, q_len: int, kv_len: int, block_q: int = 128, block_k: int = 64,
+    def full(cls, q_len: int, kv_len: int, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
              device: torch.device | str | None = None) -> "SparseMask":
         """A mask that keeps every tile (dense attention), shape [1, 1, QB, KB]."""
         check_block_size("block_q", block_q)
@@ -271,7 +274,7 @@ class SparseMask:
 
 
 def random_block_mask(batch: int, heads: int, q_len: int, kv_len: int, sparsity: float,
-                      block_q: int = 128, block_k: int = 64, keep_diagonal: bool = True,
+                      block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K, keep_diagonal: bool = True,
                       generator: torch.Generator | None = None, device=None) -> SparseMask:
     """A random mask that keeps about ``1 - sparsity`` of the tiles of each row (benchmarks, tests).
 

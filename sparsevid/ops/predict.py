@@ -11,20 +11,17 @@ same masks up to rows whose threshold falls between two scores closer than fp32 
 """
 from __future__ import annotations
 
-import numbers
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from .mask import SparseMask, check_block_size, num_blocks
+from .mask import SparseMask, num_blocks
 from .pooling import block_similarity, pool_blocks, pooled_scores
-from .selection import (RULES, add_option_blocks, diagonal_blocks, resolve_similarity_threshold, resolve_topk,
-                        resolve_topp, threshold_keep, uses_topk, uses_topp)
-from .validation import (check_backend, check_choice, check_head_tensors, check_scale, check_triton_inputs,
-                         resolve_auto)
-
-BACKENDS = ("auto", "triton", "reference")
+from .selection import (add_option_blocks, diagonal_blocks, resolve_similarity_threshold, resolve_topk, resolve_topp,
+                        threshold_keep)
+from .settings import PredictSettings, merge_settings, warn_if_every_tile_kept, with_settings_signature
+from .validation import check_head_tensors, check_triton_inputs, resolve_auto
 
 
 @dataclass(frozen=True)
@@ -47,19 +44,6 @@ class MaskStats:
     @property
     def sparsity(self) -> float:
         return self.mask.sparsity
-
-
-def _check_options(rule, scale, keep_sink, keep_diagonal, min_blocks, backend, q) -> None:
-    check_choice("rule", rule, RULES)
-    check_scale(scale)
-    for name, flag in (("keep_sink", keep_sink), ("keep_diagonal", keep_diagonal)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-    if not isinstance(min_blocks, numbers.Integral) or isinstance(min_blocks, bool) or min_blocks < 0:
-        raise ValueError(f"min_blocks must be an int >= 0, got {min_blocks!r}")
-    check_backend(backend, BACKENDS)
-    if backend == "triton":
-        check_triton_inputs(q)
 
 
 def _reference_predict(q, k, *, rule, rule_topk, rule_topp, min_blocks, keep_sink, keep_diagonal,
@@ -95,49 +79,56 @@ def _within_keep(within, q, k, block_q: int, block_k: int) -> torch.Tensor | Non
     return within.keep.contiguous()
 
 
-def prediction_options(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", topk=0.05, topp=0.9,
-                       block_q: int = 128, block_k: int = 64, scale: float | None = None, keep_sink: bool = False,
-                       keep_diagonal: bool = False, similarity_threshold=None, min_blocks: int = 1,
-                       backend: str = "auto", within: SparseMask | None = None) -> dict:
+@with_settings_signature
+def prediction_options(q: torch.Tensor, k: torch.Tensor, settings: PredictSettings | None = None, *,
+                       within: SparseMask | None = None, **options) -> dict:
     """The checked arguments of :func:`predict_mask`, resolved as both backends take them (all but ``rule``
     and ``backend``): top-k count and top-p mass (scalars or per-head tensors, None where the rule has no
-    such part), similarity threshold, option flags, blocks, scale, and ``within`` as a bool map or None."""
+    such part), similarity threshold, option flags, blocks, scale, and ``within`` as a bool map or None.
+    ``settings`` and ``options`` as in :func:`predict_mask`."""
+    settings = merge_settings(settings, options, "prediction_options")
+    return _resolve(q, k, settings, within)
+
+
+def _resolve(q: torch.Tensor, k: torch.Tensor, settings: PredictSettings, within: SparseMask | None) -> dict:
     check_head_tensors(q=q, k=k)
-    _check_options(rule, scale, keep_sink, keep_diagonal, min_blocks, backend, q)
-    check_block_size("block_q", block_q)
-    check_block_size("block_k", block_k)
+    if settings.backend == "triton":
+        check_triton_inputs(q)
     heads = q.shape[1]
-    kb = num_blocks(k.shape[2], block_k)
-    return dict(rule_topk=resolve_topk(topk, kb, heads) if uses_topk(rule) else None,
-                rule_topp=resolve_topp(topp, heads) if uses_topp(rule) else None,
-                similarity_threshold=resolve_similarity_threshold(similarity_threshold, heads),
-                min_blocks=int(min_blocks), keep_sink=keep_sink, keep_diagonal=keep_diagonal, block_q=block_q,
-                block_k=block_k, scale=float(scale) if scale is not None else q.shape[-1] ** -0.5,
-                within=_within_keep(within, q, k, block_q, block_k))
+    kb = num_blocks(k.shape[2], settings.block_k)
+    scale = settings.scale
+    return dict(rule_topk=resolve_topk(settings.topk, kb, heads) if settings.uses_topk else None,
+                rule_topp=resolve_topp(settings.topp, heads) if settings.uses_topp else None,
+                similarity_threshold=resolve_similarity_threshold(settings.similarity_threshold, heads),
+                min_blocks=int(settings.min_blocks), keep_sink=settings.keep_sink,
+                keep_diagonal=settings.keep_diagonal, block_q=settings.block_q, block_k=settings.block_k,
+                scale=float(scale) if scale is not None else q.shape[-1] ** -0.5,
+                within=_within_keep(within, q, k, settings.block_q, settings.block_k))
 
 
 @torch.compiler.disable
-def predict_mask(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", topk=0.05, topp=0.9,
-                 block_q: int = 128, block_k: int = 64, scale: float | None = None, keep_sink: bool = False,
-                 keep_diagonal: bool = False, similarity_threshold=None, min_blocks: int = 1,
-                 backend: str = "auto", within: SparseMask | None = None) -> tuple[SparseMask, MaskStats]:
+@with_settings_signature
+def predict_mask(q: torch.Tensor, k: torch.Tensor, settings: PredictSettings | None = None, *,
+                 within: SparseMask | None = None, **options) -> tuple[SparseMask, MaskStats]:
     """Predict a block-sparse mask from pooled attention scores.
 
     Args:
         q: [B, H, N, D]; k: [B, H, M, D], same dtype and device (strided views such as a transposed
             [B, N, H, D] tensor are read without a copy by the triton backend).
-        rule: "topk" | "topp" | "hybrid" (union of the two), see ``sparsevid.ops.selection``.
-        topk: fraction of key blocks per row in (0, 1] (rounded up), an int count, or a tensor [H]
-            (floating: fractions, integer: counts). Used by "topk" and "hybrid".
-        topp: cumulative pooled mass in (0, 1] per row, or a float tensor [H]. Used by "topp" and "hybrid".
-        block_q, block_k: tile sizes (64 or 128).
-        scale: pooled-score scale, default D ** -0.5.
-        keep_sink: always keep key block 0.
-        keep_diagonal: keep the key blocks overlapping each query block's token range.
-        similarity_threshold: None, or a float in [-1, 1] (or float tensor [H]): a query (key) block whose
-            self-similarity (``sparsevid.ops.pooling``) is below it keeps its whole row (column).
-        min_blocks: every row keeps at least this many tiles (before options are added).
-        backend: "auto" | "triton" | "reference" (module docstring).
+        settings: a :class:`~sparsevid.ops.settings.PredictSettings` (None: the defaults).
+        options: any of its fields as keyword arguments, replacing the value in ``settings``:
+            rule: "topk" | "topp" | "hybrid" (union of the two), see ``sparsevid.ops.selection``.
+            topk: fraction of key blocks per row in (0, 1] (rounded up), an int count, or a tensor [H]
+                (floating: fractions, integer: counts). Used by "topk" and "hybrid".
+            topp: cumulative pooled mass in (0, 1] per row, or a float tensor [H]. Used by "topp" and "hybrid".
+            block_q, block_k: tile sizes (64 or 128).
+            scale: pooled-score scale, default D ** -0.5.
+            keep_sink: always keep key block 0.
+            keep_diagonal: keep the key blocks overlapping each query block's token range.
+            similarity_threshold: None, or a float in [-1, 1] (or float tensor [H]): a query (key) block whose
+                self-similarity (``sparsevid.ops.pooling``) is below it keeps its whole row (column).
+            min_blocks: every row keeps at least this many tiles (before options are added).
+            backend: "auto" | "triton" | "reference" (module docstring).
         within: None, or an earlier :class:`SparseMask` for the same lengths and block sizes (reduced search):
             only its kept tiles are candidates, and the result keeps a subset of them. The pooled softmax
             still spans every key block, so ``topp`` remains a share of the whole pooled row: a row whose
@@ -147,20 +138,26 @@ def predict_mask(q: torch.Tensor, k: torch.Tensor, rule: str = "hybrid", topk=0.
     Returns:
         (mask, stats): a :class:`SparseMask` [B, H, QB, KB] whose kv index tables are already built on
         the triton backend, and :class:`MaskStats`. Not differentiable; runs eagerly under torch.compile.
+
+    Settings that keep every tile whatever the scores (a sequence no longer than one key block, a top-k count
+    or ``min_blocks`` of at least the number of key blocks) give a UserWarning, once per cause.
     """
-    if backend == "torch":
+    if options.get("backend") == "torch":
         warnings.warn("predict_mask(backend='torch') is deprecated: the plain-PyTorch backend is called "
                       "'reference'", FutureWarning, stacklevel=2)
-        backend = "reference"
-    options = prediction_options(q, k, rule, topk, topp, block_q, block_k, scale, keep_sink, keep_diagonal,
-                                 similarity_threshold, min_blocks, backend, within)
+        options["backend"] = "reference"
+    settings = merge_settings(settings, options, "predict_mask")
+    resolved = _resolve(q, k, settings, within)
     n, m = q.shape[2], k.shape[2]
-    if resolve_auto(backend, q, "reference") == "triton":
+    block_q, block_k = settings.block_q, settings.block_k
+    if within is None:
+        warn_if_every_tile_kept(settings, m, num_blocks(m, block_k), resolved["rule_topk"])
+    if resolve_auto(settings.backend, q, "reference") == "triton":
         from .triton_predict import triton_predict
 
-        keep, count, index, kept_mass = triton_predict(q, k, **options)
+        keep, count, index, kept_mass = triton_predict(q, k, **resolved)
         mask = SparseMask.from_dense(keep, n, m, block_q, block_k, kv_table=(count, index))
     else:
-        keep, kept_mass = _reference_predict(q, k, rule=rule, **options)
+        keep, kept_mass = _reference_predict(q, k, rule=settings.rule, **resolved)
         mask = SparseMask.from_dense(keep, n, m, block_q, block_k)
     return mask, MaskStats(kept_mass=kept_mass, mask=mask)

@@ -17,13 +17,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .triton_launch import launch_tuned
+from .triton_launch import AUTOTUNE, INTERPRET, launch_tuned
 
 LOG2E = 1.4426950408889634
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-# SPARSEVID_AUTOTUNE=off: one fixed config per kernel instead of tuning (fast start-up, e.g. for tests).
-_AUTOTUNE = os.environ.get("SPARSEVID_AUTOTUNE", "on") != "off"
 
 _TMA_KERNELS = ("fwd", "dq", "dkdv")
 
@@ -60,9 +56,9 @@ def _configs(split: str, inner: str, choices: tuple[tuple[int, ...], ...], box_h
     shapes that do well on Hopper keeps the first call's compile time (every config is compiled) near a
     minute. When interpreted, one config that exercises both splits; with autotuning off, one config valid
     for every block size. ``box_hook`` (:func:`_box_rows_hook`) fits the descriptors to each config."""
-    if _INTERPRET:
+    if INTERPRET:
         choices = ((64, 32, 4, 1),)
-    elif not _AUTOTUNE:
+    elif not AUTOTUNE:
         choices = ((64, 64, 4, 3),)
     return [triton.Config({split: c[0], inner: c[1]}, num_warps=c[2], num_stages=c[3],
                           maxnreg=c[4] if len(c) > 4 else None, pre_hook=box_hook) for c in choices]
@@ -136,7 +132,7 @@ def _load_rows(source, start, stride_n, o_d, M, HEAD_DIM: tl.constexpr, BLOCK_D:
 
 
 # The interpreter cannot run PTX: there, _store_tile_lse is a plain tl.store.
-_PTX_STORE = tl.constexpr(not _INTERPRET)
+_PTX_STORE = tl.constexpr(not INTERPRET)
 
 
 @triton.jit
@@ -485,7 +481,7 @@ def _use_tma(kernel: str, *tensors: torch.Tensor) -> bool:
     Hopper or newer GPU (or the interpreter), a power-of-two head dim >= 16, unit stride over D, and a
     16-byte aligned base and strides."""
     first = tensors[0]
-    if kernel not in TMA or not (_INTERPRET or (first.is_cuda and _hopper_or_newer(first.device.index))):
+    if kernel not in TMA or not (INTERPRET or (first.is_cuda and _hopper_or_newer(first.device.index))):
         return False
     d = first.shape[-1]
     if d < 16 or d & (d - 1):

@@ -2,13 +2,21 @@
 
 ``kernel[grid](...)`` on a ``triton.autotune`` kernel looks its config up on every call: it names every
 argument, filters them, builds the tuning key with the dtype of each tensor argument and merges the config's
-arguments, which costs tens of microseconds on the host per launch (more than a mask prediction's kernels take
-on the device at the Wan 1.3B shape). :func:`launch_tuned` asks the autotuner once per call-site key and then
-launches the kernel underneath with the config it chose.
+arguments, all host time on every launch (``benchmarks/NOTES.md``, "Runtime host time", has the figures).
+:func:`launch_tuned` asks the autotuner once per call-site key and then launches the kernel underneath with
+the config it chose.
 """
 from __future__ import annotations
 
+import os
+
 import triton
+
+# TRITON_INTERPRET=1 (read when this module is first imported): the kernels run on the CPU in Triton's
+# interpreter, with one candidate config each.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# SPARSEVID_AUTOTUNE=off: one fixed config per kernel instead of tuning (fast start-up, e.g. for tests).
+AUTOTUNE = os.environ.get("SPARSEVID_AUTOTUNE", "on") != "off"
 
 # (kernel, caller's key, constexpr arguments) -> (the config, its launch arguments)
 _CHOSEN: dict[tuple, tuple[triton.Config, dict]] = {}

@@ -16,8 +16,7 @@ Three kinds of program do the work:
   option tiles, keep row, kept mass and the compacted index table row (count and ascending indices by a
   running prefix sum, padded with the last kept index, as ``kept_index_table`` lays it out). Passes over a
   row after the first read its logits again and recompute the probabilities with the same instructions
-  (bit-identical), rather than storing them: the logits stay read-only, and at the Wan 14B shape the
-  select stage writes 112 MB less.
+  (bit-identical), rather than storing them: the logits stay read-only.
 
 Threshold: the largest ``tau`` with ``count(p >= tau) >= k_eff`` and ``mass(p >= tau) >= p_target`` (see
 ``selection.py``), found by bisection on the float's bit pattern (probabilities are non-negative, so their
@@ -34,11 +33,9 @@ lowest-index ``k_eff - count(p >= hi)``, counted by a running prefix sum as the 
 top-k part keeps exactly ``k_eff`` entries, as the stable sort of ``selection.py`` does. NaN probabilities
 (rows made non-finite by NaN or inf inputs) count as 0, as there.
 
-The three stages run as three launches (:class:`PredictLaunch`), each autotuned on its own. Pooling is
-memory bound and, with one-warp programs, reads at the rate of a plain reduction over Q and K. A single
-launch that overlapped the pooling of later heads with the selection of earlier ones (ticket order, per-head
-counters) was slower than the three launches once selection ran one row per program: its waiting programs
-held the SMs (``benchmarks/NOTES.md`` has the timings behind these choices).
+The three stages run as three launches (:class:`PredictLaunch`), each autotuned on its own; pooling is
+memory bound. ``benchmarks/NOTES.md`` ("Mask prediction") records the measurements behind this design and
+the alternatives tried.
 
 Set ``TRITON_INTERPRET=1`` before importing this module to run the kernels on the CPU (tests).
 """
@@ -50,8 +47,8 @@ import triton.language as tl
 
 from .mask import num_blocks
 from .pooling import SIMILARITY_EPS
-from .triton_attention import _AUTOTUNE, _INTERPRET, LOG2E, padded_pow2
-from .triton_launch import launch_tuned
+from .triton_attention import LOG2E, padded_pow2
+from .triton_launch import AUTOTUNE, INTERPRET, launch_tuned
 
 # Candidate configs; the autotuner times them per shape key (the first alone runs when interpreted or with
 # autotuning off). POOL_TOKENS: tokens per pool program (a multiple of both block sizes, 64 and 128), read
@@ -71,8 +68,6 @@ _LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64), num_warps=4,
                    triton.Config(dict(ROWS=32, SPAN=256, CHUNK=64), num_warps=4, num_stages=1),
                    triton.Config(dict(ROWS=64, SPAN=64, CHUNK=64), num_warps=4, num_stages=1),
                    triton.Config(dict(ROWS=128, SPAN=256, CHUNK=64), num_warps=4, num_stages=1)]
-# Select candidates that never won at the Wan shapes (OUT_TILE=512; packing with 128-entry output tiles) were
-# dropped: with several configs within a few percent, the autotuner's short timings picked them at times.
 _SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=512, OUT_TILE=256, COMPACT=0), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512, OUT_TILE=128, COMPACT=0), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512, OUT_TILE=1024, COMPACT=0), num_warps=1, num_stages=1),
@@ -81,7 +76,7 @@ _SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=512, OUT_TILE=256, COMPACT=0), nu
 
 def _configs(candidates: list[triton.Config]) -> list[triton.Config]:
     """The autotuning space: the first candidate alone when interpreted or with SPARSEVID_AUTOTUNE=off."""
-    return candidates[:1] if _INTERPRET or not _AUTOTUNE else candidates
+    return candidates[:1] if INTERPRET or not AUTOTUNE else candidates
 
 
 def _select_rows_per_group(args) -> int:
@@ -194,8 +189,7 @@ def _bisect(b_p, b_t, lo, hi, cnt_lo, cnt_hi, mass_hi, cnt_base, mass_base, k_ef
     Returns the updated lo, hi, cnt_lo, cnt_hi, mass_hi.
 
     Each entry's test is one float (1 or 0): its sum is the count (exact below 2**24) and its product with the
-    entry, summed, the mass, so that an entry costs a compare, an add and a fused multiply-add (sums of
-    booleans and masked sums compiled to twice as many instructions, with predicates spilled to registers).
+    entry, summed, the mass, so that an entry costs a compare, an add and a fused multiply-add.
     """
     active = ((hi - lo) > 1) & ((cnt_lo - cnt_hi) > limit)
     while tl.max(active.to(tl.int32), 0) > 0:
@@ -321,8 +315,7 @@ def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits
 
     Each dot computes a [CHUNK, ROWS] tile (key blocks x query blocks): the query tile, the same in every
     step, is then the dot's shared-memory operand, read by the tensor cores in place, while the key tile is
-    split for 3xTF32 in registers. The other way round, Triton reloaded the query tile from shared memory into
-    registers for each of the three products, which was slower."""
+    split for 3xTF32 in registers."""
     spans = tl.cdiv(NUM_KV_BLOCKS, SPAN)
     unit = tl.program_id(0) // spans
     first = (tl.program_id(0) % spans) * SPAN
@@ -539,7 +532,7 @@ class PredictLaunch:
                                WITH_SIM=with_sim)
         head_kb, tail_kb = _row_tiles(kb)
         self._logits_meta = dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_KB=block_kb,
-                                 DOT_PRECISION="ieee" if _INTERPRET else score_precision)
+                                 DOT_PRECISION="ieee" if INTERPRET else score_precision)
         self._select_meta = dict(
             HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, WITH_SIM=with_sim, BLOCK_KB=block_kb,
             HEAD_KB=head_kb, TAIL_KB=tail_kb, USE_TOPK=rule_topk is not None, USE_TOPP=rule_topp is not None,

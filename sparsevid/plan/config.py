@@ -9,14 +9,19 @@ from its starting value toward ``final_topk`` / ``final_topp`` as the denoising 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-RULES = ("topk", "topp", "hybrid")
+from ..ops.mask import SUPPORTED_BLOCK_SIZES as BLOCK_SIZES
+from ..ops.refine import SELECT_FIELDS
+from ..ops.selection import RULES
+from ..ops.settings import DEFAULTS as PREDICT_DEFAULTS
+from ..ops.settings import PredictSettings
+
 BACKENDS = ("auto", "triton", "flex", "gather", "reference")
-BLOCK_SIZES = (64, 128)
 SCHEDULES = ("constant", "linear", "cosine", "snr")
 REFRESH_SEARCHES = ("full", "within", "exact")
 # The mask predictor's backend for each attention backend (the predictor has a triton and a reference path).
@@ -98,8 +103,9 @@ def _check_tile(name: str, tile) -> None:
 class MaskSetting:
     """One setting of how a sparse layer makes its mask: declared once, it becomes a field of
     :class:`SparseConfig` (with this default), a field of :class:`LayerPlan`, a key ``layer_overrides`` accepts
-    and, where ``uses`` says so, an argument of ``predict_mask`` ("predict") and of ``select_from_mass``
-    ("select").
+    and, where ``uses`` says so, a field of the plan's :class:`~sparsevid.ops.PredictSettings` read by
+    ``predict_mask`` ("predict") and by ``select_from_mass`` ("select"). The defaults of those are
+    ``PredictSettings``'s.
 
     check: ``check(name, value)`` raises ValueError/TypeError naming ``name`` when ``value`` is not valid.
     """
@@ -111,18 +117,23 @@ class MaskSetting:
     uses: frozenset[str] = frozenset()
 
 
-_PREDICT, _SELECT = frozenset({"predict"}), frozenset({"predict", "select"})
+def _predictor_setting(name: str, type_: str, check: Callable[[str, Any], None]) -> MaskSetting:
+    """A setting the plan hands to the predictor: its default is ``PredictSettings``'s (declared there once)."""
+    uses = frozenset({"predict", "select"} if name in SELECT_FIELDS else {"predict"})
+    return MaskSetting(name, type_, getattr(PREDICT_DEFAULTS, name), check, uses)
+
+
 MASK_SETTINGS = (
-    MaskSetting("rule", "str", "hybrid", _check_choice(RULES), _SELECT),
-    MaskSetting("topk", "float | int", 0.05, _check_topk, _SELECT),
-    MaskSetting("topp", "float", 0.9, _check_topp, _SELECT),
-    MaskSetting("block_q", "int", 128, _check_block, _PREDICT),
-    MaskSetting("block_k", "int", 64, _check_block, _PREDICT),
+    _predictor_setting("rule", "str", _check_choice(RULES)),
+    _predictor_setting("topk", "float | int", _check_topk),
+    _predictor_setting("topp", "float", _check_topp),
+    _predictor_setting("block_q", "int", _check_block),
+    _predictor_setting("block_k", "int", _check_block),
     MaskSetting("backend", "str", "auto", _check_backend),
-    MaskSetting("keep_sink", "bool", False, _check_bool, _SELECT),
-    MaskSetting("keep_diagonal", "bool", False, _check_bool, _SELECT),
-    MaskSetting("similarity_threshold", "float | None", None, _check_similarity, _PREDICT),
-    MaskSetting("min_blocks", "int", 1, _check_int_at_least(0), _SELECT),
+    _predictor_setting("keep_sink", "bool", _check_bool),
+    _predictor_setting("keep_diagonal", "bool", _check_bool),
+    _predictor_setting("similarity_threshold", "float | None", _check_similarity),
+    _predictor_setting("min_blocks", "int", _check_int_at_least(0)),
     MaskSetting("tile", "str | tuple[int, int, int]", "auto", _check_tile),
     MaskSetting("refresh_interval", "int", 1, _check_int_at_least(1)),
     MaskSetting("refresh_search", "str", "full", _check_choice(REFRESH_SEARCHES)),
@@ -141,6 +152,16 @@ def _check_plan_fields(values: dict[str, Any], where: str) -> None:
     for key, value in values.items():
         if key in _CHECKS:
             _CHECKS[key](f"{where}{key}", value)
+
+
+_PREDICTED = tuple(setting.name for setting in MASK_SETTINGS if "predict" in setting.uses)
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _predict_settings(*values) -> PredictSettings:
+    """The PredictSettings of a plan's ``_PREDICTED`` values and predictor backend (cached: plans are made per
+    layer and step, and most repeat)."""
+    return PredictSettings(**dict(zip(_PREDICTED + ("backend",), values)))
 
 
 def _with_mask_settings(cls):
@@ -162,16 +183,25 @@ class LayerPlan:
     ``topk`` / ``topp`` are the budget of this step (the schedule already applied). ``refresh_interval``: a
     mask is kept for this many steps; ``refresh_search``: how a due refresh searches ("full": all tiles,
     "within": only the previous mask's tiles, "exact": the previous mask's tiles by the exact tile masses of
-    the step before, see ``sparsevid.schedules.reuse``).
+    the step before, see ``sparsevid.plan.reuse``). ``predict_settings``: the
+    :class:`~sparsevid.ops.PredictSettings` of this plan (its "predict" settings and the predictor backend
+    that goes with the attention backend; scale None), for ``predict_mask`` and ``select_from_mass``.
     """
+
+    predict_settings: PredictSettings = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        settings = _predict_settings(*(getattr(self, name) for name in _PREDICTED), PREDICT_BACKENDS[self.backend])
+        object.__setattr__(self, "predict_settings", settings)
 
     @property
     def predict_backend(self) -> str:
         """The ``predict_mask`` backend that goes with this plan's attention backend."""
-        return PREDICT_BACKENDS[self.backend]
+        return self.predict_settings.backend
 
     def predict_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``sparsevid.predict_mask`` (everything but q, k, scale and backend)."""
+        """Keyword arguments for ``sparsevid.predict_mask`` (everything but q, k, scale and backend); the same
+        settings as ``predict_settings``."""
         return self._arguments("predict")
 
     def select_kwargs(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ops import SparseMask, predict_mask, select_from_mass
+from ..ops import PredictSettings, SparseMask, predict_mask, select_from_mass
 from ..ops.attention import TILE_MASS_BACKENDS
 from ..ops.predict_op import predict_mask_traced
 from .config import LayerPlan
@@ -51,11 +51,32 @@ def predict_plan_mask(q, k, plan: LayerPlan, scale, within: SparseMask | None = 
     """The mask a layer's plan predicts for video q, k [B, H, Nv, D] (``within``: search only its tiles), and
     the pooled mass each query-block row keeps, float32 [B, H, QB]. Without ``within`` torch.compile traces
     it (a custom op)."""
+    if within is None and torch.compiler.is_compiling():
+        return predict_mask_traced(q, k, plan.predict_settings, scale=scale)
+    settings = _with_scale(plan.predict_settings, scale)
     if within is None:
-        return predict_mask_traced(q, k, scale=scale, backend=plan.predict_backend, **plan.predict_kwargs())
-    mask, stats = predict_mask(q, k, scale=scale, backend=plan.predict_backend, within=within,
-                               **plan.predict_kwargs())
+        return predict_mask_traced(q, k, settings)
+    mask, stats = predict_mask(q, k, settings, within=within)
     return mask, stats.kept_mass
+
+
+# (id of a plan's settings, type and value of a scale) -> (those settings, the settings with that scale).
+_SCALED: dict[tuple, tuple[PredictSettings, PredictSettings]] = {}
+
+
+def _with_scale(settings: PredictSettings, scale: float | None) -> PredictSettings:
+    """``settings`` with this call's scale. Cached by the settings' identity (plans share their settings
+    objects, and equality would not tell a count topk=1 from a fraction topk=1.0): a layer's eager calls repeat
+    it, and a new settings object is checked field by field."""
+    key = (id(settings), type(scale), scale)
+    cached = _SCALED.get(key)
+    if cached is not None and cached[0] is settings:
+        return cached[1]
+    if len(_SCALED) >= 256:
+        _SCALED.clear()
+    scaled = settings.replace(scale=scale)
+    _SCALED[key] = (settings, scaled)
+    return scaled
 
 
 class MaskReuse:
@@ -87,8 +108,8 @@ class MaskReuse:
         if plan.refresh_search == "full":
             return self._keep(branch, step, plan, *predict_plan_mask(q, k, plan, scale), "predicted")
         if plan.refresh_search == "exact" and entry.tile_mass is not None and entry.mass_step == step - 1:
-            mask, stats = select_from_mass(entry.tile_mass, entry.mask, row_share=entry.share,
-                                           **plan.select_kwargs())
+            mask, stats = select_from_mass(entry.tile_mass, entry.mask, plan.predict_settings,
+                                           row_share=entry.share)
             return self._keep(branch, step, plan, mask, stats.kept_mass, "exact")
         return self._keep(branch, step, plan, *predict_plan_mask(q, k, plan, scale, within=entry.mask), "within")
 

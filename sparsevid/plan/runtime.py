@@ -1,7 +1,7 @@
 """``LayerRuntime``: everything that decides one sparse layer's mask, in one object.
 
-A runtime owns its layer's plan (from the :class:`~sparsevid.schedules.config.SparseConfig`) and its mask-reuse
-state (:class:`~sparsevid.schedules.reuse.MaskReuse`). The call order is fixed:
+A runtime owns its layer's plan (from the :class:`~sparsevid.plan.config.SparseConfig`) and its mask-reuse
+state (:class:`~sparsevid.plan.reuse.MaskReuse`). The call order is fixed:
 
 1. once per transformer forward, :meth:`LayerRuntime.begin` with where the denoising is (a
    :class:`StepPosition`; host-side bookkeeping, skipped when the configuration does not vary with the step);
