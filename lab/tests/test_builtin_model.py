@@ -8,8 +8,8 @@ import torch
 from sparsevid_lab.model.builtin import DEFAULT_CONFIG, BuiltinVideoDiT, deepen, load_builtin, tiny_config
 from sparsevid_lab.model.caption_encoder import CaptionEncoder
 from sparsevid_lab.model.sampling import generate, initial_noise
-from sparsevid.training import (EMA, LoopConfig, export_builtin, flow_matching_loss, learning_rate,
-                                load_training_state, sample_t, train_loop)
+from sparsevid.training import (EMA, LoopConfig, learning_rate, load_training_state, sample_t, train_loop)
+from sparsevid_lab.model.builtin import export_builtin, pretraining_loss
 
 
 @pytest.fixture(scope="module")
@@ -67,19 +67,19 @@ def test_flow_matching_loss_target():
     x0, noise = torch.randn(2, 3, 2, 4, 4), torch.randn(2, 3, 2, 4, 4)
     t = torch.tensor([0.25, 0.8])
     exact = lambda x_t, tt, tok: noise - x0  # noqa: E731
-    assert float(flow_matching_loss(exact, x0, None, t, noise)) == 0.0
+    assert float(pretraining_loss(exact, x0, None, t, noise)) == 0.0
     zero = lambda x_t, tt, tok: torch.zeros_like(x_t)  # noqa: E731
-    assert torch.isclose(flow_matching_loss(zero, x0, None, t, noise), ((noise - x0) ** 2).mean())
+    assert torch.isclose(pretraining_loss(zero, x0, None, t, noise), ((noise - x0) ** 2).mean())
     seen = {}
 
     def spy(x_t, tt, tok):
         seen["x_t"] = x_t
         return x_t
 
-    flow_matching_loss(spy, x0, None, t, noise)
+    pretraining_loss(spy, x0, None, t, noise)
     assert torch.allclose(seen["x_t"][1], 0.2 * x0[1] + 0.8 * noise[1])
     with pytest.raises(ValueError, match="t must"):
-        flow_matching_loss(spy, x0, None, torch.rand(3), noise)
+        pretraining_loss(spy, x0, None, torch.rand(3), noise)
 
 
 def test_sample_t_range_and_shift():
@@ -111,7 +111,7 @@ def _tiny_loss(model, batch=8, seed=0, device="cpu"):
         video, captions = data.sample(batch, gen)
         t = sample_t(batch, gen, shift=2.0)
         noise = torch.randn(video.shape, generator=gen)
-        return flow_matching_loss(model, video.to(device), model.tokenize(captions).to(device), t.to(device),
+        return pretraining_loss(model, video.to(device), model.tokenize(captions).to(device), t.to(device),
                                   noise.to(device))
     return loss_fn
 
@@ -123,11 +123,11 @@ def test_training_steps_reduce_the_loss(tmp_path):
     video, captions = model.data.sample(16, eval_gen)
     t, noise = sample_t(16, eval_gen, shift=2.0), torch.randn(video.shape, generator=eval_gen)
     with torch.no_grad():
-        before = float(flow_matching_loss(model, video, model.tokenize(captions), t, noise))
+        before = float(pretraining_loss(model, video, model.tokenize(captions), t, noise))
     result = train_loop(model, _tiny_loss(model), LoopConfig(lr=3e-3, warmup_steps=5, max_steps=40, log_every=10),
                         state_path=tmp_path / "state.safetensors", log=lambda line: None)
     with torch.no_grad():
-        after = float(flow_matching_loss(model, video, model.tokenize(captions), t, noise))
+        after = float(pretraining_loss(model, video, model.tokenize(captions), t, noise))
     assert result.steps == 40 and len(result.history) >= 4
     assert after < 0.75 * before, (before, after)
     assert (tmp_path / "state.safetensors").is_file()
@@ -274,7 +274,7 @@ def test_deepen_keeps_the_function_and_places_silent_copies():
 def test_deepened_copies_learn():
     grown = deepen(_two_layer_tiny(), 4).train()
     video, captions = grown.data.sample(2, torch.Generator().manual_seed(0))
-    loss = flow_matching_loss(grown, video, grown.tokenize(captions), torch.tensor([0.4, 0.7]), torch.randn_like(video))
+    loss = pretraining_loss(grown, video, grown.tokenize(captions), torch.tensor([0.4, 0.7]), torch.randn_like(video))
     loss.backward()
     later_copy = grown.transformer.blocks[1]  # silent at first; its output layers get gradients, so it starts to add
     assert later_copy.attn1.to_out[0].weight.grad.abs().sum() > 0 and later_copy.ffn.net[2].weight.grad.abs().sum() > 0

@@ -115,7 +115,7 @@ def test_demo_rejects_bad_arguments(tmp_path, capsys, argv, message):
 
 def test_demo_student_needs_its_sparse_config(tmp_path, capsys):
     from sparsevid_lab.model.builtin import BuiltinVideoDiT, tiny_config
-    from sparsevid.training.checkpoint import export_builtin
+    from sparsevid_lab.model.builtin import export_builtin
 
     export_builtin(BuiltinVideoDiT(tiny_config()), tmp_path / "model")  # a model directory, not a student
     with pytest.raises(SystemExit):
@@ -131,7 +131,7 @@ def test_demo_runs_the_student_shipped_beside_the_model(tmp_path, capsys):
     import sparsevid as sv
     from sparsevid_lab.cli.students import read_student_like
     from sparsevid_lab.model.builtin import BuiltinVideoDiT, tiny_config
-    from sparsevid.training.checkpoint import export_builtin
+    from sparsevid_lab.model.builtin import export_builtin
     from sparsevid_lab.model.student_asset import save_sparse_student
 
     torch.manual_seed(0)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from sparsevid_lab.data import ProceduralVideos, grammar
-from sparsevid.eval import faithfulness
+from sparsevid_lab.eval.faithfulness import faithfulness
 from sparsevid_lab.eval.faithfulness import swap_attribute
 
 ATTRIBUTES = ("background", "count", "colour", "size", "motion")

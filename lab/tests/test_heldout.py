@@ -6,9 +6,10 @@ import torch
 
 import sparsevid as sv
 from sparsevid_lab.data import ProceduralVideos
-from sparsevid_lab.eval.heldout import flow_matching_loss, heldout_set, predict_velocities, sampler_steps, velocity_error
+from sparsevid.eval import heldout_loss, velocity_error
+from sparsevid.training import flow_matching_loss, noisy, predict_velocity
+from sparsevid_lab.eval.heldout import heldout_set, predict_velocities, sampler_steps
 from sparsevid_lab.model.builtin import BuiltinVideoDiT, tiny_config
-from sparsevid.training.flow import flow_matching_loss as training_loss
 
 
 @pytest.fixture(scope="module")
@@ -19,28 +20,29 @@ def model():
 
 @pytest.fixture(scope="module")
 def heldout(model):
-    return heldout_set(model.data, per_bin=2, num_bins=4)
+    return heldout_set(model, model.data, per_bin=2, num_bins=4)
 
 
 def test_heldout_set_is_deterministic_and_stratified(model, heldout):
-    again = heldout_set(model.data, per_bin=2, num_bins=4)
-    assert torch.equal(again.clips, heldout.clips) and torch.equal(again.noise, heldout.noise)
-    assert torch.equal(again.t, heldout.t) and again.captions == heldout.captions
-    assert heldout.clips.shape == (8, *model.clip_shape) and heldout.bins.tolist() == [0, 1, 2, 3] * 2
+    again = heldout_set(model, model.data, per_bin=2, num_bins=4)
+    assert torch.equal(again.samples.latents, heldout.samples.latents) and torch.equal(again.noise, heldout.noise)
+    assert torch.equal(again.t, heldout.t) and torch.equal(again.samples.text, heldout.samples.text)
+    assert heldout.samples.latents.shape == (8, *model.clip_shape) and heldout.bins.tolist() == [0, 1, 2, 3] * 2
     low, high = heldout.bins.double() / 4, (heldout.bins.double() + 1) / 4
     assert bool(((heldout.t >= low) & (heldout.t < high)).all())
-    other = heldout_set(model.data, per_bin=2, num_bins=4, seed=5)
-    assert not torch.equal(other.clips, heldout.clips)
+    other = heldout_set(model, model.data, per_bin=2, num_bins=4, seed=5)
+    assert not torch.equal(other.samples.latents, heldout.samples.latents)
     with pytest.raises(ValueError, match="per_bin"):
-        heldout_set(model.data, per_bin=0)
+        heldout_set(model, model.data, per_bin=0)
 
 
-def test_heldout_clips_come_from_the_models_data():
-    plain = heldout_set(ProceduralVideos(frames=4, height=32, width=32, max_objects=2), per_bin=1, num_bins=2)
-    textured = heldout_set(ProceduralVideos(frames=4, height=32, width=32, max_objects=2, background_texture=0.6,
+def test_heldout_clips_come_from_the_models_data(model):
+    plain = heldout_set(model, ProceduralVideos(frames=4, height=32, width=32, max_objects=2), per_bin=1, num_bins=2)
+    textured = heldout_set(model, ProceduralVideos(frames=4, height=32, width=32, max_objects=2, background_texture=0.6,
                                             pan=0.3), per_bin=1, num_bins=2)
-    assert plain.captions == textured.captions  # same scenes, the texture only modulates the background
-    assert not torch.equal(plain.clips, textured.clips)
+    # same scenes and captions, the texture only modulates the background
+    assert torch.equal(plain.samples.text, textured.samples.text)
+    assert not torch.equal(plain.samples.latents, textured.samples.latents)
 
 
 def test_velocity_error_of_the_model_against_itself_is_zero(model, heldout):
@@ -81,11 +83,12 @@ def test_dense_steps_follow_the_sampler_step_of_each_noise_level(model, heldout)
 
 def test_flow_matching_loss_matches_the_training_loss(model, heldout):
     velocity = predict_velocities(model, heldout)
-    loss = flow_matching_loss(velocity, heldout)
+    loss = heldout_loss(velocity, heldout)
     with torch.no_grad():
         for b in range(4):
             index = (heldout.bins == b).nonzero().flatten()
-            tokens = model.tokenize([heldout.captions[i] for i in index.tolist()])
-            direct = training_loss(model, heldout.clips[index], tokens, heldout.t[index], heldout.noise[index])
+            x0, noise, t = heldout.samples.latents[index], heldout.noise[index], heldout.t[index]
+            direct = flow_matching_loss(predict_velocity(model.transformer, noisy(x0, noise, t), t,
+                                                         heldout.samples.select(index)), x0, noise)
             assert loss["per_bin"][b] == pytest.approx(float(direct), rel=1e-5)
     assert loss["overall"] == pytest.approx(sum(loss["per_bin"]) / 4)

@@ -3,7 +3,7 @@ import pytest
 
 pytest.importorskip("diffusers")
 
-from benchmarks import motion_study  # noqa: E402
+from sparsevid_lab.studies import motion_study  # noqa: E402
 from sparsevid_lab.data import ProceduralVideos, grammar  # noqa: E402
 from sparsevid_lab.model.builtin import BuiltinVideoDiT, tiny_config  # noqa: E402
 

@@ -61,7 +61,7 @@ def test_rules_at_sparsity_reach_their_targets(model):
 
 def test_faithfulness_summary_means_over_clips():
     from sparsevid_lab.data import ProceduralVideos
-    from sparsevid.eval import faithfulness
+    from sparsevid_lab.eval.faithfulness import faithfulness
     from sparsevid_lab.eval.faithfulness_summary import summarize_faithfulness
 
     data = ProceduralVideos(frames=8, height=32, width=32, max_objects=2)

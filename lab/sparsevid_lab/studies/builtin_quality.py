@@ -24,7 +24,7 @@ import torch
 import sparsevid as sv
 from benchmarks.run_info import run_metadata
 from ..eval.harness import DEFAULT_CAPTIONS, markdown_table, run_harness
-from sparsevid.integration import load_builtin
+from ..model.builtin import load_builtin
 from sparsevid.integration.processors import SDPAInterceptor
 
 BLOCKS = dict(block_q=128, block_k=64)

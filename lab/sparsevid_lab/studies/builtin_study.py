@@ -214,7 +214,7 @@ def table(results: dict) -> str:
 
 def measure_model(directory: Path, out: Path, clips=(SHORT, LONG), device: str = "cuda") -> int:
     """Oracle metrics of a trained model (``load_builtin(directory)``) on short and long clips."""
-    from sparsevid.integration import load_builtin
+    from ..model.builtin import load_builtin
 
     model = load_builtin(directory, device=device)
     phases = model.config.get("phases") or [model.config.get("training") or {"steps": 0, "final_loss": float("nan")}]

@@ -28,7 +28,7 @@ from sparsevid.eval import calibrate_topp
 from ..eval.recording import record_video_attention
 from ..eval.harness import DEFAULT_CAPTIONS
 from sparsevid.eval.oracle import ExactTiles, predicted_recall
-from sparsevid.integration import load_builtin
+from ..model.builtin import load_builtin
 from sparsevid.ops import predict_mask
 
 SHARES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)

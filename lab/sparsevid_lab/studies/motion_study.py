@@ -64,7 +64,7 @@ from ..data import ProceduralVideos, grammar
 from ..eval.faithfulness import SLIDE_DIRECTIONS, faithfulness
 from ..eval.faithfulness_summary import summarize_faithfulness
 from ..eval.harness import DEFAULT_CAPTIONS
-from sparsevid.integration import load_builtin
+from ..model.builtin import load_builtin
 from ..model.builtin import BuiltinVideoDiT
 from ..model.sampling import generate
 from sparsevid.training.flow import noisy, weighted_squared_error
