@@ -220,7 +220,7 @@ def test_sampler_is_deterministic_and_seeded(tiny):
 
 
 def test_train_cli_smoke(tmp_path):
-    from sparsevid.cli import main
+    from sparsevid_lab.cli import main
 
     assert main(["train", "--out", str(tmp_path), "--tiny", "--max-steps", "3", "--batch-size", "2",
                  "--warmup", "1", "--sample-steps", "2"]) == 0
@@ -289,7 +289,7 @@ def test_deepen_checks_its_argument():
 
 
 def test_train_cli_grows_the_init_model(tmp_path):
-    from sparsevid.cli import main
+    from sparsevid_lab.cli import main
 
     model = _two_layer_tiny()
     export_builtin(model, tmp_path / "init", dtype=torch.float32)

@@ -7,10 +7,10 @@ import argparse
 import pytest
 import torch
 
-from sparsevid.cli import build_parser, main
+from sparsevid_lab.cli import build_parser, main
 from sparsevid_lab.cli.args import topk_arg
 
-COMMANDS = ("demo", "train", "distill", "compare", "export-student")
+COMMANDS = ("demo", "train", "eval", "distill", "compare")
 
 
 def subparser(name: str) -> argparse.ArgumentParser:

@@ -44,7 +44,7 @@ def test_clip_mix_checks_its_lists():
 
 
 def test_train_cli_mixed_clips_alternate_and_are_recorded(tmp_path):
-    from sparsevid.cli import main
+    from sparsevid_lab.cli import main
     from sparsevid_lab.model.builtin import load_builtin
 
     assert main(["train", "--out", str(tmp_path), "--tiny", "--max-steps", "3", "--warmup", "1",
@@ -68,7 +68,7 @@ def test_train_cli_mixed_clips_alternate_and_are_recorded(tmp_path):
     (["--clip", "1,32,32"], "frames must be at least 2"),
 ])
 def test_train_cli_rejects_bad_clip_lists(tmp_path, capsys, extra, message):
-    from sparsevid.cli import main
+    from sparsevid_lab.cli import main
 
     assert main(["train", "--out", str(tmp_path), "--tiny", "--max-steps", "1", *extra]) == 2
     assert message in capsys.readouterr().err

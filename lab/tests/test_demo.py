@@ -5,7 +5,7 @@ import numpy as np
 
 import pytest
 
-from sparsevid.cli import main
+from sparsevid_lab.cli import main
 
 
 def test_demo_runs_and_writes_its_files(tmp_path, capsys):
@@ -35,13 +35,15 @@ def test_demo_student_column_and_noise_floor_reuse(tmp_path, capsys, monkeypatch
     import torch
 
     import sparsevid as sv
-    from sparsevid.cli import demo
+    from sparsevid_lab.cli import demo
+    from sparsevid.training import base_fingerprint, save_student
     from sparsevid_lab.model.builtin import BuiltinVideoDiT, tiny_config
-    from sparsevid.training.distill import save_student
 
+    torch.manual_seed(0)
+    base = BuiltinVideoDiT(tiny_config())  # what --tiny builds
     torch.manual_seed(1)
-    student_dir = save_student(BuiltinVideoDiT(tiny_config()), sv.SparseConfig(rule="topk", topk=0.5),
-                               tmp_path / "student")
+    student_dir = save_student(BuiltinVideoDiT(tiny_config()).transformer, tmp_path / "student",
+                               sv.SparseConfig(rule="topk", topk=0.5), "all", base_fingerprint(base.transformer, "all"))
     out = tmp_path / "demo"
     common = ["demo", "--tiny", "--out", str(out), "--steps", "2", "--student", str(student_dir)]
     assert main(common + ["--noise-floor", "off"]) == 0
@@ -114,13 +116,12 @@ def test_demo_rejects_bad_arguments(tmp_path, capsys, argv, message):
 
 
 def test_demo_student_needs_its_sparse_config(tmp_path, capsys):
-    from sparsevid_lab.model.builtin import BuiltinVideoDiT, tiny_config
-    from sparsevid_lab.model.builtin import export_builtin
+    from sparsevid_lab.model.builtin import BuiltinVideoDiT, export_builtin, tiny_config
 
     export_builtin(BuiltinVideoDiT(tiny_config()), tmp_path / "model")  # a model directory, not a student
     with pytest.raises(SystemExit):
         main(["demo", "--tiny", "--out", str(tmp_path), "--student", str(tmp_path / "model")])
-    assert "neither student.json (a student asset) nor sparse_config.json" in capsys.readouterr().err
+    assert "is not a student folder" in capsys.readouterr().err
 
 
 def test_demo_runs_the_student_shipped_beside_the_model(tmp_path, capsys):
@@ -129,23 +130,24 @@ def test_demo_runs_the_student_shipped_beside_the_model(tmp_path, capsys):
     import torch
 
     import sparsevid as sv
+    from sparsevid.training import base_fingerprint, save_student
     from sparsevid_lab.cli.students import read_student_like
-    from sparsevid_lab.model.builtin import BuiltinVideoDiT, tiny_config
-    from sparsevid_lab.model.builtin import export_builtin
-    from sparsevid_lab.model.student_asset import save_sparse_student
+    from sparsevid_lab.model.builtin import BuiltinVideoDiT, export_builtin, load_builtin, tiny_config
 
     torch.manual_seed(0)
     base = export_builtin(BuiltinVideoDiT(tiny_config()), tmp_path / "model", dtype=torch.float32).parent
-    student = sv.models.load_builtin(base)
+    student = load_builtin(base)
+    fingerprint = base_fingerprint(student.transformer, "attention")
     with torch.no_grad():
         for name, tensor in student.transformer.named_parameters():
             if ".attn1." in name:
                 tensor.add_(0.01)  # "fine-tuned" self-attention
-    save_sparse_student(student, sv.SparseConfig(rule="topk", topk=0.5), "attention", base, base / "sparse_student")
-    reference = sv.models.load_builtin(base)
+    save_student(student.transformer, base / "sparse_student", sv.SparseConfig(rule="topk", topk=0.5), "attention",
+                 fingerprint)
+    reference = load_builtin(base)
     reference.use_clip(2, 16, 16)  # as --clip does: the student must sample the reference's clip shape
     reference.config["sampling"]["steps"] = 3  # as the CPU defaults do: and with the reference's sampler steps
-    like, config = read_student_like(base / "sparse_student", reference, base)
+    like, config = read_student_like(base / "sparse_student", reference)
     assert like.clip_shape == reference.clip_shape == (3, 2, 16, 16) and config.topk == 0.5
     assert like.config["sampling"] == reference.config["sampling"]
     out = tmp_path / "demo"
@@ -166,4 +168,4 @@ def test_demo_runs_the_student_shipped_beside_the_model(tmp_path, capsys):
     code = main(["demo", "--model", str(other), "--out", str(out), "--steps", "2",
                  "--student", str(base / "sparse_student")])
     error = capsys.readouterr().err
-    assert code == 2 and "--student" in error and "not the base this student was fine-tuned from" in error
+    assert code == 2 and "--student" in error and "not the base the student" in error

@@ -1,4 +1,5 @@
-"""Trainable sparse attention by velocity distillation: objective, data, resumable loop, data parallel, CLI."""
+"""The built-in model through the library's training path (velocity distillation): objective, data, resumable loop,
+data parallel, the lab's CLI."""
 import copy
 import json
 import os
@@ -13,14 +14,15 @@ import torch
 pytest.importorskip("diffusers")
 
 import sparsevid as sv  # noqa: E402
-from sparsevid_lab.model.builtin import BuiltinVideoDiT, load_builtin, tiny_config  # noqa: E402
-from sparsevid.training import (DirectorySource, DistillConfig, LoopConfig, ProceduralSource, distill,  # noqa: E402
-                                distillation_loss, load_training_state, read_clip, save_training_state,
-                                teacher_cache, write_clip)
-from sparsevid.training.distill import Batches, select_trainable  # noqa: E402
+from sparsevid.training import (DenseTeacher, DistillConfig, LoopConfig, distill, load_training_state,  # noqa: E402
+                                noisy, predict_velocity, save_training_state, trainable_names)
+from sparsevid.training.distill import Draws  # noqa: E402
+from sparsevid_lab.data.clipfiles import read_clip, write_clip  # noqa: E402
+from sparsevid_lab.data.sources import DirectorySource, ProceduralSource  # noqa: E402
+from sparsevid_lab.data.teacher_cache import teacher_cache  # noqa: E402
+from sparsevid_lab.model.builtin import BuiltinVideoDiT, CaptionedClips, tiny_config  # noqa: E402
 
 SPARSE = sv.SparseConfig(rule="topk", topk=0.25, block_q=64, block_k=64)  # 1 of 4 key blocks per row
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _tiny(seed=0):
@@ -41,24 +43,35 @@ def _quiet(line):
     pass
 
 
+def _distill(model, clips, config, loop, **kwargs):
+    """The library's distill on the built-in model's transformer, its caption encoder making the text states."""
+    return distill(model.transformer, CaptionedClips(model, clips), config, loop, log=_quiet, **kwargs)
+
+
+def _draws(model, clips, config, rank=0, world_size=1):
+    return Draws(CaptionedClips(model, clips), config, rank, world_size, "cpu")
+
+
 def test_distillation_reduces_the_loss(tmp_path):
     model = _tiny()
     with torch.no_grad():  # a model whose velocity leans on self-attention, so sparsity matters
         model.transformer.blocks[0].attn1.to_out[0].weight.mul_(8.0)
-    teacher = copy.deepcopy(model).eval()
+    teacher = DenseTeacher(copy.deepcopy(model.transformer).eval(), [])
     source = ProceduralSource(model.data, seed=3)
     config = DistillConfig(sparse=SPARSE, batch_size=4, null_prob=0.0)
-    held_out = Batches(model, source, DistillConfig(batch_size=16), rank=0, world_size=1, device="cpu")(10_000)
+    batch, t, noise = _draws(model, source, DistillConfig(batch_size=16))(10_000)
+    x_t = noisy(batch.latents, noise, t)
 
     def held_out_loss():
         with torch.no_grad():
             sv.reset_denoising_step(model.transformer)
-            return float(distillation_loss(model, teacher, *held_out))
+            student = predict_velocity(model.transformer, x_t, t, batch)
+            return float(torch.nn.functional.mse_loss(student, teacher(x_t, t, batch)))
 
     sv.apply_sparse_attention(model.transformer, SPARSE)
     before = held_out_loss()
     sv.remove_sparse_attention(model.transformer)
-    result = distill(model, source, config, _loop(12, lr=3e-4), out=tmp_path, log=_quiet)
+    result = _distill(model, source, config, _loop(12, lr=3e-4), out=tmp_path)
     after = held_out_loss()
     assert result.steps == 12 and sv.is_sparse(model.transformer)
     assert before > 1e-3 and after < 0.95 * before, (before, after)
@@ -68,11 +81,10 @@ def test_everything_kept_matches_the_teacher_at_step_0(tmp_path):
     model = _tiny()
     source = ProceduralSource(model.data, seed=0)
     config = DistillConfig(sparse=sv.SparseConfig(rule="topk", topk=1.0, block_q=64, block_k=64), batch_size=4)
-    x0, tokens, t, noise = Batches(model, source, config, 0, 1, "cpu")(0)
+    batch, t, noise = _draws(model, source, config)(0)
     with torch.no_grad():
-        scale = float(model((1 - t.view(-1, 1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1, 1) * noise, t, tokens)
-                      .square().mean())
-    distill(model, source, config, _loop(1), out=tmp_path, log=_quiet)
+        scale = float(predict_velocity(model.transformer, noisy(batch.latents, noise, t), t, batch).square().mean())
+    _distill(model, source, config, _loop(1), out=tmp_path)
     loss = _rows(tmp_path)[0]["loss"]
     # fp32 rounding: relative velocity error ~1e-6, so the relative squared error stays far below 1e-10
     assert loss < 1e-10 * scale, (loss, scale)
@@ -96,16 +108,15 @@ def test_resume_after_a_kill_continues_identically(tmp_path):
     config = DistillConfig(sparse=SPARSE, batch_size=2)
     loop = _loop(6, ema_decay=0.9, checkpoint_every=2)
     whole = _tiny()
-    distill(whole, ProceduralSource(whole.data, 5), config, loop, out=tmp_path / "whole", log=_quiet)
+    _distill(whole, ProceduralSource(whole.data, 5), config, loop, out=tmp_path / "whole")
 
     killed = _tiny()
     with pytest.raises(KeyboardInterrupt):  # dies in step 5, after the step-4 checkpoint and step-4 log row
-        distill(killed, CrashingSource(killed.data, 5, crash_at=8), config, loop, out=tmp_path / "kill", log=_quiet)
+        _distill(killed, CrashingSource(killed.data, 5, crash_at=8), config, loop, out=tmp_path / "kill")
     assert [r["step"] for r in _rows(tmp_path / "kill")] == [1, 2, 3, 4]
     (tmp_path / "kill" / "log.jsonl").open("a").write(json.dumps({"step": 5, "loss": 1.0}) + "\n")  # a lost step
     resumed = _tiny()  # the pretrained model again (the teacher); the student's progress comes from the state
-    distill(resumed, ProceduralSource(resumed.data, 5), config, loop, out=tmp_path / "kill", resume=True,
-            log=_quiet)
+    _distill(resumed, ProceduralSource(resumed.data, 5), config, loop, out=tmp_path / "kill", resume=True)
     drop = ("seconds",)
     assert [{k: v for k, v in r.items() if k not in drop} for r in _rows(tmp_path / "kill")] == \
            [{k: v for k, v in r.items() if k not in drop} for r in _rows(tmp_path / "whole")]
@@ -113,8 +124,8 @@ def test_resume_after_a_kill_continues_identically(tmp_path):
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="different settings.*batch_size"):
         other = _tiny()
-        distill(other, ProceduralSource(other.data, 5), DistillConfig(sparse=SPARSE, batch_size=4), _loop(8),
-                out=tmp_path / "kill", resume=True, log=_quiet)
+        _distill(other, ProceduralSource(other.data, 5), DistillConfig(sparse=SPARSE, batch_size=4), _loop(8),
+                 out=tmp_path / "kill", resume=True)
 
 
 def test_training_state_restores_the_rng(tmp_path):
@@ -134,8 +145,7 @@ def test_gradient_checkpointing_and_attention_only(tmp_path):
         config = DistillConfig(sparse=SPARSE, batch_size=2, trainable="attention",
                                gradient_checkpointing=checkpointing)
         initial = copy.deepcopy(model.state_dict())
-        result = distill(model, ProceduralSource(model.data, 2), config, _loop(2), out=tmp_path / str(checkpointing),
-                         log=_quiet)
+        result = _distill(model, ProceduralSource(model.data, 2), config, _loop(2), out=tmp_path / str(checkpointing))
         changed = {name for name, value in model.state_dict().items() if not torch.equal(value, initial[name])}
         assert changed and all(".attn1." in name for name in changed), sorted(changed)
         assert result.trainable_parameters < sum(p.numel() for p in model.parameters())
@@ -144,10 +154,7 @@ def test_gradient_checkpointing_and_attention_only(tmp_path):
 
 
 def test_diffusion_baseline_cli_writes_a_loadable_student(tmp_path):
-    from diffusers import WanTransformer3DModel
-    from safetensors.torch import load_file
-
-    from sparsevid.cli import main
+    from sparsevid_lab.cli import main
 
     out = tmp_path / "run"
     assert main(["distill", "--out", str(out), "--tiny", "--objective", "diffusion", "--max-steps", "2",
@@ -155,15 +162,11 @@ def test_diffusion_baseline_cli_writes_a_loadable_student(tmp_path):
                  "--no-progress"]) == 0
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2] and all(0.05 < r["loss"] < 10 for r in rows)  # data-scale MSE
-    student = load_builtin(out)
-    assert student.config["distillation"]["objective"] == "diffusion"
-    # the diffusers layout (from_pretrained reads the same two files; for Wan it also needs `accelerate`)
-    transformer = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(out / "transformer"))
-    transformer.load_state_dict(load_file(out / "transformer" / "diffusion_pytorch_model.safetensors"))
-    for (name, a), b in zip(student.transformer.state_dict().items(), transformer.state_dict().values()):
-        assert torch.equal(a, b), name
-    config = sv.SparseConfig.from_json((out / "sparse_config.json").read_text())
-    assert (config.rule, config.topk, config.topp) == ("hybrid", 0.25, 0.5)
+    record = json.loads((out / "student.json").read_text())
+    assert record["objective"] == "diffusion" and record["trainable"] == "attention"
+    base = _tiny()  # what --tiny fine-tuned
+    config = sv.load_student(base.transformer, out)
+    assert (config.rule, config.topk, config.topp) == ("hybrid", 0.25, 0.5) and sv.is_sparse(base.transformer)
     assert (out / "loss.png").stat().st_size > 0
 
     compared = tmp_path / "compare"
@@ -178,22 +181,22 @@ def test_diffusion_baseline_cli_writes_a_loadable_student(tmp_path):
     assert results["training-free rule=topk,topk=1.0,block_q=64,block_k=64"]["sparsity"] == 0.0
     assert 0 < results["baseline"]["sparsity"] < 1  # its own hybrid 0.25 / 0.5 setting skips tiles
     assert "| sparsity |" in (compared / "results.md").read_text()
-    with pytest.raises(SystemExit):  # not LABEL=DIR (tests/test_cli.py checks the message)
+    with pytest.raises(SystemExit):  # not LABEL=DIR (lab/tests/test_cli.py checks the message)
         main(["compare", "--tiny", "--student", str(out)])
 
 
 def test_two_processes_match_one(tmp_path):
     args = ["distill", "--tiny", "--max-steps", "3", "--batch-size", "4", "--lr", "1e-3", "--warmup", "1",
             "--config", "rule=hybrid,topk=0.25,topp=0.5,block_q=64,block_k=64", "--no-progress", "--data-seed", "4"]
-    from sparsevid.cli import main
+    from sparsevid_lab.cli import main
 
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with socket.socket() as probe:  # a free port for the rendezvous
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-               "-m", "sparsevid", *args, "--out", str(tmp_path / "two")]
+               "-m", "sparsevid_lab", *args, "--out", str(tmp_path / "two")]
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "over 2 process(es)" in done.stdout
@@ -208,14 +211,14 @@ def test_ranks_draw_disjoint_samples_of_the_global_batch():
     model = _tiny()
     source = ProceduralSource(model.data, 0)
     config = DistillConfig(batch_size=4)
-    ranks = [Batches(model, source, config, r, 2, "cpu") for r in range(2)]
+    ranks = [_draws(model, source, config, r, 2) for r in range(2)]
     assert ranks[0].indices(3) == [12, 13] and ranks[1].indices(3) == [14, 15]
-    whole = Batches(model, source, config, 0, 1, "cpu")(3)
+    whole = _draws(model, source, config)(3)
     halves = [b(3) for b in ranks]
-    for part in range(4):
-        assert torch.equal(whole[part], torch.cat([halves[0][part], halves[1][part]]))
+    for part in (lambda d: d[0].latents, lambda d: d[0].text, lambda d: d[1], lambda d: d[2]):
+        assert torch.equal(part(whole), torch.cat([part(halves[0]), part(halves[1])]))
     with pytest.raises(ValueError, match="batch_size"):
-        Batches(model, source, DistillConfig(batch_size=3), 0, 2, "cpu")
+        _draws(model, source, DistillConfig(batch_size=3), 0, 2)
 
 
 def test_procedural_source_is_keyed_by_sample_index():
@@ -271,9 +274,6 @@ def test_bad_directories_fail_clearly(tmp_path):
     write_clip(tmp_path / "b.safetensors", torch.randn(3, 4, 8, 16))
     with pytest.raises(ValueError, match="b.safetensors: clip shape"):
         DirectorySource(tmp_path).clips([0, 1])
-    with pytest.raises(ValueError, match="the model takes"):
-        model = _tiny()
-        Batches(model, DirectorySource(tmp_path), DistillConfig(), 0, 1, "cpu")
 
 
 def test_teacher_cache_samples_once_and_is_reused(tmp_path):
@@ -307,17 +307,17 @@ def test_bad_distill_configs_name_the_argument(kwargs, error, match):
 
 
 def test_bad_calls_name_the_argument(tmp_path):
-    from sparsevid.cli import main
+    from sparsevid_lab.cli import main
 
     model = _tiny()
-    source = ProceduralSource(model.data, 0)
+    source = CaptionedClips(model, ProceduralSource(model.data, 0))
     with pytest.raises(TypeError, match="loop"):
-        distill(model, source, DistillConfig(), {"max_steps": 1})
+        distill(model.transformer, source, DistillConfig(), {"max_steps": 1})
     with pytest.raises(ValueError, match="trainable"):
-        select_trainable(model, "everything")
+        trainable_names(model.transformer, "everything")
     sv.apply_sparse_attention(model.transformer, SPARSE)
     with pytest.raises(ValueError, match="already has sparse attention"):
-        distill(model, source, DistillConfig(), _loop(1))
+        distill(model.transformer, source, DistillConfig(), _loop(1))
     assert main(["distill", "--out", str(tmp_path), "--tiny", "--max-steps", "1", "--data", "dir"]) == 2
     assert main(["distill", "--out", str(tmp_path), "--tiny", "--max-steps", "1", "--max-objects", "9"]) == 2
     assert main(["distill", "--out", str(tmp_path), "--tiny"]) == 2

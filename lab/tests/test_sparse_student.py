@@ -1,6 +1,5 @@
-"""A sparse student shipped as a small asset: its fine-tuned tensors and SparseConfig beside the dense
-weights, written from a distill run and loaded in one call; the dense fine-tuning control; stopping a
-training call early and resuming it."""
+"""Students of the built-in model in sparsevid's student format: written by the training path, loaded in one call
+over the dense weights they were fine-tuned from, refused over others; the lab's distill and eval arguments."""
 import json
 
 import pytest
@@ -9,10 +8,11 @@ import torch
 pytest.importorskip("diffusers")
 
 import sparsevid as sv  # noqa: E402
-from sparsevid_lab.model.builtin import BuiltinVideoDiT, load_builtin, tiny_config  # noqa: E402
-from sparsevid_lab.model.sparse_student import STUDENT_CONFIG, STUDENT_WEIGHTS, trained_tensor_names  # noqa: E402
-from sparsevid.training import (DistillConfig, LoopConfig, ProceduralSource, distill, export_builtin,  # noqa: E402
-                                export_sparse_student, save_sparse_student)
+from sparsevid.training import STUDENT_CONFIG, STUDENT_WEIGHTS, DistillConfig, LoopConfig, distill  # noqa: E402
+from sparsevid_lab.data.sources import ProceduralSource  # noqa: E402
+from sparsevid_lab.model.builtin import (BuiltinVideoDiT, CaptionedClips, export_builtin, load_builtin,  # noqa: E402
+                                         tiny_config)
+from sparsevid_lab.model.sparse_student import load_sparse_student  # noqa: E402
 
 SPARSE = sv.SparseConfig(rule="hybrid", topk=0.25, topp=0.5, block_q=64, block_k=64)
 
@@ -27,39 +27,38 @@ def _quiet(line):
 
 
 def _distill_run(tmp_path, **config):
-    """A dense base written to tmp_path/base and a 2-step attention-only student of it in tmp_path/run."""
+    """A dense base written to tmp_path/base and a 2-step attention-only student of it in tmp_path/base/student."""
     base = tmp_path / "base"
     export_builtin(_tiny(), base, dtype=torch.bfloat16)
     model = load_builtin(base)
     config = DistillConfig(**{"sparse": SPARSE, "trainable": "attention", "batch_size": 2, **config})
     loop = LoopConfig(lr=1e-2, warmup_steps=0, max_steps=2, ema_decay=None, log_every=1)
-    distill(model, ProceduralSource(model.data, seed=1), config, loop, out=tmp_path / "run", log=_quiet)
-    return base, tmp_path / "run", model
+    distill(model.transformer, CaptionedClips(model, ProceduralSource(model.data, seed=1)), config, loop,
+            out=base / "student", log=_quiet)
+    return base, base / "student", model
 
 
-def test_exported_student_loads_in_one_call_as_the_trained_sparse_model(tmp_path):
-    base, run, trained = _distill_run(tmp_path)
-    asset = base / "sparse_student"
-    assert main_export(run, asset, base) == 0
-    record = json.loads((asset / STUDENT_CONFIG).read_text())
-    assert record["trainable"] == "attention" and record["run"]["steps"] == 2
-    assert (asset / STUDENT_WEIGHTS).stat().st_size < (base / "builtin.safetensors").stat().st_size / 2
+def test_a_student_loads_in_one_call_as_the_trained_sparse_model(tmp_path):
+    base, student, trained = _distill_run(tmp_path)
+    record = json.loads((student / STUDENT_CONFIG).read_text())
+    assert record["trainable"] == "attention" and record["steps"] == 2
+    assert (student / STUDENT_WEIGHTS).stat().st_size < (base / "builtin.safetensors").stat().st_size / 2
 
-    loaded = sv.load_sparse_student(asset)  # the dense weights come from the folder holding the asset
-    assert sv.is_sparse(loaded.transformer)
+    loaded, config = load_sparse_student(student)  # the dense weights come from the folder holding the student
+    assert config == SPARSE and sv.is_sparse(loaded.transformer)
     dense = load_builtin(base).state_dict()
-    attention = set(trained_tensor_names(loaded, "attention"))
+    attention = {f"transformer.{n}" for n in sv.training.trainable_names(loaded.transformer, "attention")}
     assert attention and len(attention) < len(dense)
     moved = 0
     for name, value in loaded.state_dict().items():
-        if name in attention:  # the student's tensors, rounded to the asset's bf16
+        if name in attention:  # the student's tensors, rounded to the student file's bf16
             assert torch.equal(value, trained.state_dict()[name].to(torch.bfloat16).float()), name
             moved += not torch.equal(value, dense[name])
         else:
             assert torch.equal(value, dense[name]), name
-    assert moved > 0  # training changed the attention weights, and the asset carries the change
+    assert moved > 0  # training changed the attention weights, and the student file carries the change
 
-    # same velocity as the trained student (its weights rounded as the asset stores them), through its masks
+    # same velocity as the trained student (its weights rounded as the file stores them), through its masks
     for name, value in trained.state_dict().items():
         value.copy_(value.to(torch.bfloat16).float())
     x, t = torch.randn(2, *loaded.clip_shape), torch.tensor([0.3, 0.8])
@@ -72,56 +71,26 @@ def test_exported_student_loads_in_one_call_as_the_trained_sparse_model(tmp_path
         assert not torch.allclose(loaded(x, t, tokens), trained(x, t, tokens), atol=1e-3)  # the masks matter
 
 
-def main_export(run, asset, base):
-    from sparsevid.cli import main
-
-    return main(["export-student", "--run", str(run), "--out", str(asset), "--base", str(base)])
-
-
-def test_a_student_refuses_other_base_weights_and_foreign_changes(tmp_path):
-    base, run, trained = _distill_run(tmp_path)
-    asset = tmp_path / "asset"
-    export_sparse_student(run, asset, base=base)
+def test_a_student_refuses_other_base_weights(tmp_path):
+    base, student, _ = _distill_run(tmp_path)
     other = tmp_path / "other"
     export_builtin(BuiltinVideoDiT(tiny_config()), other, dtype=torch.bfloat16)  # other random weights
-    with pytest.raises(ValueError, match="not the base this student was fine-tuned from"):
-        sv.load_sparse_student(asset, base=other)
-    with pytest.raises(FileNotFoundError, match="student.safetensors"):
-        sv.load_sparse_student(tmp_path / "nothing", base=base)
+    with pytest.raises(ValueError, match="not the base the student"):
+        load_sparse_student(student, base=other)
+    with pytest.raises(FileNotFoundError, match="student folder"):
+        load_sparse_student(tmp_path / "nothing", base=base)
     for dtype in (torch.complex64, "float16"):
         with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
-            sv.load_sparse_student(asset, base=base, dtype=dtype)
-    with torch.no_grad():
-        trained.transformer.blocks[0].ffn.net[0].proj.weight.add_(1.0)  # outside the attention modules
-    with pytest.raises(ValueError, match="outside its trainable part"):
-        save_sparse_student(trained, SPARSE, "attention", base, tmp_path / "bad")
-    with pytest.raises(SystemExit):  # not a distill output directory
-        main_export(tmp_path / "nothing", tmp_path / "x", base)
-
-
-def test_dense_control_fine_tunes_without_sparse_attention(tmp_path):
-    from sparsevid.cli import main
-
-    out = tmp_path / "dense"
-    assert main(["distill", "--out", str(out), "--tiny", "--objective", "diffusion", "--dense", "--max-steps", "1",
-                 "--batch-size", "2", "--backgrounds", "navy", "--motions", "moving left,bouncing",
-                 "--max-objects", "1", "--no-progress"]) == 0
-    assert not (out / "sparse_config.json").exists()
-    summary = load_builtin(out).config["distillation"]
-    assert summary["run"]["sparse"] is None
-    assert summary["run"]["data"]["backgrounds"] == ["navy"] and summary["run"]["data"]["max_objects"] == 1
-    with pytest.raises(ValueError, match="needs objective='diffusion'"):
-        DistillConfig(objective="distill", sparse=None)
+            load_sparse_student(student, dtype=dtype)
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--backgrounds", "purple"], "unknown: purple"),
     (["--motions", "moving sideways"], "unknown: moving sideways"),
-    (["--dense"], "needs --objective diffusion"),
     (["--data", "dir", "--data-dir", ".", "--colours", "red"], "need --data procedural"),
-], ids=["background", "motion", "dense-distill", "slice-of-files"])
+], ids=["background", "motion", "slice-of-files"])
 def test_distill_rejects_bad_slices_in_one_line(tmp_path, capsys, argv, message):
-    from sparsevid.cli import main
+    from sparsevid_lab.cli import main
 
     try:  # an argument's type fails in parsing (SystemExit), a later check returns the status
         code = main(["distill", "--out", str(tmp_path), "--tiny", "--max-steps", "1", *argv])
@@ -160,7 +129,7 @@ def test_a_call_stopped_early_resumes_to_the_uninterrupted_run(tmp_path):
 
 
 def test_eval_held_out_captions_come_from_outside_the_slice(tmp_path):
-    from sparsevid.cli import main
+    from sparsevid_lab.cli import main
     from sparsevid_lab.data import ProceduralVideos
 
     out = tmp_path / "eval"
@@ -177,12 +146,12 @@ def test_the_shipped_students_load_on_the_shipped_weights():
     """The demo's student (75%, fine-tuned at the CPU clip) and the best 95% student of the claims grid (long
     clip) both load in one call over the shipped dense weights, each with its own sparse setting."""
     from sparsevid_lab.model.builtin import ASSETS
-    from sparsevid_lab.model.sparse_student import read_sparse_student
 
-    assert sv.is_sparse(sv.load_sparse_student().transformer)
+    model, _ = load_sparse_student()
+    assert sv.is_sparse(model.transformer)
+    dense = load_builtin().state_dict()
     for folder, topk in ((ASSETS / "sparse_student", 0.25), (ASSETS / "sparse_student_95", 0.05)):
-        model, config = read_sparse_student(folder)
-        assert (config.rule, config.topk) == ("topk", topk)
-        dense = sv.models.load_builtin()
-        changed = [n for n, t in model.state_dict().items() if not torch.equal(t, dense.state_dict()[n])]
+        model, config = load_sparse_student(folder, apply=False)
+        assert (config.rule, config.topk) == ("topk", topk) and not sv.is_sparse(model.transformer)
+        changed = [n for n, t in model.state_dict().items() if not torch.equal(t, dense[n])]
         assert changed and all(".attn1." in n for n in changed)  # only the self-attention was fine-tuned

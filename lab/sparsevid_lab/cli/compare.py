@@ -47,14 +47,14 @@ def student_arg(spec: str) -> str:
     return spec
 
 
-def _student(spec: str, reference, base):
+def _student(spec: str, reference):
     """(label, (model, SparseConfig)) of a --student LABEL=DIR, on the reference's device and dtype, making
     clips of the reference's shape."""
     from .students import read_student_like
 
     label, _, directory = spec.partition("=")  # checked by student_arg
     try:
-        return label, read_student_like(directory, reference, base)
+        return label, read_student_like(directory, reference)
     except ValueError as error:
         raise CommandError(f"--student {label}: {error}") from None
 
@@ -65,14 +65,13 @@ def run(args) -> int:
     from ..eval.harness import DEFAULT_CAPTIONS
     from .demo import load_model, model_record
     from .reports import save_report
-    from .students import student_base
 
     if not args.student and not args.training_free:
         raise CommandError("give at least one --student or --training-free configuration to compare")
     if args.captions > len(DEFAULT_CAPTIONS):
         raise CommandError(f"--captions must be at most {len(DEFAULT_CAPTIONS)}, got {args.captions}")
     reference = load_model(args)
-    candidates = dict(_student(spec, reference, student_base(args)) for spec in args.student)
+    candidates = dict(_student(spec, reference) for spec in args.student)
     candidates.update({f"training-free {spec}": (reference, parse_config(spec)) for spec in args.training_free})
     captions = [c for c in DEFAULT_CAPTIONS if reference.data.fits(c)][: args.captions]
     results = compare_to_reference(reference, candidates, captions, args.seeds, steps=args.steps,

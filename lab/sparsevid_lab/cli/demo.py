@@ -122,13 +122,13 @@ def student_dir(args) -> str | None:
     return args.student
 
 
-def load_student(directory: str, args, like):
+def read_student(directory: str, like):
     """The sparse student in ``directory`` on the device and in the dtype of ``like`` (the dense model), making
     clips of its shape. Returns (model, SparseConfig)."""
-    from .students import read_student_like, student_base
+    from .students import read_student_like
 
     try:
-        return read_student_like(directory, like, student_base(args))
+        return read_student_like(directory, like)
     except ValueError as error:
         raise CommandError(f"--student: {error}") from None
 
@@ -149,7 +149,7 @@ def demo_settings(args, model, steps: int, student: str | None) -> dict:
     settings = {DENSE: (model, SparseConfig(dense_steps=steps)),
                 f"training-free {setting_name(sparse)}": (model, sparse)}
     if student is not None:
-        settings[STUDENT] = load_student(student, args, model)
+        settings[STUDENT] = read_student(student, model)
     return settings
 
 

@@ -16,7 +16,11 @@ SMOKE_TEST_NOTE = ("NOTE: --tiny evaluates an untrained tiny model: this is a sm
 def add_parser(subparsers) -> None:
     from sparsevid.eval.oracle import ORACLE_SPARSITIES
 
-    p = subparsers.add_parser("eval", help="compare sparse attention configurations with dense sampling")
+    p = subparsers.add_parser(
+        "eval", help="Compare sparse attention configurations with dense sampling.",
+        description="Sample the built-in model's clips densely and under sparse attention configurations and compare "
+                    "them: sparsity, PSNR / SSIM against the dense clips, caption faithfulness, velocity error and "
+                    "held-out loss, oracle and predicted recall per layer (results.json, results.md and figures).")
     p.add_argument("--config", type=config_spec_arg, action="append", default=None, metavar="SPEC",
                    help="a sparse configuration, 'key=value,...' of SparseConfig fields (e.g. "
                         "'rule=hybrid,topk=0.05,topp=0.9,dense_steps=2') or a JSON file; repeatable "
@@ -30,9 +34,10 @@ def add_parser(subparsers) -> None:
                    help="use N captions that the fine-tuning slice given by --max-objects, --backgrounds, --colours "
                         "and --motions cannot draw (the captions a student fine-tuned on that slice never saw)")
     add_slice_arguments(p, "with --held-out: the fine-tuning slice, clips")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="noise seeds: one clip per caption and seed")
     p.add_argument("--steps", type=positive_int_arg, default=None, help="sampler steps (default: the model's)")
-    p.add_argument("--guidance", type=float, default=None)
+    p.add_argument("--guidance", type=float, default=None,
+                   help="classifier-free guidance scale (default: the model's)")
     p.add_argument("--probe-steps", type=int, nargs="*", default=None,
                    help="denoising steps probed for recall / relative L1 (default: first, middle, last)")
     p.add_argument("--probe-clips", type=int, default=1, help="how many clips are probed")
@@ -49,7 +54,7 @@ def add_parser(subparsers) -> None:
                         "(default: the evaluated model itself)")
     p.add_argument("--tiny", action="store_true", help="an untrained tiny model instead (smoke test)")
     p.add_argument("--device", type=device_arg, default=default_device(), help="where to run: cpu, cuda or cuda:N")
-    p.add_argument("--out", default="outputs/eval")
+    p.add_argument("--out", default="outputs/eval", help="output directory")
     p.set_defaults(func=run)
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+from sparsevid import load_student
 from sparsevid.training import STUDENT_CONFIG, STUDENT_WEIGHTS
 
-from ..model.sparse_student import STUDENT_DIR, load_sparse_student
+from ..model.sparse_student import STUDENT_DIR
 
 
 def is_student(directory: str | Path) -> bool:
@@ -30,13 +31,10 @@ def shipped_student(args) -> Path | None:
     return None if base is None or not is_student(base / STUDENT_DIR) else base / STUDENT_DIR
 
 
-def read_student_like(directory: str | Path, reference, base: str | Path | None = None):
-    """(model, SparseConfig) of the student in ``directory`` over ``base``, dense (sparse attention not applied),
-    on the device and in the dtype of ``reference`` (a dense BuiltinVideoDiT), making clips of its shape with its
-    sampler settings (e.g. the CPU defaults' steps), so that its clips compare with the reference's. ValueError
-    if they cannot."""
-    parameter = next(reference.parameters())
-    model, config = load_sparse_student(directory, parameter.device, parameter.dtype, base=base, apply=False)
-    model.use_clip(*reference.clip_shape[1:])
-    model.config["sampling"] = copy.deepcopy(reference.config["sampling"])
-    return model, config
+def read_student_like(directory: str | Path, reference):
+    """(model, SparseConfig): a copy of ``reference`` (a dense BuiltinVideoDiT: its device, dtype, clip shape and
+    sampler settings) with the student in ``directory`` loaded over it, dense (sparse attention not applied), so
+    that its clips compare with the reference's. ValueError when the reference's weights are not the student's
+    base."""
+    model = copy.deepcopy(reference)
+    return model, load_student(model.transformer, directory, apply=False)

@@ -1,15 +1,15 @@
 """A small cache of clips sampled from the (dense) teacher, as distillation data that matches the
-teacher's own distribution. The cache is a directory of clip files (:mod:`sparsevid.training.clipfiles`)
+teacher's own distribution. The cache is a directory of clip files (:mod:`sparsevid_lab.data.clipfiles`)
 plus ``cache.json``; a cache with the same settings is reused."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from sparsevid.training.checkpoint import write_text_atomic
+from sparsevid.training import STREAM_TEACHER, barrier, is_main_process, sample_seed, write_text_atomic
+
 from .clipfiles import list_clip_files, write_clip
-from sparsevid.training.distributed import barrier, is_main_process
-from .sources import STREAM_TEACHER, DirectorySource, ProceduralSource, sample_seed
+from .sources import DirectorySource, ProceduralSource
 
 MANIFEST = "cache.json"
 
