@@ -201,18 +201,24 @@ def test_bad_slices_name_the_argument(kwargs, error, match):
 
 
 def test_held_out_triples_skip_the_slice():
-    from sparsevid_lab.eval.heldout import heldout_set
+    from sparsevid_lab.data.sources import ProceduralSource
+    from sparsevid_lab.eval.heldout import HELDOUT_SEED, heldout_set
+    from sparsevid_lab.model.builtin import BuiltinVideoDiT, tiny_config
 
+    model = BuiltinVideoDiT(tiny_config())
     full = ProceduralVideos(frames=2, height=8, width=8, max_objects=2)
     narrow = ProceduralVideos(frames=2, height=8, width=8, max_objects=2, backgrounds=["navy", "black"])
-    plain = heldout_set(full, per_bin=2, num_bins=2)
-    skipped = heldout_set(full, per_bin=2, num_bins=2, exclude=narrow)
-    assert not any(narrow.fits(c) for c in skipped.captions)
+    plain = heldout_set(model, full, per_bin=2, num_bins=2)
+    skipped = heldout_set(model, full, per_bin=2, num_bins=2, exclude=narrow)
+    captions = ProceduralSource(full, seed=HELDOUT_SEED).captions
+    plain_captions, skipped_captions = captions(list(plain.indices)), captions(list(skipped.indices))
+    assert not any(narrow.fits(c) for c in skipped_captions)
     assert skipped.bins.tolist() == plain.bins.tolist() == [0, 1, 0, 1]
     assert all(lo <= t < hi for t, b in zip(skipped.t.tolist(), skipped.bins.tolist())
                for lo, hi in [(b / 2, (b + 1) / 2)])
-    first = next(i for i, c in enumerate(plain.captions) if not narrow.fits(c))
-    assert skipped.captions[0] == plain.captions[first]  # a clip keeps its index: same clip as without exclude
+    first = next(i for i, c in enumerate(plain_captions) if not narrow.fits(c))
+    assert skipped.indices[0] == plain.indices[first]  # a clip keeps its index: same clip as without exclude
+    assert torch.equal(skipped.samples.latents[0], plain.samples.latents[first])
 
 
 def test_a_fixed_set_of_clips_repeats_by_index():

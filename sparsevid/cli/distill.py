@@ -5,8 +5,6 @@ from pathlib import Path
 
 from .args import CommandError, config_spec_arg, default_device, device_arg, positive_float_arg, positive_int_arg
 
-DEFAULT_SPARSE = "rule=hybrid,topk=0.05,topp=0.9"
-
 
 def add_parser(subparsers) -> None:
     summary = ("Fine-tune a diffusers video transformer (Wan, HunyuanVideo) with sparse attention to match its dense "
@@ -18,8 +16,9 @@ def add_parser(subparsers) -> None:
                    help="the dense transformer: a transformer or pipeline folder, or a hub id")
     p.add_argument("--data", required=True, help="folder of latent samples (sparsevid.training.latents)")
     p.add_argument("--out", required=True, help="output folder: training state, log, loss plot and the student")
-    p.add_argument("--sparse", type=config_spec_arg, default=DEFAULT_SPARSE,
-                   help="the student's sparse attention: 'key=value,...' of SparseConfig or a JSON file")
+    p.add_argument("--sparse", type=config_spec_arg, default=None,
+                   help="the student's sparse attention: 'key=value,...' of SparseConfig or a JSON file (without it: "
+                        "SparseConfig(), the hybrid of top-k and top-p)")
     p.add_argument("--objective", choices=("distill", "diffusion"), default="distill",
                    help="match the dense teacher's velocity, or the flow-matching target of the data")
     p.add_argument("--trainable", choices=("attention", "all"), default="attention",
@@ -44,12 +43,12 @@ def run(args) -> int:
     import torch
 
     from ..integration import load_transformer
-    from ..plan import parse_config
+    from ..plan import SparseConfig, parse_config
     from ..training import DistillConfig, LatentDirectory, LoopConfig, distill, is_main_process, setup, teardown
 
     try:
         data = LatentDirectory(args.data, seed=args.data_seed)
-        config = DistillConfig(objective=args.objective, sparse=parse_config(args.sparse), trainable=args.trainable,
+        config = DistillConfig(objective=args.objective, sparse=SparseConfig() if args.sparse is None else parse_config(args.sparse), trainable=args.trainable,
                                batch_size=args.batch_size, seed=args.seed, shift=args.shift, null_prob=args.null_prob,
                                gradient_checkpointing=args.gradient_checkpointing)
         loop = LoopConfig(lr=args.lr, warmup_steps=args.warmup, ema_decay=None, max_steps=args.steps,

@@ -13,10 +13,12 @@ from typing import Sequence
 
 import torch
 
+from ..ops import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+
 BISECTION_STEPS = 14
 
 
-def mean_sparsity(calls, block_q: int = 128, block_k: int = 64, **rule) -> float:
+def mean_sparsity(calls, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K, **rule) -> float:
     """Mean sparsity of the masks ``sparsevid.predict_mask(q, k, **rule)`` predicts over recorded ``calls``."""
     from ..ops import predict_mask
 
@@ -42,7 +44,7 @@ def check_targets(targets: Sequence[float]) -> None:
         raise ValueError(f"targets must be sparsities in (0, 1), got {targets!r}")
 
 
-def calibrate_rules(calls, targets: Sequence[float], block_q: int = 128, block_k: int = 64) -> dict:
+def calibrate_rules(calls, targets: Sequence[float], block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K) -> dict:
     """{label: SparseConfig}: top-k, top-p and hybrid at every target sparsity in ``targets`` (each in (0, 1)),
     calibrated on recorded ``calls`` (:func:`record_video_attention`); labels like "topp 90%"."""
     from ..plan import SparseConfig

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from ..ops import SparseMask, block_sparse_attention, predict_mask
+from ..ops import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, SparseMask, block_sparse_attention, predict_mask
 from .metrics import relative_l1
 
 ORACLE_SPARSITIES = (0.5, 0.75, 0.9, 0.95, 0.97)
@@ -57,7 +57,7 @@ class ExactTiles:
 
     @classmethod
     @torch.no_grad()
-    def measure(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int = 128, block_k: int = 64,
+    def measure(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
                 scale: float | None = None, backend: str = "auto") -> "ExactTiles":
         """Run ``block_sparse_attention`` with a full mask on q [B, H, N, D], k, v [B, H, M, D]."""
         full = SparseMask.full(q.shape[2], k.shape[2], block_q, block_k, device=q.device)
@@ -97,7 +97,7 @@ class ExactTiles:
 
 @torch.no_grad()
 def oracle_recall(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sparsities: Sequence[float] = ORACLE_SPARSITIES,
-                  block_q: int = 128, block_k: int = 64, scale: float | None = None, backend: str = "auto",
+                  block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K, scale: float | None = None, backend: str = "auto",
                   masks: dict[str, SparseMask] | None = None) -> dict:
     """Oracle recall and output error of one attention call, and predicted masks beside them.
 
@@ -153,8 +153,8 @@ class OracleStudy:
     configs: dict = field(default_factory=dict)
     grid: tuple[int, int, int] | None = None
     tile: str | tuple[int, int, int] = "auto"
-    block_q: int = 128
-    block_k: int = 64
+    block_q: int = DEFAULT_BLOCK_Q
+    block_k: int = DEFAULT_BLOCK_K
     backend: str = "auto"
     calls: dict = field(default_factory=dict)  # (layer, step) -> list of per-call results
 

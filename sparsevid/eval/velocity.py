@@ -28,7 +28,8 @@ HELDOUT_SEED = 2_718_281  # far from the seeds training draws from (0 and 1 by d
 @dataclass(frozen=True)
 class HeldOutSet:
     """Fixed triples: ``samples`` (latents [n, C, T, H, W] and their conditioning, on the CPU), noise like the
-    latents, noise levels t float32 [n] in (0, 1), their bin int64 [n], the bin count and the seed."""
+    latents, noise levels t float32 [n] in (0, 1), their bin int64 [n], the bin count, the seed and the source's
+    sample ``indices`` they were read from."""
 
     samples: LatentBatch
     noise: torch.Tensor
@@ -36,6 +37,7 @@ class HeldOutSet:
     bins: torch.Tensor
     num_bins: int
     seed: int
+    indices: tuple[int, ...]
 
     def __len__(self) -> int:
         return self.t.numel()
@@ -66,7 +68,7 @@ def heldout_set(source, per_bin: int = 8, num_bins: int = 5, seed: int = HELDOUT
         t.append((position % num_bins + torch.rand(1, generator=generator)) / num_bins)
         noise.append(torch.randn(samples.latents.shape[1:], generator=generator))
     bins = torch.arange(n) % num_bins
-    return HeldOutSet(samples, torch.stack(noise), torch.cat(t).float(), bins, num_bins, seed)
+    return HeldOutSet(samples, torch.stack(noise), torch.cat(t).float(), bins, num_bins, seed, tuple(indices))
 
 
 @torch.no_grad()

@@ -29,7 +29,6 @@ from .velocity import DenseTeacher, check_flow_family, predict_velocity
 
 OBJECTIVES = ("distill", "diffusion")
 STATE_FILE, LOG_FILE = "state.safetensors", "log.jsonl"
-DEFAULT_SPARSE = {"rule": "hybrid", "topk": 0.05, "topp": 0.9}
 
 
 @dataclass
@@ -38,7 +37,8 @@ class DistillConfig:
 
     Args:
         objective: "distill" (match the dense teacher) or "diffusion" (flow matching on the data).
-        sparse: the student's sparse attention (one rule at every noise level: ``schedule="constant"``,
+        sparse: the student's sparse attention (default ``SparseConfig()``, the hybrid rule; one rule at every
+            noise level: ``schedule="constant"``,
             ``dense_steps=0``); None fine-tunes the dense model (with ``objective="diffusion"`` only: a dense
             student would distil into itself), the control that shows what the fine-tuning data alone do.
         trainable: "all" parameters or the self-"attention" modules only.
@@ -51,7 +51,7 @@ class DistillConfig:
     """
 
     objective: str = "distill"
-    sparse: SparseConfig | None = field(default_factory=lambda: SparseConfig(**DEFAULT_SPARSE))
+    sparse: SparseConfig | None = field(default_factory=SparseConfig)
     trainable: str = "attention"
     batch_size: int = 8
     seed: int = 0

@@ -10,7 +10,6 @@ from pathlib import Path
 from .args import (CommandError, add_slice_arguments, clip_arg, config_spec_arg, default_device, device_arg,
                    model_dir_arg, positive_float_arg, positive_int_arg, slice_options)
 
-DEFAULT_SPARSE = "rule=hybrid,topk=0.05,topp=0.9"
 DATA_KINDS = ("procedural", "dir", "teacher")
 
 
@@ -23,8 +22,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out", required=True, help="directory for the state, log, loss curve and the student")
     p.add_argument("--objective", default="distill", choices=("distill", "diffusion"),
                    help="distill: match the dense teacher's velocity; diffusion: the flow-matching loss on the data")
-    p.add_argument("--config", type=config_spec_arg, default=DEFAULT_SPARSE, metavar="SPEC",
-                   help="the student's sparse attention: SparseConfig fields as 'key=value,...' or a JSON file")
+    p.add_argument("--config", type=config_spec_arg, default=None, metavar="SPEC",
+                   help="the student's sparse attention: SparseConfig fields as 'key=value,...' or a JSON file "
+                        "(without it: SparseConfig(), the hybrid of top-k and top-p)")
     p.add_argument("--clip", type=clip_arg, default=None, metavar="T,H,W",
                    help="clip frames, height, width (default: the model's own)")
     p.add_argument("--model", type=model_dir_arg, default=None,
@@ -96,7 +96,7 @@ def _source(args, model, job):
 
 def run(args) -> int:
     from ..data import SLICE_FIELDS
-    from sparsevid.plan import parse_config
+    from sparsevid.plan import SparseConfig, parse_config
     from sparsevid.training import DistillConfig, LoopConfig, distill, is_main_process, setup, teardown
 
     from ..model.builtin import CaptionedClips, pretraining_noise
@@ -118,7 +118,7 @@ def run(args) -> int:
         model = load_model(args).float()
         shift, null_prob = pretraining_noise(model, args.train_shift, args.null_prob)
         config = DistillConfig(
-            objective=args.objective, sparse=parse_config(args.config),
+            objective=args.objective, sparse=SparseConfig() if args.config is None else parse_config(args.config),
             trainable=args.trainable,
             batch_size=args.batch_size, seed=args.seed,
             shift=shift, null_prob=null_prob,
