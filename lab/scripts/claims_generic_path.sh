@@ -8,9 +8,8 @@ OUT=${OUT:-outputs}
 PYTHON=${PYTHON:-python3}
 grid="$OUT/claims_generic"
 mkdir -p "$grid"
-for results in lab/results benchmarks/results; do  # the slice grid's calibration
-    [ -f "$grid/calibration.json" ] || cp "$results/claims_h200/calibration.json" "$grid/" 2>/dev/null
-done
+# the slice grid's calibration
+[ -f "$grid/calibration.json" ] || cp lab/results/claims_h200/calibration.json "$grid/" 2>/dev/null
 run() {  # run RULE TARGET
     PYTHONUNBUFFERED=1 timeout 290 "$PYTHON" -m sparsevid_lab.studies.claims_grid --out "$grid" --budget-minutes 4.7 \
         --rules "$1" --targets "$2" --objectives distill --part train report

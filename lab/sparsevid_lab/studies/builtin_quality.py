@@ -6,10 +6,10 @@
 3. Calibration on the recorded q, k: for each target sparsity s, top-k keeps the fraction 1 - s; top-p's p is
    found by bisection so the mean predicted sparsity is s; hybrid keeps top-k (1 - s) / 2 united with a
    top-p whose p is found the same way.
-4. The quality harness (``sparsevid.eval.harness.run_harness``) samples every configuration and reports
+4. The quality harness (``sparsevid_lab.eval.harness.run_harness``) samples every configuration and reports
    achieved sparsity, PSNR / SSIM against the dense clips, recall and relative L1 per layer.
 
-    python3 -m benchmarks.builtin_quality --out benchmarks/results/builtin_quality_cpu
+    python3 -m sparsevid_lab.studies.builtin_quality --out lab/results/builtin_quality_cpu
 """
 from __future__ import annotations
 

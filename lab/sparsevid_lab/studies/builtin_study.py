@@ -12,8 +12,8 @@ processors see them) and measures, per layer and noise level:
 * oracle output error: relative L1 of the attention output with only those top tiles kept (whole tiles,
   the nearest count), against dense attention.
 
-    python3 -m benchmarks.builtin_study --out OUT [--seconds 75] [--variants plain,textured,...]
-    python3 -m benchmarks.builtin_study --out OUT --model DIR     # measure a trained model only
+    python3 -m sparsevid_lab.studies.builtin_study --out OUT [--seconds 75] [--variants plain,textured,...]
+    python3 -m sparsevid_lab.studies.builtin_study --out OUT --model DIR     # measure a trained model only
 
 Writes OUT/study.json (everything) and OUT/study.md (one row per variant) after every variant.
 """

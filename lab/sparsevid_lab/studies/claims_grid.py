@@ -18,7 +18,7 @@ The run is split into parts that each fit one GPU call (``--budget-minutes``) an
   state in ``OUT/work/NAME`` and the next call resumes it;
 * ``evaluate``: the dense teacher, the noise floor (every tile kept) and the training-free rules, as many as
   the budget allows; then the grid so far (``OUT/grid.json``, ``OUT/grid.md`` with the claims, ``OUT/grid.png``,
-  :mod:`benchmarks.claims_report`; entries not measured yet are listed);
+  :mod:`sparsevid_lab.studies.claims_report`; entries not measured yet are listed);
 * ``report``: ``grid.json`` and ``grid.md`` again from the files alone (no model, no GPU), e.g. for every
   target once calls have run with one ``--targets`` each;
 * ``ship``: the best student at the highest target sparsity (PSNR against dense) as a small asset

@@ -1,13 +1,13 @@
-"""The claims grid's report: from ``grid.json`` (:mod:`benchmarks.claims_grid`), the per-entry table and the
-three claims of trainable sparse attention, each stated as confirmed or not from the numbers alone.
+"""The claims grid's report: from ``grid.json`` (:mod:`sparsevid_lab.studies.claims_grid`), the per-entry table
+and the three claims of trainable sparse attention, each stated as confirmed or not from the numbers alone.
 
 "A beats B" means A is closer to the dense teacher on both yardsticks that do not depend on sampling luck
 alone: higher PSNR of the sampled clips against the teacher's and lower velocity error against the teacher on
 the held-out triples. Faithfulness and held-out loss are reported beside them.
 
-    python3 -m benchmarks.claims_report OUT/grid.json [--png FIG.png]   # prints the Markdown section
-    python3 -m benchmarks.claims_report SLICE/grid.json --matched FULL/grid.json   # claim 3's "above all"
-    python3 -m benchmarks.claims_report BASE/grid.json --variant OTHER/grid.json   # a training variant, student by student
+    python3 -m sparsevid_lab.studies.claims_report OUT/grid.json [--png FIG.png]   # prints the Markdown section
+    python3 -m sparsevid_lab.studies.claims_report SLICE/grid.json --matched FULL/grid.json   # claim 3's "above all"
+    python3 -m sparsevid_lab.studies.claims_report BASE/grid.json --variant OTHER/grid.json   # a training variant, student by student
 
 Claim 3 says distillation's lead over the diffusion loss is largest when the fine-tuning data differ from the
 pre-training data. :func:`data_arms` compares the lead in a grid fine-tuned on the slice with the lead in a grid
@@ -342,7 +342,7 @@ def plot_grid(grid: dict, path: str | Path) -> Path:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="The claims grid's report from its grid.json.")
-    parser.add_argument("grid", type=Path, help="OUT/grid.json of benchmarks.claims_grid")
+    parser.add_argument("grid", type=Path, help="OUT/grid.json of sparsevid_lab.studies.claims_grid")
     parser.add_argument("--png", type=Path, default=None, help="also draw the PSNR figure (plot_grid) here")
     parser.add_argument("--matched", type=Path, default=None,
                         help="grid.json of the same grid fine-tuned on the whole distribution (--fine-tune-on full): "

@@ -2,7 +2,7 @@
 per-step loss difference and throughput (samples per second after the first steps). Writes results.json and
 results.md under --out and prints the table.
 
-    python3 -m benchmarks.compare_ddp runs/procs1 runs/procs2 --out runs
+    python3 -m sparsevid_lab.studies.compare_ddp runs/procs1 runs/procs2 --out runs
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Validate ``sparsevid.eval.faithfulness`` on ground-truth procedural clips.
+"""Validate ``sparsevid_lab.eval.faithfulness`` on ground-truth procedural clips.
 
 For each setting (resolution, plain or textured panning background) it renders clips from
 ``ProceduralVideos`` and scores them against their own captions (true), against the caption of the next
@@ -6,7 +6,7 @@ clip of the batch (shuffled), and against their caption with one attribute swapp
 object's colour, size or motion, each to another value of its word list). It prints a markdown table
 and writes it with the raw means to ``--out`` (JSON + markdown).
 
-    python -m benchmarks.faithfulness_validation --clips 64 --seed 1000 --out benchmarks/results/faithfulness
+    python -m sparsevid_lab.studies.faithfulness_validation --clips 64 --seed 1000 --out lab/results/faithfulness
 """
 from __future__ import annotations
 
@@ -120,8 +120,8 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         meta = run_metadata("cpu", clips=args.clips, seed=args.seed)
         (args.out / "results.json").write_text(json.dumps({**meta, "results": results}, indent=2))
-        (args.out / "results.md").write_text(f"`python -m benchmarks.faithfulness_validation --clips {args.clips} "
-                                             f"--seed {args.seed}`\n\n{table}\n")
+        (args.out / "results.md").write_text(f"`python -m sparsevid_lab.studies.faithfulness_validation "
+                                             f"--clips {args.clips} --seed {args.seed}`\n\n{table}\n")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ For every share this reports the exact attention mass the predicted masks keep (
 heaviest tiles at the same per-row counts (the ceiling) and the achieved sparsity, over the video
 self-attention calls of one dense generation (first, middle and last step, every layer).
 
-    python3 -m benchmarks.hybrid_split --out OUT [--model DIR] [--target 0.95] [--steps 10]
+    python3 -m sparsevid_lab.studies.hybrid_split --out OUT [--model DIR] [--target 0.95] [--steps 10]
 
 On the CPU at the long clip a generation takes minutes per step: ``--steps 4`` keeps it under half an hour.
 Writes OUT/hybrid_split.json and OUT/hybrid_split.md.

@@ -13,21 +13,21 @@ Two parts, each on one GPU:
   ``one_object`` and ``one_object_high_noise`` (clips of one object: no motion word to bind to the right one of
   several objects). Every lever is judged on the same evaluation captions (one to three objects).
 
-    python3 -m benchmarks.motion_study --out OUT --part sampler [--model DIR]
-    python3 -m benchmarks.motion_study --out OUT --part train --seconds 100 [--model DIR]
+    python3 -m sparsevid_lab.studies.motion_study --out OUT --part sampler [--model DIR]
+    python3 -m sparsevid_lab.studies.motion_study --out OUT --part train --seconds 100 [--model DIR]
 
 * ``captions``: does the model read the motion word at all? Flow-matching loss on the same noisy one-object
   clips with the true caption, the caption with one attribute's word swapped (motion, colour, shape, size) and
   the null caption, over the object's pixels; no training (runs on the CPU in minutes).
 
-    python3 -m benchmarks.motion_study --out OUT --part captions [--clips 16]
+    python3 -m sparsevid_lab.studies.motion_study --out OUT --part captions [--clips 16]
 
 * ``temporal``: does attention reach across frames? The share of each self-attention head's mass at each frame
   distance |f_query - f_key| (0: the query's own frame), on noisy clips of the model's data at the probe's
   noise levels, beside uniform attention; Wan's heads specialise into spatial (own frame) and temporal ones
   (runs on the CPU in minutes). Also writes OUT/motion_temporal.png.
 
-    python3 -m benchmarks.motion_study --out OUT --part temporal [--clips 16]
+    python3 -m sparsevid_lab.studies.motion_study --out OUT --part temporal [--clips 16]
 
 * ``tracks``: how do the model's objects move? For each captioned motion, one-object captions drawn from the
   model's data, sampled with the model's own sampler, each object's centroid track read by the faithfulness
@@ -35,14 +35,14 @@ Two parts, each on one GPU:
   captions: do the objects stand still, move the wrong way, or move too little? (runs on the CPU: about two
   minutes per motion at 4 clips).
 
-    python3 -m benchmarks.motion_study --out OUT --part tracks [--clips 4]
+    python3 -m sparsevid_lab.studies.motion_study --out OUT --part tracks [--clips 4]
 
 * ``scratch``: can this architecture learn a captioned direction at all? A small model of it (4 layers, 2 heads
   of 64, 1.5M parameters) trained from scratch on the simplest data, 8 x 32 x 32 clips of one object sliding
   left, right, up or down on a plain background, then read as in ``tracks`` (runs on the CPU at about 1.9 s a
   step at batch 16).
 
-    python3 -m benchmarks.motion_study --out OUT --part scratch --seconds 1800 --batch-size 16 --lr 5e-4
+    python3 -m sparsevid_lab.studies.motion_study --out OUT --part scratch --seconds 1800 --batch-size 16 --lr 5e-4
 
 Writes OUT/motion_<part>.json and OUT/motion_<part>.md (sampler, train: one row per setting, faithfulness
 overall and per attribute over the evaluation captions x seeds; captions: one row per noise level; temporal:

@@ -14,7 +14,7 @@ Calibration: each setting's free budget (``per-step``: topk; the growing ones: t
 the first caption and seed until the mean sparsity over all self-attention calls of the sampling run
 (dense calls count 0) is within ``--tolerance`` of ``--sparsity``.
 
-Measurement: the quality harness (``sparsevid.eval.harness.run_harness``) samples every caption x seed
+Measurement: the quality harness (``sparsevid_lab.eval.harness.run_harness``) samples every caption x seed
 densely and under each setting, plus ``dense``, every step dense through the sparse processors so that its
 attention is timed the same way. Per setting: mean sparsity, PSNR / SSIM against the dense clips, attention
 recall and relative L1 on the dense run's q, k, v at every step of the first ``--probe-clips`` clips (masks
@@ -23,9 +23,9 @@ stats, CUDA events on a GPU, search included), the search time (``predict_ms``) 
 
 Writes results.json, table.md and first_clip.{gif,png} (dense, then each setting) under --out.
 
-    python -m benchmarks.training_free_quality --out benchmarks/results/training_free_quality_h200
+    python -m sparsevid_lab.studies.training_free_quality --out lab/results/training_free_quality_h200
     # CPU check of the same code path (an untrained tiny model; timings meaningless):
-    python -m benchmarks.training_free_quality --out /tmp/tfq --tiny --device cpu --captions 2 --seeds 0 \\
+    python -m sparsevid_lab.studies.training_free_quality --out /tmp/tfq --tiny --device cpu --captions 2 --seeds 0 \\
         --steps 6 --sparsity 0.5 --final-topk 0.25 --refresh-interval 2 --tolerance 0.1
 """
 from __future__ import annotations
