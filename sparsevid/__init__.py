@@ -1,5 +1,6 @@
 """sparsevid: block-sparse attention for video diffusion transformers."""
-from .ops import MaskStats, PredictSettings, SparseMask, block_sparse_attention, predict_mask, random_block_mask, tile_permutation
+from .ops import (MaskStats, PredictSettings, SparseMask, block_sparse_attention, predict_mask, random_block_mask,
+                  tile_permutation)
 from .plan import SparseConfig
 from .integration import (apply_sparse_attention, attention_stats, dense_attention, denoising_step, forward_stats,
                           is_sparse, remove_sparse_attention, reset_denoising_step, set_collect_stats,

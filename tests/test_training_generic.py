@@ -106,7 +106,8 @@ def test_distill_trains_a_tiny_wan_and_the_student_loads_back(tmp_path, objectiv
     if objective == "distill":  # it learns the teacher's velocity under sparse attention
         assert velocity_error(trained, dense_velocity, heldout)["overall"] < before
     record = json.loads((out / "student.json").read_text())
-    assert record["trainable"] == "attention" and record["steps"] == 25 and record["transformer"] == "WanTransformer3DModel"
+    assert record["trainable"] == "attention" and record["steps"] == 25
+    assert record["transformer"] == "WanTransformer3DModel"
     fresh, _ = build("wan")  # the same base weights (seeded)
     config = load_student(fresh, out)
     assert config == SPARSE and sv.is_sparse(fresh)

@@ -20,7 +20,7 @@ for procs in 1 "$GPUS"; do
         --out "$OUT/procs$procs" --objective distill --config "rule=hybrid,topk=0.05,topp=0.9" --data procedural \
         --data-seed 1 --batch-size "$BATCH" --max-steps "$STEPS" --warmup 10 --log-every 10 \
         --checkpoint-every 1000 --no-progress --device "$DEVICE" $MODEL_ARGS
-    # The check reads log.jsonl and builtin.json only: drop the weights so the output stays small.
+    # The check reads log.jsonl and student.json only: drop the weights so the output stays small.
     rm -f "$OUT/procs$procs"/*.safetensors
 done
 "$PYTHON" -m sparsevid_lab.studies.compare_ddp "$OUT/procs1" "$OUT/procs$GPUS" --out "$OUT"

@@ -48,7 +48,8 @@ def run(args) -> int:
 
     try:
         data = LatentDirectory(args.data, seed=args.data_seed)
-        config = DistillConfig(objective=args.objective, sparse=SparseConfig() if args.sparse is None else parse_config(args.sparse), trainable=args.trainable,
+        sparse = SparseConfig() if args.sparse is None else parse_config(args.sparse)
+        config = DistillConfig(objective=args.objective, sparse=sparse, trainable=args.trainable,
                                batch_size=args.batch_size, seed=args.seed, shift=args.shift, null_prob=args.null_prob,
                                gradient_checkpointing=args.gradient_checkpointing)
         loop = LoopConfig(lr=args.lr, warmup_steps=args.warmup, ema_decay=None, max_steps=args.steps,

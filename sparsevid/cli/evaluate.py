@@ -12,7 +12,8 @@ def add_parser(subparsers) -> None:
                "predicted velocity and the flow-matching loss on fixed held-out (latents, noise, noise level) "
                "triples, per noise-level bin; for a training-free setting (--sparse) or a student (--student).")
     p = subparsers.add_parser("evaluate", description=summary, help="Velocity error of sparse attention vs dense.")
-    p.add_argument("--model", required=True, help="the dense transformer: a transformer or pipeline folder, or a hub id")
+    p.add_argument("--model", required=True,
+                   help="the dense transformer: a transformer or pipeline folder, or a hub id")
     p.add_argument("--data", required=True, help="folder of held-out latent samples (sparsevid.training.latents)")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--sparse", type=config_spec_arg, help="a training-free setting: 'key=value,...' or JSON file")
@@ -35,7 +36,8 @@ def run(args) -> int:
     dtype = torch.bfloat16 if torch.device(args.device).type == "cuda" else torch.float32
     try:
         data = LatentDirectory(args.data)
-        heldout = heldout_set(data, args.per_bin, args.bins, indices=[i % len(data) for i in range(args.per_bin * args.bins)])
+        count = args.per_bin * args.bins  # samples are reused when the folder holds fewer
+        heldout = heldout_set(data, args.per_bin, args.bins, indices=[i % len(data) for i in range(count)])
         transformer = load_transformer(args.model, dtype=dtype, device=args.device).eval()
         dense = predict_velocities(transformer, heldout)
         if args.student is not None:

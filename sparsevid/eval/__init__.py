@@ -7,7 +7,8 @@ from .oracle import ORACLE_SPARSITIES, ExactTiles, OracleStudy, oracle_recall, p
 from .velocity import HELDOUT_SEED, HeldOutSet, heldout_loss, heldout_set, predict_velocities, velocity_error
 from .video_metrics import clip_similarity, psnr, ssim
 
-__all__ = ["HELDOUT_SEED", "ORACLE_SPARSITIES", "ExactTiles", "HeldOutSet", "heldout_loss", "heldout_set", "predict_velocities",
+__all__ = ["HELDOUT_SEED", "ORACLE_SPARSITIES", "ExactTiles", "HeldOutSet", "heldout_loss", "heldout_set",
+           "predict_velocities",
            "velocity_error", "OracleStudy", "attention_recall", "calibrate_rules", "calibrate_topp",
            "check_targets", "clip_similarity", "cosine_similarity", "mean_sparsity", "oracle_recall",
            "predicted_recall", "psnr", "relative_l1", "sparse_output_error", "ssim", "tiles_for_sparsity"]

@@ -44,7 +44,8 @@ def check_targets(targets: Sequence[float]) -> None:
         raise ValueError(f"targets must be sparsities in (0, 1), got {targets!r}")
 
 
-def calibrate_rules(calls, targets: Sequence[float], block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K) -> dict:
+def calibrate_rules(calls, targets: Sequence[float], block_q: int = DEFAULT_BLOCK_Q,
+                    block_k: int = DEFAULT_BLOCK_K) -> dict:
     """{label: SparseConfig}: top-k, top-p and hybrid at every target sparsity in ``targets`` (each in (0, 1)),
     calibrated on recorded ``calls`` (:func:`record_video_attention`); labels like "topp 90%"."""
     from ..plan import SparseConfig

@@ -57,7 +57,8 @@ class ExactTiles:
 
     @classmethod
     @torch.no_grad()
-    def measure(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+    def measure(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int = DEFAULT_BLOCK_Q,
+                block_k: int = DEFAULT_BLOCK_K,
                 scale: float | None = None, backend: str = "auto") -> "ExactTiles":
         """Run ``block_sparse_attention`` with a full mask on q [B, H, N, D], k, v [B, H, M, D]."""
         full = SparseMask.full(q.shape[2], k.shape[2], block_q, block_k, device=q.device)
@@ -97,7 +98,8 @@ class ExactTiles:
 
 @torch.no_grad()
 def oracle_recall(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sparsities: Sequence[float] = ORACLE_SPARSITIES,
-                  block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K, scale: float | None = None, backend: str = "auto",
+                  block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K, scale: float | None = None,
+                  backend: str = "auto",
                   masks: dict[str, SparseMask] | None = None) -> dict:
     """Oracle recall and output error of one attention call, and predicted masks beside them.
 

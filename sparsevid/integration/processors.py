@@ -4,7 +4,7 @@
 unchanged. Sparse decisions run a copy of it (pinned to diffusers' native attention backend) while a
 torch-function mode routes its one ``scaled_dot_product_attention`` call to :meth:`SparseAttnProcessor._attend`,
 which runs in a straight line: the layer's runtime (``sparsevid.schedules.runtime``) gives the mask, the
-joint core (:func:`~sparsevid.models.joint_attention.joint_sparse_attention`) attends under it, the runtime
+joint core (:func:`~sparsevid.integration.joint_attention.joint_sparse_attention`) attends under it, the runtime
 records what the next step's mask needs. Projections, norms, RoPE and output layers therefore stay diffusers'
 code, whatever the model or diffusers version.
 """

@@ -6,6 +6,7 @@ from .refine import select_from_mass
 from .settings import PredictSettings
 from .tiling import tile_permutation, tile_tokens, untile_tokens
 
-__all__ = ["DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "BACKENDS", "SparseMask", "block_sparse_attention", "num_blocks", "random_block_mask", "MaskStats",
+__all__ = ["DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q",
+           "BACKENDS", "SparseMask", "block_sparse_attention", "num_blocks", "random_block_mask", "MaskStats",
            "PredictSettings", "predict_mask", "select_from_mass", "tile_permutation", "tile_tokens",
            "untile_tokens"]

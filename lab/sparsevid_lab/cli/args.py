@@ -93,7 +93,7 @@ def model_dir_arg(text: str) -> str:
     missing = [name for name in (WEIGHTS_FILE, CONFIG_FILE) if not (Path(text) / name).is_file()]
     if missing:
         raise argparse.ArgumentTypeError(f"{text!r} is not a model directory: {' and '.join(missing)} not found "
-                                         f"(`sparsevid train` and `sparsevid distill` write them)")
+                                         f"(`python -m sparsevid_lab train` writes them)")
     return text
 
 

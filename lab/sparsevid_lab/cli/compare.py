@@ -1,5 +1,5 @@
-"""``sparsevid compare``: sparse students (shipped assets or ``sparsevid distill`` outputs) and training-free sparse
-configurations against the dense reference model, by PSNR / SSIM of clips sampled from the same captions
+"""``python -m sparsevid_lab compare``: sparse students (student folders, shipped or written by ``distill``) and
+training-free sparse configurations against the dense reference model, by PSNR / SSIM of clips sampled from the same captions
 and seeds (Markdown table + JSON)."""
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from .args import (CommandError, clip_arg, config_spec_arg, default_device, devi
 
 
 def add_parser(subparsers) -> None:
-    summary = ("Compare distilled sparse students (`sparsevid distill` outputs) and training-free sparse settings "
-               "with the dense model: PSNR and SSIM of clips sampled from the same captions and seeds, as a "
+    summary = ("Compare distilled sparse students (`python -m sparsevid_lab distill` outputs) and training-free "
+               "sparse settings with the dense model: PSNR and SSIM of clips sampled from the same captions and seeds, as a "
                "Markdown table and JSON.")
     p = subparsers.add_parser("compare", description=summary,
                               help="Compare distilled students and training-free sparse settings with the dense model.")
     p.add_argument("--student", type=student_arg, action="append", default=[], metavar="LABEL=DIR",
-                   help="a sparse student and its label: a student asset (student.json and student.safetensors, "
-                        "checked against the reference model's weights) or a `sparsevid distill` output directory "
-                        "(builtin.* and sparse_config.json); repeatable")
+                   help="a sparse student and its label: a student folder (student.json and student.safetensors, as "
+                        "`python -m sparsevid_lab distill` writes them; checked against the reference model's "
+                        "weights); repeatable")
     p.add_argument("--training-free", type=config_spec_arg, action="append", default=[], metavar="SPEC",
                    help="a sparse setting applied to the dense model without training, SparseConfig fields as "
                         "'key=value,...' or a JSON file; repeatable")
@@ -39,7 +39,7 @@ def add_parser(subparsers) -> None:
 
 
 def student_arg(spec: str) -> str:
-    """``--student``: LABEL=DIR, DIR a student asset or a `sparsevid distill` output."""
+    """``--student``: LABEL=DIR, DIR a student folder."""
     label, sep, directory = spec.partition("=")
     if not sep or not label or not directory:
         raise argparse.ArgumentTypeError(f"expected LABEL=DIR, got {spec!r}")

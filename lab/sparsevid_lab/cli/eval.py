@@ -1,5 +1,5 @@
-"""``sparsevid eval``: the quality yardsticks. Samples fixed captions and seeds with dense attention and with
-each sparse configuration, and reports sparsity, PSNR/SSIM against dense beside the noise floor (dense through
+"""``python -m sparsevid_lab eval``: the quality yardsticks. Samples fixed captions and seeds with dense attention
+and with each sparse configuration, and reports sparsity, PSNR/SSIM against dense beside the noise floor (dense through
 the sparse kernel with every tile kept), caption faithfulness, velocity error and held-out flow-matching loss
 per noise level, predicted and oracle attention recall per layer, and wall time (Markdown tables, JSON, PNG
 plots)."""

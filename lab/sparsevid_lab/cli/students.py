@@ -1,5 +1,5 @@
-"""Sparse students as the commands take them (``--student DIR``): a student folder (``sparsevid distill`` or
-``python -m sparsevid_lab distill`` output, or a shipped one) over the dense weights of the command's model."""
+"""Sparse students as the commands take them (``--student DIR``): a student folder (written by ``distill``, or a
+shipped one) over the dense weights of the command's model."""
 from __future__ import annotations
 
 import copy

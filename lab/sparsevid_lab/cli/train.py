@@ -1,4 +1,5 @@
-"""``sparsevid train``: train the built-in video DiT with the rectified-flow objective on procedural clips."""
+"""``python -m sparsevid_lab train``: train the built-in video DiT with the rectified-flow objective on procedural
+clips."""
 from __future__ import annotations
 
 import json

@@ -3,7 +3,7 @@
 Each clip shows 1..max_objects shapes (circle, square, diamond, ring) of different colours, sizes and
 textures moving over a shaded background: sliding left/right/up/down, bouncing off the walls, or
 circling. Objects are drawn in order, so later objects occlude earlier ones. The caption (see
-:mod:`sparsevid.data.grammar`) names every object and the background.
+:mod:`sparsevid_lab.data.grammar`) names every object and the background.
 
 With ``background_texture > 0`` the background carries a smooth random texture (a sum of sinusoidal
 gratings at several scales) that modulates its brightness, and with ``pan > 0`` the texture slides as

@@ -22,7 +22,7 @@ def _check_indices(indices: Sequence[int]) -> None:
 
 
 class ProceduralSource:
-    """Procedural clips (:class:`~sparsevid.data.ProceduralVideos`), clip ``i`` drawn from its own seed.
+    """Procedural clips (:class:`~sparsevid_lab.data.ProceduralVideos`), clip ``i`` drawn from its own seed.
 
     ``seed`` makes the stream differ from pre-training (which drew batches from one sequential generator).
     ``clips``: a fixed set of that many distinct clips (index ``i`` shows clip ``i % clips``, as epochs over a

@@ -17,7 +17,7 @@ MANIFEST = "cache.json"
 def teacher_cache(model, directory: str | Path, count: int, seed: int = 0, steps: int | None = None,
                   guidance: float | None = None, batch_size: int = 8, rank: int = 0, world_size: int = 1,
                   progress: bool = False) -> DirectorySource:
-    """Sample ``count`` clips from ``model`` (a dense :class:`~sparsevid.models.BuiltinVideoDiT`) into
+    """Sample ``count`` clips from ``model`` (a dense :class:`~sparsevid_lab.model.builtin.BuiltinVideoDiT`) into
     ``directory`` and return them as a :class:`DirectorySource`.
 
     Clip ``i`` has the caption of procedural clip ``i`` (seed ``seed``) and its own initial-noise seed; the

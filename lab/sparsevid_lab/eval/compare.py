@@ -11,7 +11,7 @@ def compare_to_reference(reference, candidates: dict, captions: Sequence[str], s
                          steps: int | None = None, guidance: float | None = None) -> dict:
     """PSNR / SSIM of each candidate's clips against ``reference``'s dense clips.
 
-    reference: a dense :class:`~sparsevid.models.BuiltinVideoDiT`; candidates: {label: (model, SparseConfig)}
+    reference: a dense :class:`~sparsevid_lab.model.builtin.BuiltinVideoDiT`; candidates: {label: (model, SparseConfig)}
     (the model may be ``reference`` itself; sparse attention is applied for the candidate's run and
     removed after). Every caption is sampled with every seed, one clip at a time. Returns {"reference":
     {"seconds"}, "candidates": {label: {"config", "sparsity" (mean over its self-attention calls), "psnr",

@@ -1,7 +1,7 @@
 """Caption faithfulness of procedural clips: does a clip show what its grammar caption says?
 
-Every attribute of a caption of :mod:`sparsevid.data.grammar` can be read back from the pixels of a
-clip drawn like :class:`sparsevid.data.ProceduralVideos` draws them, with no learned weights:
+Every attribute of a caption of :mod:`sparsevid_lab.data.grammar` can be read back from the pixels of a
+clip drawn like :class:`sparsevid_lab.data.ProceduralVideos` draws them, with no learned weights:
 
 - **background**: the clip's background colour is the per-channel median of the pixels divided by the
   renderer's vertical shading (pixels close to an object colour left out), recomputed over the pixels
@@ -94,7 +94,7 @@ def faithfulness(video: torch.Tensor, captions: list[str]) -> list[dict]:
 
     Args:
         video: float [B, 3, T, H, W] in [-1, 1], T >= 2, any resolution.
-        captions: B grammar captions (see :mod:`sparsevid.data.grammar`), one per clip.
+        captions: B grammar captions (see :mod:`sparsevid_lab.data.grammar`), one per clip.
 
     Returns:
         One dict per clip, every score in [0, 1]: ``"overall"`` (mean of the five attribute scores

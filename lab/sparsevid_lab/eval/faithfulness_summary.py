@@ -1,5 +1,5 @@
 """Caption faithfulness of a set of clips, summarised: the mean overall score and the mean of every attribute
-(:func:`sparsevid.eval.faithfulness.faithfulness` scores each clip)."""
+(:func:`sparsevid_lab.eval.faithfulness.faithfulness` scores each clip)."""
 from __future__ import annotations
 
 import numbers

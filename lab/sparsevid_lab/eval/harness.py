@@ -130,7 +130,7 @@ class SelfAttentionProbe:
 
 def timed_generate(model, captions: Sequence[str], seeds: Sequence[int], steps: int | None, guidance: float | None,
                    on_step=None, progress: bool | str = False) -> tuple[torch.Tensor, float]:
-    """Clips float32 [B, 3, T, H, W] sampled by :func:`~sparsevid.models.sampling.generate` (``progress``: its
+    """Clips float32 [B, 3, T, H, W] sampled by :func:`~sparsevid_lab.model.sampling.generate` (``progress``: its
     per-step progress bar), and the wall time in seconds (the device is synchronised before the clock starts;
     ``generate`` returns CPU tensors)."""
     from ..model.sampling import generate

@@ -51,8 +51,8 @@ def oracle_study_of_model(model, captions: Sequence[str], seeds: Sequence[int], 
                           sparsities: Sequence[float] = ORACLE_SPARSITIES, configs: dict | None = None,
                           on_probe: Callable[[], None] | None = None, **study_options) -> dict:
     """:meth:`OracleStudy.summary` over the dense generation of every (caption, seed) pair by ``model`` (a dense
-    :class:`~sparsevid.models.BuiltinVideoDiT`), probing its video self-attentions at ``probe_steps`` (default:
-    first, middle, last). ``on_probe()`` is called after each probed step of each clip. ``study_options``:
+    :class:`~sparsevid_lab.model.builtin.BuiltinVideoDiT`), probing its video self-attentions at ``probe_steps``
+    (default: first, middle, last). ``on_probe()`` is called after each probed step of each clip. ``study_options``:
     further :class:`OracleStudy` fields (tile, block_q, block_k, backend)."""
     if is_sparse(model.transformer):
         raise ValueError("model must run dense attention (remove its sparse attention first)")

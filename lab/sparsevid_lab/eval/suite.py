@@ -1,15 +1,16 @@
-"""Every quality yardstick of dense and sparse configurations in one run (what ``sparsevid eval`` reports).
+"""Every quality yardstick of dense and sparse configurations in one run (what ``python -m sparsevid_lab eval``
+reports).
 
-On top of the sampling harness (:func:`~sparsevid.eval.harness.run_harness`: sparsity, PSNR / SSIM against
+On top of the sampling harness (:func:`~sparsevid_lab.eval.harness.run_harness`: sparsity, PSNR / SSIM against
 dense, time) it measures, for the dense model, the "every tile kept" path and every configuration:
 
 * the **noise floor** (:mod:`~sparsevid.eval.noise_floor`): PSNR / SSIM of dense clips sampled through the
   block-sparse kernel with every tile kept, against the SDPA dense clips;
 * the **velocity error** against the reference's velocity and the **held-out flow-matching loss**, per
-  noise-level bin, on fixed held-out triples (:mod:`~sparsevid.eval.heldout`), no sampling involved;
+  noise-level bin, on fixed held-out triples (:mod:`~sparsevid_lab.eval.heldout`), no sampling involved;
 * **oracle recall** per layer and probed step (:mod:`~sparsevid.eval.oracle`): the mass of the exact top tiles
   over a sparsity grid, with each configuration's predicted recall and its ceiling beside it;
-* **caption faithfulness** of the sampled clips (:mod:`~sparsevid.eval.faithfulness`: what the pixels show
+* **caption faithfulness** of the sampled clips (:mod:`~sparsevid_lab.eval.faithfulness`: what the pixels show
   against what the caption says, from the procedural ground truth).
 """
 from __future__ import annotations

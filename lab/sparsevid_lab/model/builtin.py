@@ -160,7 +160,7 @@ def load_builtin(directory: str | Path | None = None, device: torch.device | str
     weights, config_path = directory / WEIGHTS_FILE, directory / CONFIG_FILE
     for path in (weights, config_path):
         if not path.is_file():
-            raise FileNotFoundError(f"{path} not found (train the model with `python -m sparsevid train`)")
+            raise FileNotFoundError(f"{path} not found (train the model with `python -m sparsevid_lab train`)")
     model = BuiltinVideoDiT(json.loads(config_path.read_text()))
     model.load_state_dict(load_file(str(weights)))  # copied into the fp32 parameters, cast on the way
     return model.to(device, dtype).eval()

@@ -37,7 +37,7 @@ def generate(model, captions: Sequence[str], seeds: Sequence[int], steps: int | 
              on_step: Callable[[int, float], None] | None = None, progress: bool | str = False) -> torch.Tensor:
     """Clips for ``captions`` from the noise of ``seeds``: float32 [B, 3, T, H, W] in [-1, 1] on the CPU.
 
-    model: a :class:`~sparsevid.models.builtin.BuiltinVideoDiT` (its device and dtype are used).
+    model: a :class:`~sparsevid_lab.model.builtin.BuiltinVideoDiT` (its device and dtype are used).
     steps, guidance, shift, scheduler: sampler steps, CFG scale (1 = no guidance), the time shift and
     the scheduler (see :func:`make_scheduler`); None takes the model config's ``sampling`` defaults.
     ``on_step(i, t)`` is called before step ``i`` runs the model at noise level ``t`` in [0, 1].

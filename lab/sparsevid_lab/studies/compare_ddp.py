@@ -18,7 +18,7 @@ def load(run: Path) -> tuple[list[dict], dict]:
     rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
     if len(rows) < 3:
         raise SystemExit(f"{run}: fewer than 3 logged steps")
-    info = json.loads((run / "builtin.json").read_text())["distillation"]  # the summary distill() saves
+    info = json.loads((run / "student.json").read_text())  # the student record distill() writes, with its run
     return rows, info
 
 
