@@ -67,16 +67,109 @@ def test_demo_student_column_and_noise_floor_reuse(tmp_path, capsys, monkeypatch
     assert "noise floor not measured" in capsys.readouterr().out
 
 
+def ink(image: np.ndarray) -> np.ndarray:
+    """Where ``image`` [H, W, 3 or 4] is dark (text on white): bool [H, W]."""
+    return image[..., :3].min(axis=-1) < 128
+
+
+def text_lines(dark: np.ndarray) -> int:
+    """How many separate bands of rows of the bool mask ``dark`` [H, W] hold dark pixels: its lines of text."""
+    inked = dark.any(axis=1).astype(int)
+    return int(inked[0] + (np.diff(inked) == 1).sum())
+
+
 def test_clip_header_names_each_clip_and_fits_the_caption():
     """The header band is white with dark text over each clip and one caption wider than the clips wraps."""
     from sparsevid_lab.eval.media import header
 
-    band = header(200, 99, 2, labels=["dense", "sparse hybrid 90%"], caption="big red plain circle " * 6)
-    assert band.dtype == np.uint8 and band.shape[1] == 200 and band.shape[0] > 30  # caption lines + labels
-    dark = band.min(axis=-1) < 128
-    label_row = dark[-15:]  # the last line holds the labels, one over each clip
-    assert label_row[:, :99].any() and label_row[:, 101:].any()
+    band = header(300, 149, 2, labels=["dense", "sparse hybrid 90%"], caption="big red plain circle " * 6)
+    assert band.dtype == np.uint8 and band.shape[1] == 300 and band.shape[0] > 30  # caption lines + labels
+    dark = ink(band)
+    label_row = dark[-20:]  # the last line holds the labels, one over each clip
+    assert label_row[:, :149].any() and label_row[:, 151:].any()
     assert dark.any(axis=1).sum() > 20 and (band[0] == 255).all()
+
+
+def test_clip_header_grows_to_hold_a_note_and_labels_of_several_lines():
+    """A note under the caption and labels of several lines (setting, sparsity, PSNR / SSIM) each add lines of
+    text to the band; each clip's lines stay over that clip, right of ``left`` (a frame margin)."""
+    from sparsevid_lab.eval.media import header
+
+    labels = ["dense (all tiles)\nthe reference",
+              "top-k 0.25\n75% of attention tiles skipped\nPSNR 15.07 dB, SSIM 0.6354"]
+    geometry = dict(width=540, clip_width=220, gap=8, left=90, caption="a caption")
+    note = "PSNR / SSIM vs the dense clip; noise floor 115.63 dB"
+    plain = header(**geometry, labels=["dense", "top-k 0.25"])
+    top = header(**geometry, note=note)
+    full = header(**geometry, labels=labels, note=note)
+    assert full.shape[1] == plain.shape[1] == 540 and full.shape[0] > top.shape[0] and full.shape[0] > plain.shape[0]
+    assert text_lines(ink(plain)) == 2 and text_lines(ink(top)) == 2 and text_lines(ink(full)) == 5
+    assert (full[:top.shape[0] - 4] == top[:top.shape[0] - 4]).all()  # the caption and note as without labels
+    below = ink(full[top.shape[0] - 4:])  # the labels only
+    assert not below[:, :90].any() and not below[:, 310:318].any()  # none over the margin or the gap
+    assert text_lines(below[:, 90:310]) == 2 and text_lines(below[:, 318:]) == 3
+
+
+def test_frame_margin_names_each_row():
+    """The margin beside a strip of frames has dark text in the middle of each row's band and white edges."""
+    from sparsevid_lab.eval.media import frame_margin
+
+    margin = frame_margin([1, 3, 5, 15], 64)
+    assert margin.dtype == np.uint8 and margin.shape[0] == 4 * 64 and 40 < margin.shape[1] < 120
+    dark = ink(margin)
+    for row in range(4):
+        band = dark[row * 64:(row + 1) * 64]
+        rows = np.flatnonzero(band.any(axis=1))
+        assert rows.size and 20 < rows.mean() < 44, row  # text, centred in its band
+        assert not band[:8].any() and not band[-8:].any()
+    assert (dark.any(axis=0).nonzero()[0].max() > margin.shape[1] - 12)  # right-aligned next to the clips
+
+
+def test_write_clips_labels_rows_and_columns(tmp_path):
+    """With frame labels the strip and every GIF frame carry the margin left of the clips, one label per row of
+    the strip, under a header whose labels sit over the clips."""
+    import imageio.v2 as imageio
+    import torch
+
+    from sparsevid_lab.eval.media import write_clips
+
+    videos = [torch.zeros(3, 6, 16, 16), torch.ones(3, 6, 16, 16)]  # grey and white clips of six frames
+    write_clips(videos, tmp_path / "bare", scale=2)
+    write_clips(videos, tmp_path / "named", scale=2, labels=["dense", "sparse\n75%"],
+                caption="a caption", note="a note", frame_labels=True)
+    bare, strip = (imageio.imread(tmp_path / f"{name}.png")[..., :3] for name in ("bare", "named"))
+    assert bare.shape == (3 * 32, 2 * 32 + 4, 3)  # frames 1, 3, 5; no margin, no header
+    width, top = strip.shape[1] - bare.shape[1], strip.shape[0] - bare.shape[0]
+    assert width > 30 and top > 40
+    assert (strip[top:, width:] == bare).all()  # the clips, unchanged, right of the margin under the header
+    margin = ink(strip[top:, :width])
+    assert all(margin[row * 32:(row + 1) * 32].any() for row in range(3))
+    assert text_lines(ink(strip[:top])) == 4  # caption, note, two label lines
+    gif = imageio.mimread(tmp_path / "named.gif")
+    assert len(gif) == 6 and all(frame.shape[:2] == (top + 32, strip.shape[1]) for frame in gif)
+    assert all(ink(frame[top:, :width]).any() for frame in gif)
+
+
+def test_demo_picture_labels_say_what_the_numbers_mean(tmp_path, monkeypatch):
+    """The demo hands the picture writer labels with the share of tiles skipped and PSNR / SSIM against the
+    dense clip, the noise floor (or that it was not measured) and frame labels."""
+    from sparsevid_lab.cli import demo
+    from sparsevid_lab.eval import media
+
+    calls = []
+    write = media.write_clips
+    monkeypatch.setattr(media, "write_clips", lambda *a, **k: calls.append(k) or write(*a, **k))
+    for floor in ("on", "off"):
+        assert main(["demo", "--tiny", "--out", str(tmp_path), "--steps", "2", "--noise-floor", floor]) == 0
+    runs = json.loads((tmp_path / "demo.json").read_text())["runs"]
+    measured, skipped = calls
+    sparse = runs["training-free top-k 0.25"]
+    assert measured["labels"][0].startswith("dense (all tiles)") and measured["frame_labels"]
+    assert measured["labels"][1].split("\n") == [
+        "training-free top-k 0.25", "75% of attention tiles skipped",
+        f"PSNR {sparse['psnr']:.2f} dB, SSIM {sparse['ssim']:.4f}"]
+    assert "noise floor" in measured["note"] and " dB / 1.0000 = dense through the sparse path" in measured["note"]
+    assert skipped["note"].endswith("noise floor not measured") and demo.DEFAULT_CAPTION in skipped["caption"]
 
 
 def test_eval_command_writes_table_json_and_plots(tmp_path, capsys):

@@ -1,6 +1,8 @@
-"""``sparsevid demo``: the built-in video DiT generates one clip densely and under a sparse attention setting;
+"""``python -m sparsevid_lab demo``: the built-in video DiT generates one clip densely and under a sparse attention setting;
 prints the wall and attention time of each run, the speed-ups, the sparsity and the similarity to the dense
-clip, and writes the clips side by side, each labelled, with the caption above (GIF + PNG strip)."""
+clip, and writes the clips side by side (GIF + PNG strip of every other frame): each column labelled with its
+setting, the share of attention tiles it skipped and its PSNR / SSIM against the dense clip, each row with its
+frame, and the caption and the noise floor above."""
 from __future__ import annotations
 
 import json
@@ -55,12 +57,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--clip", type=clip_arg, default=None, metavar="T,H,W",
                    help="clip frames, height, width (default: the model's own)")
     p.add_argument("--model", type=model_dir_arg, default=None,
-                   help="directory with builtin.safetensors and builtin.json, as `sparsevid train` or "
-                        "`sparsevid distill` write (without it: the shipped model)")
+                   help="directory with builtin.safetensors and builtin.json, as `python -m sparsevid_lab train` or "
+                        "`python -m sparsevid_lab distill` write (without it: the shipped model)")
     p.add_argument("--student", type=student_arg, default=AUTO, metavar="DIR",
-                   help="a sparse student for the third clip, sampled with its own sparse setting: a student asset "
-                        "(student.json and student.safetensors, fine-tuned from the --model weights) or a "
-                        "`sparsevid distill` output directory; 'auto' (default): the student shipped beside the "
+                   help="a sparse student for the third clip, sampled with its own sparse setting: a student folder "
+                        "(student.json and student.safetensors, fine-tuned from the --model weights, as `python -m "
+                        "sparsevid_lab distill` writes them); 'auto' (default): the student shipped beside the "
                         "model's weights (its sparse_student folder) if there is one; 'none': no student column")
     p.add_argument("--noise-floor", choices=("auto", "on", "off"), default="auto",
                    help="measure the noise floor (dense through the block-sparse path with every tile kept; one more "
@@ -164,7 +166,7 @@ def sample_run(model, config, caption: str, seed: int, steps: int, guidance: flo
 
 def compare_runs(runs: dict, caption: str) -> None:
     """Adds to every run its speed-ups, PSNR / SSIM against the dense clip and its caption faithfulness
-    (``sparsevid.eval.faithfulness``, overall in [0, 1]); the clips become [3, T, H, W]."""
+    (``sparsevid_lab.eval.faithfulness``, overall in [0, 1]); the clips become [3, T, H, W]."""
     from ..eval.faithfulness import faithfulness
     from sparsevid.eval.video_metrics import psnr, ssim
 
@@ -249,8 +251,22 @@ def noise_floor_line(runs: dict, floor: dict | None, reused: bool) -> str:
             f"(dense through the block-sparse path with every tile kept, {source})")
 
 
-def clip_label(label: str, sparsity: float) -> str:
-    return label if label == DENSE else f"{label} {sparsity:.0%}"
+def clip_label(label: str, run: dict) -> str:
+    """The label over a clip in the picture (lines apart by newlines): what the clip is, the share of attention
+    tiles it skipped and, for a sparse clip, its PSNR / SSIM against the dense clip."""
+    if label == DENSE:
+        return "dense (all tiles)\nthe reference"
+    return (f"{label}\n{run['sparsity']:.0%} of attention tiles skipped\n"
+            f"PSNR {run['psnr']:.2f} dB, SSIM {run['ssim']:.4f}")
+
+
+def picture_note(floor: dict | None) -> str:
+    """The header line of the picture that says what the numbers under the labels are, with the noise floor
+    (or that this run did not measure it)."""
+    if floor is None:
+        return "PSNR / SSIM vs the dense clip (higher = closer); noise floor not measured"
+    return (f"PSNR / SSIM vs the dense clip (higher = closer); noise floor {floor['psnr']:.2f} dB / "
+            f"{floor['ssim']:.4f} = dense through the sparse path with every tile kept")
 
 
 def run(args) -> int:
@@ -287,7 +303,8 @@ def run(args) -> int:
     print(MEANING)
     clips = {label: r for label, r in runs.items() if label != NOISE_FLOOR}
     paths = write_clips([r["clip"] for r in clips.values()], out / "dense_vs_sparse",
-                        labels=[clip_label(label, r["sparsity"]) for label, r in clips.items()], caption=args.caption)
+                        labels=[clip_label(label, r) for label, r in clips.items()],
+                        caption=f'caption: "{args.caption}"', note=picture_note(floor), frame_labels=True)
     rows = {label: {k: v for k, v in r.items() if k != "clip"} for label, r in runs.items()}
     if reused:
         rows[NOISE_FLOOR] = floor
