@@ -1,6 +1,6 @@
 """``python -m sparsevid_lab compare``: sparse students (student folders, shipped or written by ``distill``) and
-training-free sparse configurations against the dense reference model, by PSNR / SSIM of clips sampled from the same captions
-and seeds (Markdown table + JSON)."""
+training-free sparse configurations against the dense reference model, by PSNR / SSIM of clips sampled from the
+same captions and seeds (Markdown table + JSON)."""
 from __future__ import annotations
 
 import argparse
