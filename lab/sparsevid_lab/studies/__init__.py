@@ -1,1 +1,3 @@
-"""TODO"""
+"""Studies on the built-in model, each run as ``python -m sparsevid_lab.studies.<name>``: the claims grid and its
+report, the motion study, the builtin study, training-free quality, faithfulness validation, the hybrid split, the
+built-in quality table and the data-parallel comparison. Results live in ``lab/results/``."""
