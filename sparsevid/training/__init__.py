@@ -5,7 +5,7 @@ atomic checkpoints and the student format (:mod:`.student`)."""
 from .checkpoint import load_training_state, save_safetensors_atomic, save_training_state, write_text_atomic
 from .distill import DistillConfig, DistillResult, distill
 from .distributed import barrier, is_main_process, setup, teardown
-from .draws import STREAM_DATA, STREAM_NOISE, STREAM_SHUFFLE, STREAM_TEACHER, sample_generator, sample_seed
+from .draws import STREAM_DATA, STREAM_NOISE, STREAM_SHUFFLE, STREAM_TEACHER, EpochOrder, sample_generator, sample_seed
 from .ema import EMA
 from .flow import flow_matching_loss, noisy, sample_t, shift_t, weighted_squared_error
 from .latents import LatentBatch, LatentDirectory, check_indices, write_latent_sample, write_null_text
@@ -15,7 +15,7 @@ from .student import (STUDENT_CONFIG, STUDENT_WEIGHTS, TRAINABLE, base_fingerpri
 from .velocity import DenseTeacher, predict_velocity
 
 __all__ = ["EMA", "STREAM_DATA", "STREAM_NOISE", "STREAM_SHUFFLE", "STREAM_TEACHER", "STUDENT_CONFIG",
-           "STUDENT_WEIGHTS", "TRAINABLE", "DenseTeacher", "DistillConfig", "DistillResult", "LatentBatch",
+           "STUDENT_WEIGHTS", "TRAINABLE", "DenseTeacher", "EpochOrder", "DistillConfig", "DistillResult", "LatentBatch",
            "LatentDirectory", "LoopConfig", "TrainResult", "barrier", "base_fingerprint", "check_indices", "distill",
            "flow_matching_loss", "is_main_process", "learning_rate", "load_student", "load_training_state", "noisy",
            "predict_velocity", "read_student", "sample_generator", "sample_seed", "sample_t",

@@ -23,3 +23,22 @@ def sample_seed(seed: int, index: int, stream: int) -> int:
 def sample_generator(seed: int, index: int, stream: int) -> torch.Generator:
     """A CPU generator for sample ``index`` of ``stream`` (see :func:`sample_seed`)."""
     return torch.Generator().manual_seed(sample_seed(seed, index, stream))
+
+
+class EpochOrder:
+    """Epochs over ``count`` items, each in a fresh random order seeded by ``seed``: global index ``i`` is position
+    ``i % count`` of epoch ``i // count``'s permutation (the current epoch's permutation is kept)."""
+
+    def __init__(self, count: int, seed: int = 0):
+        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"count must be a positive int, got {count!r}")
+        self.count, self.seed = count, seed
+        self._epoch, self._order = None, []
+
+    def __call__(self, index: int) -> int:
+        """The item that global index ``index`` visits."""
+        epoch, position = divmod(index, self.count)
+        if epoch != self._epoch:
+            generator = sample_generator(self.seed, epoch, STREAM_SHUFFLE)
+            self._epoch, self._order = epoch, torch.randperm(self.count, generator=generator).tolist()
+        return self._order[position]

@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from .checkpoint import save_safetensors_atomic
-from .draws import STREAM_SHUFFLE, sample_generator
+from .draws import EpochOrder
 
 SAMPLE_PREFIX, NULL_FILE = "sample_", "null.safetensors"
 LATENTS, TEXT, TEXT_MASK, EXTRA = "latents", "text", "text_mask", "extra."
@@ -132,18 +132,14 @@ class LatentDirectory:
         with safe_open(str(self.files[0]), framework="pt") as f:
             self.latent_shape = tuple(f.get_slice(LATENTS).get_shape())
             self.text_shape = tuple(f.get_slice(TEXT).get_shape())
-        self._orders: dict[int, list[int]] = {}
+        self.order = EpochOrder(len(self.files), seed)
 
     def __len__(self) -> int:
         return len(self.files)
 
     def file(self, index: int) -> Path:
         """The file that global sample ``index`` reads."""
-        epoch, position = divmod(index, len(self.files))
-        if epoch not in self._orders:
-            generator = sample_generator(self.seed, epoch, STREAM_SHUFFLE)
-            self._orders = {epoch: torch.randperm(len(self.files), generator=generator).tolist()}
-        return self.files[self._orders[epoch][position]]
+        return self.files[self.order(index)]
 
     def batch(self, indices: Sequence[int], device: torch.device | str = "cpu") -> LatentBatch:
         from safetensors.torch import load_file

@@ -12,13 +12,9 @@ from typing import Sequence
 
 import torch
 
-from sparsevid.training import STREAM_DATA, STREAM_SHUFFLE, sample_generator
+from sparsevid.training import STREAM_DATA, EpochOrder, check_indices, sample_generator
 
 from .clipfiles import list_clip_files, read_clip
-
-def _check_indices(indices: Sequence[int]) -> None:
-    if not indices or not all(isinstance(i, int) and i >= 0 for i in indices):
-        raise ValueError(f"indices must be a non-empty list of ints >= 0, got {indices!r}")
 
 
 class ProceduralSource:
@@ -46,7 +42,7 @@ class ProceduralSource:
         return self.data.render(scenes, device), scenes.captions()
 
     def _scenes(self, indices: Sequence[int]):
-        _check_indices(indices)
+        check_indices(indices)
         if self.distinct is not None:
             indices = [i % self.distinct for i in indices]
         parts = [self.data.sample_scenes(1, sample_generator(self.seed, i, STREAM_DATA)) for i in indices]
@@ -60,7 +56,7 @@ class ProceduralSource:
 
 
 class DirectorySource:
-    """Clip files in a directory (format: :mod:`sparsevid.training.clipfiles`), visited in a fresh random
+    """Clip files in a directory (format: :mod:`sparsevid_lab.data.clipfiles`), visited in a fresh random
     order every epoch: index ``i`` is position ``i % n`` of epoch ``i // n``'s permutation."""
 
     def __init__(self, directory: str | Path, seed: int = 0):
@@ -69,21 +65,17 @@ class DirectorySource:
         self.seed = seed
         first, _ = read_clip(self.files[0])
         self.clip_shape = tuple(first.shape)
-        self._orders: dict[int, list[int]] = {}
+        self.order = EpochOrder(len(self.files), seed)
 
     def __len__(self) -> int:
         return len(self.files)
 
     def file(self, index: int) -> Path:
         """The file that sample ``index`` reads."""
-        epoch, position = divmod(index, len(self.files))
-        if epoch not in self._orders:
-            generator = sample_generator(self.seed, epoch, STREAM_SHUFFLE)
-            self._orders = {epoch: torch.randperm(len(self.files), generator=generator).tolist()}
-        return self.files[self._orders[epoch][position]]
+        return self.files[self.order(index)]
 
     def clips(self, indices: Sequence[int], device: torch.device | str = "cpu"):
-        _check_indices(indices)
+        check_indices(indices)
         videos, captions = [], []
         for index in indices:
             path = self.file(index)
