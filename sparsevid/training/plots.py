@@ -26,14 +26,17 @@ def save_figure(fig, path: str | Path) -> Path:
 
 def plot_loss(history: list[dict], path: str | Path, title: str = "training loss",
               ylabel: str = "flow-matching loss (MSE)") -> Path:
-    """Draw loss against step (log scale) from ``history`` rows with "step" and "loss" into a PNG."""
+    """Draw loss against step from ``history`` rows with "step" and "loss" into a PNG (log scale when every loss is
+    positive)."""
     if not history:
         raise ValueError("history is empty")
+    losses = [r["loss"] for r in history]
     fig, ax = pyplot().subplots(figsize=(6, 3.5), dpi=120)
-    ax.plot([r["step"] for r in history], [r["loss"] for r in history], lw=1.2)
+    ax.plot([r["step"] for r in history], losses, lw=1.2)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
-    ax.set_yscale("log")
+    if min(losses) > 0:
+        ax.set_yscale("log")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
