@@ -13,6 +13,7 @@ from sparsevid.eval import heldout_loss, heldout_set, predict_velocities, veloci
 from sparsevid.training import (DenseTeacher, DistillConfig, LatentBatch, LatentDirectory, LoopConfig,  # noqa: E402
                                 distill, load_student, predict_velocity, trainable_names, write_latent_sample,
                                 write_null_text)
+from sparsevid.training.lora import adapters_off  # noqa: E402
 
 from tiny_models import build  # noqa: E402
 
@@ -181,6 +182,46 @@ def test_cli_distill_and_evaluate_on_a_saved_transformer(tmp_path, capsys):
                  "--out", str(tmp_path / "eval.json")]) == 0
     result = json.loads((tmp_path / "eval.json").read_text())
     assert result["velocity_error"]["overall"] > 0 and len(result["velocity_error"]["per_bin"]) == 2
+    assert main(["distill", "--model", str(tmp_path / "model"), "--data", str(data), "--out", str(tmp_path / "lora"),
+                 "--sparse", spec, "--steps", "2", "--batch-size", "2", "--trainable", "lora", "--lora-rank", "2",
+                 "--device", "cpu"]) == 0
+    assert json.loads((tmp_path / "lora" / "student.json").read_text())["lora"]["rank"] == 2
     assert main(["distill", "--model", str(tmp_path / "nothing"), "--data", str(data), "--out",
                  str(tmp_path / "o2"), "--steps", "1", "--device", "cpu"]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_lora_student_trains_adapters_only_and_merges_into_its_base(tmp_path):
+    """trainable='lora': the base weights stay as they were, the teacher is the model with its adapters off, and
+    the student file (the adapters alone) merges into a fresh base to the velocity the trained student gives."""
+    pytest.importorskip("peft")
+    torch.manual_seed(0)
+    model, _ = build("wan")
+    base_state = {k: v.clone() for k, v in model.state_dict().items()}
+    data = LatentDirectory(_latents("wan", tmp_path), seed=0)
+    heldout = heldout_set(data, per_bin=2, num_bins=2)
+    dense_velocity = predict_velocities(model, heldout)
+    before = velocity_error(predict_velocities(model, heldout, SPARSE), dense_velocity, heldout)["overall"]
+    config = DistillConfig(sparse=SPARSE, trainable="lora", lora_rank=4, lora_alpha=8.0, batch_size=2, null_prob=0.2)
+    loop = LoopConfig(lr=1e-2, warmup_steps=2, ema_decay=None, max_steps=25, log_every=5, bf16=False)
+    result = distill(model, data, config, loop, out=tmp_path / "lora", log=lambda *_: None)
+    assert result.trainable_parameters == sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+    for name, value in model.state_dict().items():  # peft names the wrapped layers' weights base_layer.weight
+        plain = name.replace(".base_layer.", ".")
+        if ".lora_" not in name:
+            assert torch.equal(value, base_state[plain]), name
+    trained = predict_velocities(model, heldout)
+    assert velocity_error(trained, dense_velocity, heldout)["overall"] < before
+    with sv.dense_attention(model), adapters_off(model):  # what the teacher ran: the untouched dense model
+        assert torch.allclose(predict_velocities(model, heldout), dense_velocity, atol=1e-5)
+    record = json.loads((tmp_path / "lora" / "student.json").read_text())
+    assert record["trainable"] == "lora" and record["lora"]["rank"] == 4 and len(record["lora"]["targets"]) == 12
+    fresh, _ = build("wan")
+    load_student(fresh, tmp_path / "lora")  # merged: a plain diffusers model again, with sparse attention
+    assert not any(".lora_" in n for n, _ in fresh.named_parameters()) and sv.is_sparse(fresh)
+    assert torch.allclose(predict_velocities(fresh, heldout), trained, atol=1e-2)
+    other, _ = build("wan", num_layers=3)
+    with torch.no_grad():
+        other.blocks[1].attn1.to_v.weight.mul_(2.0)
+    with pytest.raises(ValueError, match="not the base"):
+        load_student(other, tmp_path / "lora")

@@ -21,8 +21,12 @@ def add_parser(subparsers) -> None:
                         "SparseConfig(), the hybrid of top-k and top-p)")
     p.add_argument("--objective", choices=("distill", "diffusion"), default="distill",
                    help="match the dense teacher's velocity, or the flow-matching target of the data")
-    p.add_argument("--trainable", choices=("attention", "all"), default="attention",
-                   help="fine-tune the self-attention modules only, or every weight")
+    p.add_argument("--trainable", choices=("attention", "all", "lora"), default="attention",
+                   help="fine-tune the self-attention modules only, every weight, or a LoRA adapter on the "
+                        "self-attention projections (base weights frozen; needs peft)")
+    p.add_argument("--lora-rank", type=positive_int_arg, default=64, help="rank of the LoRA adapter")
+    p.add_argument("--lora-alpha", type=positive_float_arg, default=64.0,
+                   help="LoRA scale numerator (the update is alpha / rank * B A)")
     p.add_argument("--steps", type=positive_int_arg, default=1000, help="optimiser steps")
     p.add_argument("--batch-size", type=positive_int_arg, default=8, help="global batch (over all processes)")
     p.add_argument("--lr", type=positive_float_arg, default=1e-5, help="peak learning rate (AdamW)")
@@ -51,7 +55,8 @@ def run(args) -> int:
         sparse = SparseConfig() if args.sparse is None else parse_config(args.sparse)
         config = DistillConfig(objective=args.objective, sparse=sparse, trainable=args.trainable,
                                batch_size=args.batch_size, seed=args.seed, shift=args.shift, null_prob=args.null_prob,
-                               gradient_checkpointing=args.gradient_checkpointing)
+                               gradient_checkpointing=args.gradient_checkpointing, lora_rank=args.lora_rank,
+                               lora_alpha=args.lora_alpha)
         loop = LoopConfig(lr=args.lr, warmup_steps=args.warmup, ema_decay=None, max_steps=args.steps,
                           weight_decay=0.0, checkpoint_every=args.checkpoint_every, progress=True)
     except (FileNotFoundError, ValueError, TypeError) as error:

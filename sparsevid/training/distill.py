@@ -24,6 +24,7 @@ from .draws import STREAM_NOISE, sample_generator
 from .flow import flow_matching_loss, noisy, sample_t
 from .latents import LatentBatch
 from .loop import LoopConfig, train_loop
+from .lora import add_lora
 from .student import TRAINABLE, base_fingerprint, save_student, trainable_names
 from .velocity import DenseTeacher, check_flow_family, predict_velocity
 
@@ -41,7 +42,9 @@ class DistillConfig:
             noise level: ``schedule="constant"``,
             ``dense_steps=0``); None fine-tunes the dense model (with ``objective="diffusion"`` only: a dense
             student would distil into itself), the control that shows what the fine-tuning data alone do.
-        trainable: "all" parameters or the self-"attention" modules only.
+        trainable: the self-"attention" modules only (default), "all" parameters, or a "lora" adapter on the
+            self-attention projections (:mod:`.lora`; base weights frozen, the cheapest in memory).
+        lora_rank, lora_alpha: the adapter's rank and scale numerator (scale alpha / rank), for "lora".
         batch_size: the global batch (split evenly over the ranks of a data-parallel job).
         seed: seeds the noise, noise levels and caption dropout of every sample index.
         shift, logit_std: the noise-level distribution (``sample_t``), as in pre-training (Wan: shift 1 in
@@ -59,6 +62,8 @@ class DistillConfig:
     logit_std: float = 1.0
     null_prob: float = 0.1
     gradient_checkpointing: bool = False
+    lora_rank: int = 64
+    lora_alpha: float = 64.0
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -75,12 +80,15 @@ class DistillConfig:
                              f"{self.sparse.dense_steps} and {self.sparse.schedule!r}")
         if self.trainable not in TRAINABLE:
             raise ValueError(f"trainable must be one of {TRAINABLE}, got {self.trainable!r}")
-        for name in ("batch_size", "seed"):
+        for name in ("batch_size", "seed", "lora_rank"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, got {value!r}")
-        if self.batch_size < 1 or self.seed < 0:
-            raise ValueError(f"batch_size must be >= 1 and seed >= 0, got {self.batch_size}, {self.seed}")
+        if self.batch_size < 1 or self.seed < 0 or self.lora_rank < 1:
+            raise ValueError(f"batch_size and lora_rank must be >= 1 and seed >= 0, got {self.batch_size}, "
+                             f"{self.lora_rank}, {self.seed}")
+        if not self.lora_alpha > 0:
+            raise ValueError(f"lora_alpha must be positive, got {self.lora_alpha}")
         if self.shift <= 0 or self.logit_std <= 0:
             raise ValueError(f"shift and logit_std must be positive, got {self.shift}, {self.logit_std}")
         if not 0 <= self.null_prob < 1:
@@ -91,9 +99,13 @@ class DistillConfig:
     def run_info(self, source) -> dict:
         """The settings a resumed run must share (JSON-normalised): they fix the sequence of draws."""
         info = {"objective": self.objective, "sparse": None if self.sparse is None else self.sparse.to_dict(),
-                "trainable": self.trainable, "batch_size": self.batch_size, "seed": self.seed, "shift": self.shift,
+                "trainable": self.trainable, **self.lora_settings(), "batch_size": self.batch_size, "seed": self.seed, "shift": self.shift,
                 "logit_std": self.logit_std, "null_prob": self.null_prob, "data": source.describe()}
         return json.loads(json.dumps(info))
+
+    def lora_settings(self) -> dict:
+        """{"lora_rank", "lora_alpha"} for a LoRA student, else {}."""
+        return {"lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha} if self.trainable == "lora" else {}
 
 
 class Draws:
@@ -181,9 +193,15 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
     job = setup(device if device is not None else next(transformer.parameters()).device)
     transformer.to(job.device)
     draws = Draws(source, config, job.rank, job.world_size, job.device)
-    names = trainable_names(transformer, config.trainable)
     base = base_fingerprint(transformer, config.trainable)
-    teacher = DenseTeacher(transformer, names) if config.objective == "distill" else None
+    lora = None
+    if config.trainable == "lora":
+        targets = add_lora(transformer, config.lora_rank, config.lora_alpha)
+        lora = {"rank": config.lora_rank, "alpha": config.lora_alpha, "targets": targets}
+    names = trainable_names(transformer, config.trainable)
+    teacher = None
+    if config.objective == "distill":
+        teacher = DenseTeacher(transformer, [] if lora else names, adapters=lora is not None)
     if config.sparse is not None:
         apply_sparse_attention(transformer, config.sparse)
     wanted = set(names)
@@ -218,7 +236,7 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
         summary = {"objective": config.objective, "steps": result.steps, "seconds": round(result.seconds, 1),
                    "final_loss": result.history[-1]["loss"], "world_size": job.world_size, "run": run_info,
                    **(extra or {})}
-        save_student(transformer, out, config.sparse, config.trainable, base, extra=summary)
+        save_student(transformer, out, config.sparse, config.trainable, base, extra=summary, lora=lora)
         _plot_log(out / LOG_FILE, out / "loss.png", config.objective)
     return DistillResult(result.steps, result.seconds, result.history, trainable, out, result.finished)
 

@@ -3,7 +3,8 @@
 A folder written by :func:`save_student` holds
 
 * ``student.safetensors``: the fine-tuned tensors, named as in the transformer's ``state_dict`` (for
-  ``trainable="attention"`` only the video self-attention modules: about a fifth of a Wan transformer);
+  ``trainable="attention"`` only the video self-attention modules: about a fifth of a Wan transformer; for
+  ``trainable="lora"`` the low-rank adapters of their projections, :mod:`.lora`, merged into the base on loading);
 * ``student.json``: ``{"sparse_config": SparseConfig dict, "trainable": ..., "transformer": class name,
   "base_fingerprint": ..., ...}``. The fingerprint is the SHA-256 of the base model's values of the fine-tuned
   tensors: a student only makes sense over the weights it was fine-tuned from, so loading checks it.
@@ -21,19 +22,28 @@ import torch
 from ..integration import adapter_for, apply_sparse_attention
 from ..plan import SparseConfig
 from .checkpoint import save_safetensors_atomic, write_text_atomic
+from .lora import ADAPTER_NAME, lora_targets, lora_tensors, merge_lora
 
-TRAINABLE = ("all", "attention")  # what fine-tuning may change
+TRAINABLE = ("attention", "all", "lora")  # what fine-tuning may change
 STUDENT_WEIGHTS, STUDENT_CONFIG = "student.safetensors", "student.json"
+# A base is fingerprinted in bf16, so that it is recognised in whatever precision it is loaded (bf16 weights
+# loaded as fp32 round back exactly).
+FINGERPRINT_DTYPE = torch.bfloat16
 
 
 def trainable_names(transformer: torch.nn.Module, trainable: str) -> list[str]:
-    """The ``named_parameters`` names that fine-tuning with ``trainable`` changes: every parameter ("all") or
-    those of the transformer's video self-attention modules ("attention")."""
+    """The ``named_parameters`` names that fine-tuning with ``trainable`` changes: every parameter ("all"), those of
+    the transformer's video self-attention modules ("attention") or of the LoRA adapter added to them ("lora")."""
     if trainable not in TRAINABLE:
         raise ValueError(f"trainable must be one of {TRAINABLE}, got {trainable!r}")
     names = [name for name, _ in transformer.named_parameters()]
     if trainable == "all":
         return names
+    if trainable == "lora":
+        found = [name for name in names if f".{ADAPTER_NAME}." in name and ".lora_" in name]
+        if not found:
+            raise ValueError("the transformer has no sparsevid LoRA adapter (add one with sparsevid.training.add_lora)")
+        return found
     modules = {id(m) for m in adapter_for(transformer).self_attentions(transformer)}
     prefixes = tuple(f"{name}." for name, m in transformer.named_modules() if id(m) in modules)
     return [name for name in names if name.startswith(prefixes)]
@@ -49,28 +59,44 @@ def fingerprint(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def base_fingerprint(transformer: torch.nn.Module, trainable: str, dtype: torch.dtype = torch.bfloat16) -> str:
-    """The fingerprint of ``transformer``'s current values of the tensors ``trainable`` names, in ``dtype`` (taken
-    before fine-tuning, it identifies the base a student belongs to, whatever dtype the base is loaded in)."""
+def base_names(transformer: torch.nn.Module, trainable: str) -> list[str]:
+    """The ``state_dict`` names of the base tensors a student with ``trainable`` changes (for "lora": the weights of
+    the projections its adapters add to), on the transformer before fine-tuning."""
+    if trainable == "lora":
+        return [f"{target}.weight" for target in lora_targets(transformer)]
+    return trainable_names(transformer, trainable)
+
+
+def base_fingerprint(transformer: torch.nn.Module, trainable: str) -> str:
+    """The fingerprint of ``transformer``'s current values of the tensors a student with ``trainable`` changes
+    (taken before fine-tuning, it identifies the base a student belongs to)."""
     state = transformer.state_dict()
-    return fingerprint({name: state[name].to(dtype) for name in trainable_names(transformer, trainable)})
+    return fingerprint({name: state[name].to(FINGERPRINT_DTYPE) for name in base_names(transformer, trainable)})
 
 
 def save_student(transformer: torch.nn.Module, directory: str | Path, sparse: SparseConfig, trainable: str,
-                 base: str, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> Path:
+                 base: str, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None,
+                 lora: dict | None = None) -> Path:
     """Write the fine-tuned part of ``transformer`` (``trainable``) in ``dtype`` and its ``sparse`` setting into
     ``directory``. ``base``: :func:`base_fingerprint` of the weights it was fine-tuned from (taken before).
-    ``extra``: JSON-able facts recorded in ``student.json`` (the training run). Returns ``directory``."""
+    ``lora``: for ``trainable="lora"``, {"rank", "alpha", "targets"} of the adapter. ``extra``: JSON-able facts
+    recorded in ``student.json`` (the training run). Returns ``directory``."""
     if not isinstance(sparse, SparseConfig):
         raise TypeError(f"sparse must be a sparsevid.SparseConfig, got {type(sparse).__name__}")
+    if (trainable == "lora") != (lora is not None):
+        raise ValueError("lora (the adapter's rank, alpha and targets) goes with trainable='lora' and only with it")
     directory = Path(directory)
-    state = transformer.state_dict()
-    names = trainable_names(transformer, trainable)
-    save_safetensors_atomic({name: state[name].detach().to("cpu", dtype) for name in names},
+    if lora is not None:
+        tensors = lora_tensors(transformer, lora["targets"])
+    else:
+        state = transformer.state_dict()
+        tensors = {name: state[name] for name in trainable_names(transformer, trainable)}
+    save_safetensors_atomic({name: t.detach().to("cpu", dtype) for name, t in tensors.items()},
                             directory / STUDENT_WEIGHTS)
     record = {"sparse_config": sparse.to_dict(), "trainable": trainable, "transformer": type(transformer).__name__,
-              "dtype": str(dtype).replace("torch.", ""), "tensors": len(names),
-              "parameters": sum(state[n].numel() for n in names), "base_fingerprint": base, **(extra or {})}
+              "dtype": str(dtype).replace("torch.", ""), "tensors": len(tensors),
+              "parameters": sum(t.numel() for t in tensors.values()), "base_fingerprint": base,
+              **({} if lora is None else {"lora": lora}), **(extra or {})}
     write_text_atomic(json.dumps(record, indent=2), directory / STUDENT_CONFIG)
     return directory
 
@@ -100,15 +126,21 @@ def load_student(model, directory: str | Path, apply: bool = True):
     if expected_class is not None and expected_class != type(transformer).__name__:
         raise ValueError(f"the student in {directory} was fine-tuned from a {expected_class}, not a "
                          f"{type(transformer).__name__}")
+    lora = record.get("lora")
     state = transformer.state_dict()
-    wrong = [name for name, t in tensors.items() if name not in state or state[name].shape != t.shape]
+    replaced = [f"{t}.weight" for t in lora["targets"]] if lora is not None else list(tensors)
+    missing = [name for name in replaced if name not in state]
+    wrong = missing or [name for name, t in tensors.items() if lora is None and state[name].shape != t.shape]
     if wrong:
         raise ValueError(f"{directory}: the transformer lacks the student's tensors or differs in shape: {wrong[:3]}")
-    found = fingerprint({name: state[name].to(tensors[name].dtype) for name in tensors})
+    found = fingerprint({name: state[name].to(FINGERPRINT_DTYPE) for name in replaced})
     if found != record["base_fingerprint"]:
         raise ValueError(f"the transformer's weights are not the base the student in {directory} was fine-tuned "
                          f"from (fingerprint {found[:12]}..., the student needs {record['base_fingerprint'][:12]}...)")
-    transformer.load_state_dict(tensors, strict=False)  # cast into the transformer's dtype on the way
+    if lora is not None:
+        merge_lora(transformer, tensors, lora["rank"], lora["alpha"])
+    else:
+        transformer.load_state_dict(tensors, strict=False)  # cast into the transformer's dtype on the way
     sparse = SparseConfig.from_dict(record["sparse_config"])
     if apply:
         apply_sparse_attention(transformer, sparse)

@@ -6,10 +6,13 @@ at t in [0, 1], the transformer gets ``timestep = 1000 t`` and predicts ``noise 
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..integration import adapter_for, dense_attention, is_sparse
 from .latents import LatentBatch
+from .lora import adapters_off
 
 TIMESTEP_SCALE = 1000.0  # diffusers' flow-matching schedulers pass timestep = 1000 t
 
@@ -49,17 +52,21 @@ class DenseTeacher:
     (``torch.func.functional_call``): fine-tuning only the self-attention costs one copy of the attention weights,
     fine-tuning every weight one copy of them all.
 
+    A student fine-tuned through adapters (``adapters=True``, LoRA) keeps its base weights: the teacher is the
+    transformer with its adapters switched off, and copies nothing.
+
     Args:
         transformer: the (dense, pretrained) diffusers transformer, before fine-tuning changes it.
         trainable_names: ``named_parameters`` names of the tensors fine-tuning will change.
+        adapters: the student trains adapters only; the teacher runs with them off.
     """
 
-    def __init__(self, transformer: torch.nn.Module, trainable_names: list[str]):
+    def __init__(self, transformer: torch.nn.Module, trainable_names: list[str], adapters: bool = False):
         parameters = dict(transformer.named_parameters())
         unknown = [name for name in trainable_names if name not in parameters]
         if unknown:
             raise ValueError(f"trainable_names are not parameters of the transformer: {unknown[:3]}")
-        self.transformer = transformer
+        self.transformer, self.adapters = transformer, adapters
         self.frozen = {name: parameters[name].detach().clone() for name in trainable_names}
 
     @torch.no_grad()
@@ -68,7 +75,9 @@ class DenseTeacher:
         def frozen(**inputs):
             return torch.func.functional_call(self.transformer, self.frozen, (), inputs, strict=False)
 
-        if not is_sparse(self.transformer):
-            return predict_velocity(frozen, x_t, t, batch, module=self.transformer)
-        with dense_attention(self.transformer):
+        with contextlib.ExitStack() as stack:
+            if is_sparse(self.transformer):
+                stack.enter_context(dense_attention(self.transformer))
+            if self.adapters:
+                stack.enter_context(adapters_off(self.transformer))
             return predict_velocity(frozen, x_t, t, batch, module=self.transformer)

@@ -1,0 +1,72 @@
+"""Low-rank adapters (LoRA, through peft) on the video self-attention projections, the cheapest student: the base
+weights stay frozen, so the dense teacher is the same transformer with its adapters switched off.
+
+A trained adapter is written as plain tensors (``<projection>.lora_A`` [r, in], ``<projection>.lora_B`` [out, r])
+and loaded by merging it into the base weights, W += (alpha / r) B A, so that inference runs without peft.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..integration import adapter_for
+
+ADAPTER_NAME = "sparsevid"
+PROJECTIONS = ("to_q", "to_k", "to_v", "to_out.0")  # the video projections of a diffusers attention module
+
+
+def lora_targets(transformer: torch.nn.Module) -> list[str]:
+    """Module names of the linear projections of ``transformer``'s video self-attentions (q, k, v, out)."""
+    attentions = {id(m) for m in adapter_for(transformer).self_attentions(transformer)}
+    targets = []
+    for name, module in transformer.named_modules():
+        if id(module) in attentions:
+            targets += [f"{name}.{p}" for p in PROJECTIONS
+                        if isinstance(transformer.get_submodule(f"{name}.{p}"), torch.nn.Linear)]
+    return targets
+
+
+def add_lora(transformer: torch.nn.Module, rank: int, alpha: float) -> list[str]:
+    """Add a LoRA adapter of ``rank`` (scale ``alpha / rank``; B starts at zero, so the model is unchanged) to
+    every video self-attention projection of ``transformer``; returns the adapted module names."""
+    from peft import LoraConfig
+
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise ValueError(f"lora rank must be a positive int, got {rank!r}")
+    targets = lora_targets(transformer)
+    transformer.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets), adapter_name=ADAPTER_NAME)
+    return targets
+
+
+def lora_tensors(transformer: torch.nn.Module, targets: list[str]) -> dict[str, torch.Tensor]:
+    """{``<target>.lora_A``: [r, in], ``<target>.lora_B``: [out, r]} of the adapter :func:`add_lora` added."""
+    tensors = {}
+    for target in targets:
+        module = transformer.get_submodule(target)
+        tensors[f"{target}.lora_A"] = module.lora_A[ADAPTER_NAME].weight
+        tensors[f"{target}.lora_B"] = module.lora_B[ADAPTER_NAME].weight
+    return tensors
+
+
+@contextlib.contextmanager
+def adapters_off(transformer: torch.nn.Module):
+    """Inside ``with``, ``transformer``'s adapters are switched off (the base model)."""
+    transformer.disable_adapters()
+    try:
+        yield transformer
+    finally:
+        transformer.enable_adapters()
+
+
+@torch.no_grad()
+def merge_lora(transformer: torch.nn.Module, tensors: dict[str, torch.Tensor], rank: int, alpha: float) -> None:
+    """Add each adapter's (alpha / rank) B A to its base linear layer of ``transformer`` (a plain model, no peft
+    layers), in the layer's dtype."""
+    for name in sorted(k[:-len(".lora_A")] for k in tensors if k.endswith(".lora_A")):
+        weight = transformer.get_submodule(name).weight
+        delta = tensors[f"{name}.lora_B"].float() @ tensors[f"{name}.lora_A"].float()
+        if delta.shape != weight.shape:
+            raise ValueError(f"the adapter of {name} makes a {tuple(delta.shape)} update, the layer is "
+                             f"{tuple(weight.shape)}")
+        weight.add_((alpha / rank) * delta.to(weight.device, weight.dtype))
