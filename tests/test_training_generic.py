@@ -186,6 +186,11 @@ def test_cli_distill_and_evaluate_on_a_saved_transformer(tmp_path, capsys):
                  "--sparse", spec, "--steps", "2", "--batch-size", "2", "--trainable", "lora", "--lora-rank", "2",
                  "--device", "cpu"]) == 0
     assert json.loads((tmp_path / "lora" / "student.json").read_text())["lora"]["rank"] == 2
+    assert main(["distill", "--model", str(tmp_path / "model"), "--data", str(data), "--out", str(tmp_path / "acc"),
+                 "--sparse", spec, "--steps", "2", "--batch-size", "4", "--accumulation-steps", "2", "--heldout",
+                 str(data), "--eval-every", "1", "--heldout-per-bin", "1", "--device", "cpu"]) == 0
+    rows = (tmp_path / "acc" / "eval.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == [1, 2]
     assert main(["distill", "--model", str(tmp_path / "nothing"), "--data", str(data), "--out",
                  str(tmp_path / "o2"), "--steps", "1", "--device", "cpu"]) == 2
     assert "error:" in capsys.readouterr().err
@@ -225,3 +230,44 @@ def test_lora_student_trains_adapters_only_and_merges_into_its_base(tmp_path):
         other.blocks[1].attn1.to_v.weight.mul_(2.0)
     with pytest.raises(ValueError, match="not the base"):
         load_student(other, tmp_path / "lora")
+
+
+def test_gradient_accumulation_follows_the_same_trajectory_as_one_big_batch(tmp_path):
+    """Two micro-steps of 2 samples make the optimiser step of a batch of 4: the same samples, draws, losses
+    and weights (up to the order of floating-point sums)."""
+    data = LatentDirectory(_latents("wan", tmp_path), seed=0)
+    runs = []
+    for accumulation in (1, 2):
+        torch.manual_seed(0)
+        model, _ = build("wan")
+        loop = LoopConfig(lr=3e-3, warmup_steps=1, ema_decay=None, max_steps=4, log_every=1, bf16=False,
+                          accumulation_steps=accumulation)
+        result = distill(model, data, DistillConfig(sparse=SPARSE, batch_size=4), loop, log=lambda *_: None)
+        runs.append(([r["loss"] for r in result.history], model.state_dict()))
+    (loss_1, state_1), (loss_2, state_2) = runs
+    assert loss_2 == pytest.approx(loss_1, rel=1e-5)
+    for name, value in state_1.items():
+        assert torch.allclose(value, state_2[name], atol=1e-6), name
+    with pytest.raises(ValueError, match="accumulation steps"):
+        distill(build("wan")[0], data, DistillConfig(sparse=SPARSE, batch_size=3),
+                LoopConfig(max_steps=1, accumulation_steps=2), log=lambda *_: None)
+
+
+def test_held_out_velocity_error_is_logged_during_training_and_falls(tmp_path):
+    from sparsevid.eval import velocity_tracker
+
+    torch.manual_seed(0)
+    model, _ = build("wan")
+    data = LatentDirectory(_latents("wan", tmp_path), seed=0)
+    heldout = heldout_set(data, per_bin=2, num_bins=2)
+    tracker = velocity_tracker(model, heldout)  # the dense reference, taken before training
+    training_free = velocity_error(predict_velocities(model, heldout, SPARSE), predict_velocities(model, heldout),
+                                   heldout)["overall"]
+    loop = LoopConfig(lr=3e-3, warmup_steps=2, ema_decay=None, max_steps=20, log_every=5, bf16=False, eval_every=10)
+    result = distill(model, data, DistillConfig(sparse=SPARSE, batch_size=2), loop, out=tmp_path / "run",
+                     log=lambda *_: None, evaluate=tracker)
+    assert [row["step"] for row in result.evaluations] == [10, 20]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
+    assert rows == json.loads(json.dumps(result.evaluations))
+    assert rows[-1]["heldout_velocity_error"] < training_free  # distillation closed part of the sparse gap
+    assert len(rows[0]["heldout_velocity_error_per_bin"]) == 2 and rows[0]["heldout_loss"] > 0

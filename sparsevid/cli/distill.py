@@ -28,7 +28,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--lora-alpha", type=positive_float_arg, default=64.0,
                    help="LoRA scale numerator (the update is alpha / rank * B A)")
     p.add_argument("--steps", type=positive_int_arg, default=1000, help="optimiser steps")
-    p.add_argument("--batch-size", type=positive_int_arg, default=8, help="global batch (over all processes)")
+    p.add_argument("--batch-size", type=positive_int_arg, default=8,
+                   help="global batch of an optimiser step (over all processes and accumulation steps)")
+    p.add_argument("--accumulation-steps", type=positive_int_arg, default=1,
+                   help="micro-steps whose gradients make one optimiser step (less memory per step)")
+    p.add_argument("--optimizer", choices=("adamw", "adamw8bit"), default="adamw",
+                   help="AdamW (fused on CUDA) or bitsandbytes' 8-bit AdamW (CUDA; a quarter of the optimiser memory)")
     p.add_argument("--lr", type=positive_float_arg, default=1e-5, help="peak learning rate (AdamW)")
     p.add_argument("--warmup", type=int, default=50, help="linear warm-up steps")
     p.add_argument("--shift", type=positive_float_arg, default=1.0,
@@ -38,14 +43,28 @@ def add_parser(subparsers) -> None:
     p.add_argument("--data-seed", type=int, default=0, help="seed of the data order")
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute blocks in the backward pass")
     p.add_argument("--checkpoint-every", type=positive_int_arg, default=100, help="steps between training states")
+    p.add_argument("--heldout", default=None,
+                   help="folder of held-out latent samples: the student's velocity error against the dense model on "
+                        "them is logged every --eval-every steps and at the end (OUT/eval.jsonl)")
+    p.add_argument("--eval-every", type=positive_int_arg, default=100, help="steps between held-out evaluations")
+    p.add_argument("--heldout-per-bin", type=positive_int_arg, default=2,
+                   help="held-out triples per noise-level bin (5 bins)")
     p.add_argument("--resume", action="store_true", help="continue from --out's training state")
     p.add_argument("--device", type=device_arg, default=default_device(), help="cpu, cuda or cuda:N")
     p.set_defaults(func=run)
 
 
+def heldout_triples(data, per_bin: int, bins: int = 5):
+    """Held-out triples of a latent folder: its samples in order (reused when it holds fewer than needed)."""
+    from ..eval import heldout_set
+
+    return heldout_set(data, per_bin, bins, indices=[i % len(data) for i in range(per_bin * bins)])
+
+
 def run(args) -> int:
     import torch
 
+    from ..eval import velocity_tracker
     from ..integration import load_transformer
     from ..plan import SparseConfig, parse_config
     from ..training import DistillConfig, LatentDirectory, LoopConfig, distill, is_main_process, setup, teardown
@@ -58,14 +77,20 @@ def run(args) -> int:
                                gradient_checkpointing=args.gradient_checkpointing, lora_rank=args.lora_rank,
                                lora_alpha=args.lora_alpha)
         loop = LoopConfig(lr=args.lr, warmup_steps=args.warmup, ema_decay=None, max_steps=args.steps,
-                          weight_decay=0.0, checkpoint_every=args.checkpoint_every, progress=True)
+                          weight_decay=0.0, checkpoint_every=args.checkpoint_every, progress=True,
+                          accumulation_steps=args.accumulation_steps, optimizer=args.optimizer,
+                          eval_every=args.eval_every if args.heldout else None)
+        heldout = None
+        if args.heldout is not None:
+            heldout = heldout_triples(LatentDirectory(args.heldout), args.heldout_per_bin)
     except (FileNotFoundError, ValueError, TypeError) as error:
         raise CommandError(str(error)) from None
     job = setup(args.device)
     try:
         transformer = load_transformer(args.model, dtype=torch.float32, device=job.device)
+        evaluate = None if heldout is None else velocity_tracker(transformer, heldout)
         result = distill(transformer, data, config, loop, out=args.out, resume=args.resume, device=job.device,
-                         extra={"model": str(args.model)})
+                         extra={"model": str(args.model)}, evaluate=evaluate)
     except (FileNotFoundError, TypeError, ValueError) as error:
         raise CommandError(str(error)) from None
     except torch.cuda.OutOfMemoryError:

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from .args import CommandError, config_spec_arg, default_device, device_arg, positive_int_arg
+from .distill import heldout_triples
 
 
 def add_parser(subparsers) -> None:
@@ -28,7 +29,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     import torch
 
-    from ..eval import heldout_loss, heldout_set, predict_velocities, velocity_error
+    from ..eval import heldout_loss, predict_velocities, velocity_error
     from ..integration import load_transformer
     from ..plan import parse_config
     from ..training import LatentDirectory, load_student
@@ -36,8 +37,7 @@ def run(args) -> int:
     dtype = torch.bfloat16 if torch.device(args.device).type == "cuda" else torch.float32
     try:
         data = LatentDirectory(args.data)
-        count = args.per_bin * args.bins  # samples are reused when the folder holds fewer
-        heldout = heldout_set(data, args.per_bin, args.bins, indices=[i % len(data) for i in range(count)])
+        heldout = heldout_triples(data, args.per_bin, args.bins)
         transformer = load_transformer(args.model, dtype=dtype, device=args.device).eval()
         dense = predict_velocities(transformer, heldout)
         if args.student is not None:

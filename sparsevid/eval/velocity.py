@@ -140,3 +140,19 @@ def heldout_loss(velocity: torch.Tensor, heldout: HeldOutSet) -> dict:
         raise ValueError(f"velocity must have shape {tuple(latents.shape)}, got {tuple(velocity.shape)}")
     target = heldout.noise.double() - latents.double()
     return _by_bin((velocity.double() - target).pow(2).flatten(1).mean(dim=1), heldout)
+
+
+def velocity_tracker(transformer: torch.nn.Module, heldout: HeldOutSet) -> Callable[[], dict]:
+    """A periodic yardstick for fine-tuning ``transformer`` (:func:`sparsevid.training.distill`'s ``evaluate``):
+    its dense velocity on ``heldout`` is taken now, before training changes it; each call returns the relative
+    velocity error of the transformer as it is then (sparse attention and all) against it, overall and per
+    noise-level bin, and the held-out flow-matching loss."""
+    reference = predict_velocities(transformer, heldout)
+
+    def evaluate() -> dict:
+        velocity = predict_velocities(transformer, heldout)
+        error = velocity_error(velocity, reference, heldout)
+        return {"heldout_velocity_error": error["overall"], "heldout_velocity_error_per_bin": error["per_bin"],
+                "heldout_loss": heldout_loss(velocity, heldout)["overall"]}
+
+    return evaluate

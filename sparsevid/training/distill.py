@@ -29,7 +29,7 @@ from .student import TRAINABLE, base_fingerprint, save_student, trainable_names
 from .velocity import DenseTeacher, check_flow_family, predict_velocity
 
 OBJECTIVES = ("distill", "diffusion")
-STATE_FILE, LOG_FILE = "state.safetensors", "log.jsonl"
+STATE_FILE, LOG_FILE, EVAL_LOG_FILE = "state.safetensors", "log.jsonl", "eval.jsonl"
 
 
 @dataclass
@@ -109,29 +109,31 @@ class DistillConfig:
 
 
 class Draws:
-    """The per-rank batch of each training step: global sample indices ``step * B + rank * b + j`` (B the global
-    batch, b = B / world_size), each with its own noise level, caption dropout and noise (drawn in that order from
-    the index's generator).
+    """The per-rank batch of each micro-step: global sample indices ``m * M + rank * b + j`` (M = B / A the samples
+    of one micro-step over all ranks, B the global batch of an optimiser step, A its gradient-accumulation steps,
+    b = M / world_size), each with its own noise level, caption dropout and noise (drawn in that order from the
+    index's generator). Without accumulation a micro-step is an optimiser step.
 
-    Calling it with a step returns (batch: LatentBatch with dropped texts replaced, t float32 [b], noise float32
-    like the latents), on ``device``."""
+    Calling it with a micro-step returns (batch: LatentBatch with dropped texts replaced, t float32 [b], noise
+    float32 like the latents), on ``device``."""
 
-    def __init__(self, source, config: DistillConfig, rank: int, world_size: int, device):
-        if config.batch_size % world_size:
+    def __init__(self, source, config: DistillConfig, rank: int, world_size: int, device, accumulation_steps: int = 1):
+        if config.batch_size % (world_size * accumulation_steps):
             raise ValueError(f"batch_size ({config.batch_size}) must be divisible by the number of processes "
-                             f"({world_size})")
+                             f"({world_size}) times the accumulation steps ({accumulation_steps})")
         self.source, self.config, self.device = source, config, torch.device(device)
-        self.per_rank = config.batch_size // world_size
+        self.per_micro_step = config.batch_size // accumulation_steps
+        self.per_rank = self.per_micro_step // world_size
         self.offset = rank * self.per_rank
         self.null = source.null_text()
 
-    def indices(self, step: int) -> list[int]:
-        start = step * self.config.batch_size + self.offset
+    def indices(self, micro_step: int) -> list[int]:
+        start = micro_step * self.per_micro_step + self.offset
         return list(range(start, start + self.per_rank))
 
-    def __call__(self, step: int) -> tuple[LatentBatch, torch.Tensor, torch.Tensor]:
+    def __call__(self, micro_step: int) -> tuple[LatentBatch, torch.Tensor, torch.Tensor]:
         cfg = self.config
-        indices = self.indices(step)
+        indices = self.indices(micro_step)
         batch = self.source.batch(indices, self.device)
         ts, noises, drops = [], [], []
         for index in indices:
@@ -168,11 +170,12 @@ class DistillResult:
     trainable_parameters: int
     out: Path | None = None
     finished: bool = True
+    evaluations: list[dict] = field(default_factory=list)
 
 
 def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: LoopConfig,
             out: str | Path | None = None, resume: bool = False, device: str | torch.device | None = None,
-            log=print, extra: dict | None = None) -> DistillResult:
+            log=print, extra: dict | None = None, evaluate=None) -> DistillResult:
     """Fine-tune ``transformer`` (a dense, pretrained diffusers video transformer of a flow-matching family) in
     place into a sparse-attention student; on return its self-attentions stay sparse with ``config.sparse``.
 
@@ -180,7 +183,8 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
     out: directory for the training state (``state.safetensors``, resumable with ``resume``), the per-step log
     (``log.jsonl``) and, once the budget is used up, the student (:func:`~sparsevid.training.student.save_student`;
     ``extra`` goes into its ``student.json``). Under ``torchrun`` each process calls this; rank 0 writes the files.
-    ``device`` defaults to the transformer's.
+    ``device`` defaults to the transformer's. ``evaluate() -> dict``: a periodic held-out measurement
+    (``loop.eval_every``; e.g. :func:`sparsevid.eval.velocity_tracker`), logged to ``eval.jsonl``.
     """
     if not isinstance(config, DistillConfig):
         raise TypeError(f"config must be a DistillConfig, got {type(config).__name__}")
@@ -192,7 +196,7 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
     check_source(transformer, source)
     job = setup(device if device is not None else next(transformer.parameters()).device)
     transformer.to(job.device)
-    draws = Draws(source, config, job.rank, job.world_size, job.device)
+    draws = Draws(source, config, job.rank, job.world_size, job.device, loop.accumulation_steps)
     base = base_fingerprint(transformer, config.trainable)
     lora = None
     if config.trainable == "lora":
@@ -211,8 +215,8 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
         transformer.enable_gradient_checkpointing()
     student = wrap(transformer, job)
 
-    def loss_fn(step: int) -> torch.Tensor:
-        batch, t, noise = draws(step)
+    def loss_fn(micro_step: int) -> torch.Tensor:
+        batch, t, noise = draws(micro_step)
         if config.sparse is not None:
             reset_denoising_step(transformer)  # every forward predicts its own masks
         x_t = noisy(batch.latents, noise, t)
@@ -222,14 +226,15 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
         return torch.nn.functional.mse_loss(velocity.float(), teacher(x_t, t, batch).float())
 
     out = Path(out) if out is not None else None
-    run_info = config.run_info(source)
+    run_info = {**config.run_info(source), "accumulation_steps": loop.accumulation_steps}
     trainable = sum(p.numel() for p in transformer.parameters() if p.requires_grad)
     if is_main_process():
         log(f"{config.objective}: {trainable / 1e6:.2f}M trainable parameters ({config.trainable}), global batch "
             f"{config.batch_size} over {job.world_size} process(es), data {source.describe()}")
     result = train_loop(student, loss_fn, loop, state_path=None if out is None else out / STATE_FILE,
                         resume=resume, log=log, run_info=run_info,
-                        jsonl_path=None if out is None else out / LOG_FILE)
+                        jsonl_path=None if out is None else out / LOG_FILE, evaluate=evaluate,
+                        eval_jsonl_path=None if out is None else out / EVAL_LOG_FILE)
     if result.ema is not None:
         result.ema.copy_to(transformer)
     if out is not None and is_main_process() and result.history and result.finished and config.sparse is not None:
@@ -238,7 +243,8 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
                    **(extra or {})}
         save_student(transformer, out, config.sparse, config.trainable, base, extra=summary, lora=lora)
         _plot_log(out / LOG_FILE, out / "loss.png", config.objective)
-    return DistillResult(result.steps, result.seconds, result.history, trainable, out, result.finished)
+    return DistillResult(result.steps, result.seconds, result.history, trainable, out, result.finished,
+                         result.evaluations)
 
 
 def _plot_log(log_path: Path, png: Path, objective: str) -> None:

@@ -2,16 +2,39 @@
 
 A *latent source* is what :func:`~sparsevid.training.distill.distill` and the velocity yardsticks read:
 
-* ``latent_shape``: (C, T, H, W) of one sample's latents (the transformer's input space, channels first);
+* ``latent_shape``: (C, T, H, W) of one sample's latents (the transformer's input space, channels first; with
+  several shapes, the largest bucket's, see below);
 * ``batch(indices, device) -> LatentBatch``: the samples at global indices ``indices`` (a list of ints >= 0;
   an index past the data wraps into a later epoch, see the source);
 * ``null_text() -> (text [L, D], text_mask [L] or None)``: the conditioning of the empty prompt, which caption
   dropout substitutes (so that classifier-free guidance keeps working after fine-tuning);
 * ``describe() -> dict``: JSON-able facts that pin the data (a resumed run must see the same).
 
-:class:`LatentDirectory` reads a folder written by :func:`write_latent_sample` / :func:`write_null_text`: one
-safetensors file per sample (``latents`` float [C, T, H, W], ``text`` [L, D], optionally ``text_mask`` [L] and
-further transformer inputs under ``extra.<name>``), ``null.safetensors`` with the empty prompt's ``text``.
+:class:`LatentDirectory` reads a folder in one of two layouts, both with ``null.safetensors`` (the empty prompt's
+``text`` [L, D] and optionally ``text_mask`` [L], from :func:`write_null_text`):
+
+* **shards** (what ``sparsevid cache`` writes, :class:`ShardWriter`): ``index.json`` and safetensors shards
+  ``shard_<k>.safetensors`` of up to ``shard_size`` samples of one *bucket* (one set of shapes) each, the
+  samples stacked on dim 0: ``latents`` [n, C, T, H, W], ``text`` [n, L, D], optionally ``text_mask`` [n, L] and
+  further transformer inputs ``extra.<name>`` [n, ...]. The index lists the shards (file, bucket, rows, bytes),
+  every sample (shard, row and its metadata: source, caption, size, frames, fps) and the items that were skipped
+  with their reasons.
+* **one file per sample** (:func:`write_latent_sample`, handy for data made by other tools):
+  ``sample_<i>.safetensors`` with unstacked tensors ``latents`` [C, T, H, W], ``text`` [L, D], ...
+
+Why safetensors shards with a JSON index rather than webdataset tars: training visits samples by *global index*
+in a seeded per-epoch permutation (:class:`~sparsevid.training.EpochOrder`), the same on every rank and after a
+resume, so the reader needs random access to any sample; a safetensors shard is memory-mapped and its header
+gives every tensor's offset, so reading row ``j`` reads only that row, whereas a tar is a stream that shuffles
+through buffers (an order that depends on the reader, not on the index). Safetensors needs no further dependency,
+stores bf16 as it is, cannot execute code, and a truncated or garbled shard fails its header check at once. A
+shard groups many samples so that a data set of 10^5 clips is 10^4 files rather than 10^5.
+
+Buckets: clips of different sizes or lengths give latents of different shapes, which cannot share a batch. With
+one bucket, global index ``i`` is position ``i % n`` of epoch ``i // n``'s permutation of the ``n`` samples. With
+several, each epoch shuffles each bucket, cuts it into runs of ``group`` samples (the last run filled up with
+the bucket's first samples of that epoch) and shuffles the runs: every aligned run of ``group`` global indices
+lies in one bucket, so every batch does whenever the batch size divides ``group`` (64 by default).
 """
 from __future__ import annotations
 
@@ -112,59 +135,4 @@ def write_null_text(directory: str | Path, text: torch.Tensor, text_mask: torch.
     tensors = {TEXT: text} if text_mask is None else {TEXT: text, TEXT_MASK: text_mask}
     return save_safetensors_atomic(tensors, Path(directory) / NULL_FILE)
 
-
-class LatentDirectory:
-    """A folder of samples (see the module docstring), visited in a fresh random order every epoch: global
-    index ``i`` is position ``i % n`` of epoch ``i // n``'s permutation (seeded by ``seed``)."""
-
-    def __init__(self, directory: str | Path, seed: int = 0):
-        from safetensors import safe_open
-
-        self.directory, self.seed = Path(directory), seed
-        if not self.directory.is_dir():
-            raise FileNotFoundError(f"{self.directory} is not a directory of latent samples")
-        self.files = sorted(self.directory.glob(f"{SAMPLE_PREFIX}*.safetensors"))
-        if not self.files:
-            raise ValueError(f"{self.directory} holds no {SAMPLE_PREFIX}*.safetensors samples")
-        if not (self.directory / NULL_FILE).is_file():
-            raise ValueError(f"{self.directory / NULL_FILE} not found: the empty prompt's text (caption dropout) is "
-                             f"missing; write it with write_null_text")
-        with safe_open(str(self.files[0]), framework="pt") as f:
-            self.latent_shape = tuple(f.get_slice(LATENTS).get_shape())
-            self.text_shape = tuple(f.get_slice(TEXT).get_shape())
-        self.order = EpochOrder(len(self.files), seed)
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def file(self, index: int) -> Path:
-        """The file that global sample ``index`` reads."""
-        return self.files[self.order(index)]
-
-    def batch(self, indices: Sequence[int], device: torch.device | str = "cpu") -> LatentBatch:
-        from safetensors.torch import load_file
-
-        check_indices(indices)
-        samples = []
-        for index in indices:
-            path = self.file(index)
-            sample = load_file(str(path))
-            if tuple(sample[LATENTS].shape) != self.latent_shape or tuple(sample[TEXT].shape) != self.text_shape:
-                raise ValueError(f"{path}: latents {tuple(sample[LATENTS].shape)} / text {tuple(sample[TEXT].shape)} "
-                                 f"differ from {self.latent_shape} / {self.text_shape} (of {self.files[0].name}); "
-                                 f"one directory holds one shape")
-            samples.append(sample)
-        stack = lambda key: torch.stack([s[key] for s in samples]) if key in samples[0] else None  # noqa: E731
-        extra = {key[len(EXTRA):]: stack(key) for key in samples[0] if key.startswith(EXTRA)}
-        return LatentBatch(stack(LATENTS).float(), stack(TEXT), stack(TEXT_MASK), extra).to(device)
-
-    def null_text(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        from safetensors.torch import load_file
-
-        null = load_file(str(self.directory / NULL_FILE))
-        return null[TEXT], null.get(TEXT_MASK)
-
-    def describe(self) -> dict:
-        return {"kind": "latent_directory", "directory": str(self.directory), "samples": len(self.files),
-                "latent_shape": list(self.latent_shape), "text_shape": list(self.text_shape), "seed": self.seed}
 

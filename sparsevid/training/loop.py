@@ -19,6 +19,9 @@ from .distributed import broadcast_float, global_mean, is_main_process, unwrap
 from .ema import EMA
 
 
+OPTIMIZERS = ("adamw", "adamw8bit")
+
+
 @dataclass
 class LoopConfig:
     """Optimiser and budget settings. Training stops at ``max_steps`` or after ``max_seconds``,
@@ -26,7 +29,10 @@ class LoopConfig:
     closer to being used up. ``ema_decay`` None trains without EMA; ``progress`` shows a tqdm bar.
     ``stop_at`` (a ``time.time()`` moment) ends the call early, with a checkpoint, when the next step would
     start after it: a budget split over several calls (each resuming) follows the same learning-rate schedule
-    as one uninterrupted run."""
+    as one uninterrupted run. ``accumulation_steps``: each optimiser step sums the gradients of that many
+    micro-steps (``loss_fn`` is called with the micro-step index ``step * accumulation_steps + i``).
+    ``optimizer``: "adamw" (fused on CUDA) or "adamw8bit" (bitsandbytes, CUDA; optimiser state in 8 bits).
+    ``eval_every``: call ``train_loop``'s ``evaluate`` every that many steps (and at the end)."""
 
     lr: float = 4e-4
     min_lr_ratio: float = 0.1
@@ -42,6 +48,9 @@ class LoopConfig:
     checkpoint_every: int = 500
     progress: bool = False
     stop_at: float | None = None
+    accumulation_steps: int = 1
+    optimizer: str = "adamw"
+    eval_every: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_steps is None and self.max_seconds is None:
@@ -54,6 +63,12 @@ class LoopConfig:
             raise ValueError(f"need lr > 0 and min_lr_ratio in [0, 1], got {self.lr}, {self.min_lr_ratio}")
         if self.warmup_steps < 0 or self.grad_clip <= 0 or self.log_every < 1 or self.checkpoint_every < 1:
             raise ValueError("warmup_steps must be >= 0; grad_clip, log_every and checkpoint_every positive")
+        if not isinstance(self.accumulation_steps, int) or self.accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps must be a positive int, got {self.accumulation_steps!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.eval_every is not None and (not isinstance(self.eval_every, int) or self.eval_every < 1):
+            raise ValueError(f"eval_every must be None or a positive int, got {self.eval_every!r}")
 
 
 @dataclass
@@ -65,6 +80,7 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)
     ema: EMA | None = None
     finished: bool = True
+    evaluations: list[dict] = field(default_factory=list)
 
 
 def learning_rate(config: LoopConfig, step: int, elapsed: float) -> float:
@@ -80,13 +96,21 @@ def learning_rate(config: LoopConfig, step: int, elapsed: float) -> float:
     return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine)
 
 
-def make_optimizer(params: list[torch.nn.Parameter], config: LoopConfig) -> torch.optim.AdamW:
-    """AdamW over ``params``: weight decay on matrices (dim >= 2) only; fused on CUDA."""
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=config.lr, betas=config.betas, fused=params[0].device.type == "cuda")
+def make_optimizer(params: list[torch.nn.Parameter], config: LoopConfig) -> torch.optim.Optimizer:
+    """AdamW over ``params`` (``config.optimizer``): weight decay on matrices (dim >= 2) only; fused on CUDA, or
+    bitsandbytes' 8-bit AdamW (CUDA only)."""
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    cuda = params[0].device.type == "cuda"
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=cuda)
+    if not cuda:
+        raise ValueError("optimizer='adamw8bit' needs CUDA (bitsandbytes' 8-bit AdamW); use 'adamw' on the CPU")
+    try:
+        import bitsandbytes
+    except ImportError:
+        raise ImportError("optimizer='adamw8bit' needs bitsandbytes: pip install bitsandbytes") from None
+    return bitsandbytes.optim.AdamW8bit(groups, lr=config.lr, betas=config.betas)
 
 
 def resume_training(state_path: str | Path, module: torch.nn.Module, ema: EMA | None,
@@ -221,20 +245,28 @@ class Checkpointer:
                                 step, {"elapsed": elapsed, "run": self.run_info})
 
 
-def optimizer_step(loss_fn: Callable[[int], torch.Tensor], step: int, optimizer: torch.optim.Optimizer,
-                   params: list[torch.nn.Parameter], lr: float, grad_clip: float,
-                   autocast) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimisation step at learning rate ``lr``: loss, backward, gradient clipping, optimiser update.
-    Returns the loss and the gradient norm before clipping (device scalars: nothing is read on the host)."""
+def optimizer_step(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], step: int,
+                   optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], lr: float, grad_clip: float,
+                   autocast, accumulation_steps: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimisation step at learning rate ``lr``: the mean loss of ``accumulation_steps`` micro-steps
+    (``loss_fn(step * accumulation_steps + i)``, each backpropagated; a data-parallel model synchronises its
+    gradients on the last only), gradient clipping, optimiser update. Returns the mean loss and the gradient norm
+    before clipping (device scalars: nothing is read on the host)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    with autocast:
-        loss = loss_fn(step)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    total = None
+    for micro in range(accumulation_steps):
+        last = micro == accumulation_steps - 1
+        sync = nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+        with sync:
+            with autocast:
+                loss = loss_fn(step * accumulation_steps + micro) / accumulation_steps
+            loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
     optimizer.step()
-    return loss, grad_norm
+    return total, grad_norm
 
 
 def _autocast(config: LoopConfig, device_type: str):
@@ -245,7 +277,8 @@ def _autocast(config: LoopConfig, device_type: str):
 def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], config: LoopConfig,
                state_path: str | Path | None = None, resume: bool = False,
                log: Callable[[str], None] = print, *, run_info: dict | None = None,
-               jsonl_path: str | Path | None = None) -> TrainResult:
+               jsonl_path: str | Path | None = None, evaluate: Callable[[], dict] | None = None,
+               eval_jsonl_path: str | Path | None = None) -> TrainResult:
     """Minimise ``loss_fn(step)`` (a scalar; it draws its own batch) over ``model``'s trainable parameters.
 
     ``model`` may be wrapped in ``DistributedDataParallel`` (``loss_fn`` must call the wrapper); every
@@ -255,6 +288,8 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
     checking that its ``run_info`` equals this run's (a run whose data order depends on e.g. the batch
     size cannot continue under another). ``jsonl_path``: one JSON row per step (step, loss averaged over
     ranks, lr, grad_norm, seconds); on resume, rows past the restored step are dropped.
+    ``evaluate() -> dict`` (every rank calls it; e.g. a held-out velocity error) runs every ``eval_every`` steps and
+    at the end, its rows ({"step", ...}) go to ``TrainResult.evaluations``, the log and ``eval_jsonl_path``.
 
     The parts, one job each: :func:`make_optimizer`, :func:`resume_training` (resume), :class:`Budget` (when to
     stop, learning rate), :func:`optimizer_step`, :class:`~sparsevid.training.ema.EMA`, :class:`StepLog`
@@ -278,22 +313,58 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
     first_step = step
     reports = StepLog(config, first_step, main, jsonl_path, log)
     checkpoints = Checkpointer(state_path if main else None, module, ema, optimizer, run_info, reports.flush)
+    evaluations = Evaluations(evaluate, config.eval_every, first_step, main, eval_jsonl_path, log)
 
     model.train()
     while (lr := budget.learning_rate(step)) is not None:
-        loss, grad_norm = optimizer_step(loss_fn, step, optimizer, params, lr, config.grad_clip, autocast)
+        loss, grad_norm = optimizer_step(model, loss_fn, step, optimizer, params, lr, config.grad_clip, autocast,
+                                         config.accumulation_steps)
         if ema is not None:
             ema.update(module)
         step += 1
         reports.step(step, global_mean(loss.detach()), lr, grad_norm, budget.elapsed())
         if step % config.checkpoint_every == 0:
             checkpoints.save(step, budget.elapsed())
+        evaluations.after(step, model, final=False)
     reports.close(budget.elapsed())
     if step > first_step and step % config.checkpoint_every:
         checkpoints.save(step, budget.elapsed())
+    if budget.finished:
+        evaluations.after(step, model, final=True)
     model.eval()
     return TrainResult(steps=step, seconds=budget.elapsed(), history=reports.history, ema=ema,
-                       finished=budget.finished)
+                       finished=budget.finished, evaluations=evaluations.rows)
+
+
+class Evaluations:
+    """Periodic evaluation during training: ``evaluate()`` every ``every`` steps (and once at the end), the model
+    in eval mode meanwhile; rows {"step", **result} kept, logged and, on the main process, appended to a JSONL
+    file (whose rows past ``first_step`` a resumed run drops)."""
+
+    def __init__(self, evaluate: Callable[[], dict] | None, every: int | None, first_step: int, main: bool,
+                 jsonl_path: str | Path | None, log: Callable[[str], None]):
+        self.evaluate, self.every, self.main, self.log = evaluate, every, main, log
+        self.path = Path(jsonl_path) if jsonl_path is not None and main and evaluate is not None else None
+        if self.path is not None:
+            _truncate_jsonl(self.path, first_step)
+        self.rows: list[dict] = []
+
+    def after(self, step: int, model: torch.nn.Module, final: bool) -> None:
+        """Evaluate after ``step`` if it is due (every ``every`` steps, or ``final`` unless just done)."""
+        if self.evaluate is None or (self.rows and self.rows[-1]["step"] == step):
+            return
+        if not final and (self.every is None or step % self.every):
+            return
+        model.eval()
+        row = {"step": step, **self.evaluate()}
+        model.train()
+        self.rows.append(row)
+        if self.main:
+            self.log("eval " + "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                         for k, v in row.items()))
+        if self.path is not None:
+            with self.path.open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
 
 
 def _row(step: int, loss: float, lr: float, grad_norm: float, seconds: float, digits: int) -> dict:
