@@ -52,3 +52,27 @@ def test_wan_pipeline_runs_end_to_end_with_sparse_attention():
     assert torch.allclose(_generate(pipe), dense, atol=1e-4)
     sv.remove_sparse_attention(pipe.transformer)
     assert torch.equal(_generate(pipe), dense)
+
+
+def test_a_pipeline_with_two_transformers_gets_each_its_own_setting():
+    """Wan2.2's two-expert pipelines carry `transformer` and `transformer_2`: one call applies to both (or a setting
+    per name), stats come per transformer, one call removes them all."""
+    pipe = _pipeline()
+    pipe.register_modules(transformer_2=_transformer(seed=1))
+    assert set(sv.integration.pipeline_transformers(pipe)) == {"transformer", "transformer_2"}
+    dense = _generate(pipe)
+    sv.apply_sparse_attention(pipe, sv.SparseConfig(rule="topk", topk=0.3, **SMALL_BLOCKS), collect_stats=True)
+    assert sv.is_sparse(pipe.transformer) and sv.is_sparse(pipe.transformer_2) and sv.is_sparse(pipe)
+    sparse = _generate(pipe)
+    stats = sv.attention_stats(pipe)
+    assert set(stats) == {"transformer", "transformer_2"} and all(s["sparsity"] > 0 for s in stats["transformer"])
+    assert not torch.allclose(sparse, dense)
+    sv.remove_sparse_attention(pipe)
+    assert not sv.is_sparse(pipe) and torch.equal(_generate(pipe), dense)
+
+    sv.apply_sparse_attention(pipe, {"transformer_2": sv.SparseConfig(rule="topk", topk=0.3, **SMALL_BLOCKS)})
+    assert sv.is_sparse(pipe.transformer_2) and not sv.is_sparse(pipe.transformer)
+    with pytest.raises(ValueError, match="transformer_3"):
+        sv.apply_sparse_attention(pipe, {"transformer_3": sv.SparseConfig()})
+    with pytest.raises(TypeError, match="pipeline holding one"):
+        sv.apply_sparse_attention(object(), sv.SparseConfig())

@@ -135,8 +135,7 @@ def adapter_for(transformer) -> ModelAdapter:
         if adapter.class_name in mro_names:
             return adapter
     supported = ", ".join(a.class_name for a in ADAPTERS)
-    raise TypeError(f"transformer of type {type(transformer).__name__} is not supported; supported: {supported}. "
-                    f"Pass the pipeline's transformer (e.g. pipe.transformer), not the pipeline.")
+    raise TypeError(f"transformer of type {type(transformer).__name__} is not supported; supported: {supported}")
 
 
 def _position(transformer: torch.nn.Module, name: str, args: tuple) -> int | None:

@@ -91,19 +91,42 @@ def _device_of(transformer: torch.nn.Module) -> torch.device:
     return torch.device("cpu") if parameter is None else parameter.device
 
 
-def apply_sparse_attention(transformer: torch.nn.Module, config: SparseConfig | None = None, *,
-                           collect_stats: bool = False) -> torch.nn.Module:
+def pipeline_transformers(pipe) -> dict[str, torch.nn.Module]:
+    """{component name: transformer} of the video transformers of a diffusers pipeline (``transformer``, and
+    ``transformer_2`` for Wan2.2's two-expert pipelines); ValueError when it has none."""
+    components = getattr(pipe, "components", None)
+    if not isinstance(components, dict):
+        raise TypeError(f"expected a diffusers video transformer or a pipeline holding one, got {type(pipe).__name__}")
+    found = {name: module for name, module in components.items()
+             if name.startswith("transformer") and isinstance(module, torch.nn.Module)}
+    if not found:
+        raise ValueError(f"the {type(pipe).__name__} has no transformer component")
+    return found
+
+
+def apply_sparse_attention(transformer, config: SparseConfig | dict | None = None, *, collect_stats: bool = False):
     """Make every video self-attention of a diffusers video transformer block-sparse, in place.
 
     Args:
         transformer: ``WanTransformer3DModel``, ``HunyuanVideoTransformer3DModel`` or
-            ``CogVideoXTransformer3DModel`` (e.g. ``pipe.transformer``). Cross-attention and text-only
-            attention are left alone. Applying again replaces the previous configuration.
-        config: a :class:`SparseConfig` (default ``SparseConfig()``).
+            ``CogVideoXTransformer3DModel`` (e.g. ``pipe.transformer``), or a pipeline: then each of its
+            transformers (:func:`pipeline_transformers`). Cross-attention and text-only attention are left alone.
+            Applying again replaces the previous configuration.
+        config: a :class:`SparseConfig` (default ``SparseConfig()``); for a pipeline also {component name:
+            SparseConfig} (each named transformer gets its own; those not named stay dense).
         collect_stats: record per-layer sparsity and timings for :func:`attention_stats`.
-    Returns the same transformer. It may then be compiled (``torch.compile`` or diffusers'
+    Returns the same transformer (or pipeline). It may then be compiled (``torch.compile`` or diffusers'
     ``compile_repeated_blocks``); see docs/integration.md.
     """
+    if not isinstance(transformer, torch.nn.Module):
+        transformers = pipeline_transformers(transformer)
+        configs = config if isinstance(config, dict) else {name: config for name in transformers}
+        unknown = sorted(set(configs) - set(transformers))
+        if unknown:
+            raise ValueError(f"config names {unknown}, but the pipeline's transformers are {sorted(transformers)}")
+        for name, per_transformer in configs.items():
+            apply_sparse_attention(transformers[name], per_transformer, collect_stats=collect_stats)
+        return transformer
     config = SparseConfig() if config is None else config
     if not isinstance(config, SparseConfig):
         raise TypeError(f"config must be a sparsevid.SparseConfig, got {type(config).__name__}")
@@ -130,11 +153,17 @@ def apply_sparse_attention(transformer: torch.nn.Module, config: SparseConfig | 
     return transformer
 
 
-def remove_sparse_attention(transformer: torch.nn.Module) -> torch.nn.Module:
-    """Undo :func:`apply_sparse_attention`: remove its hooks and put the original processors back in the layers
-    that still hold the sparse processors it installed. A layer whose processor was replaced since (e.g. by
+def remove_sparse_attention(transformer):
+    """Undo :func:`apply_sparse_attention` (on a transformer, or on each sparse transformer of a pipeline): remove
+    its hooks and put the original processors back in the layers that still hold the sparse processors it
+    installed. A layer whose processor was replaced since (e.g. by
     ``set_attn_processor``) keeps that processor; a warning names such layers. Returns the same transformer.
     """
+    if not isinstance(transformer, torch.nn.Module):
+        for module in pipeline_transformers(transformer).values():
+            if getattr(module, _STATE_ATTR, None) is not None:
+                remove_sparse_attention(module)
+        return transformer
     state = _state(transformer)
     restored, kept = 0, []
     for layer, (attn, original, processor) in enumerate(zip(state.attentions, state.originals, state.processors)):
@@ -154,16 +183,19 @@ def remove_sparse_attention(transformer: torch.nn.Module) -> torch.nn.Module:
     return transformer
 
 
-def is_sparse(transformer: torch.nn.Module) -> bool:
-    """Whether ``apply_sparse_attention`` is in effect on ``transformer`` and at least one of its self-attentions
-    still runs a sparsevid processor (not replaced since by another processor)."""
+def is_sparse(transformer) -> bool:
+    """Whether ``apply_sparse_attention`` is in effect on ``transformer`` (for a pipeline: on any of its
+    transformers) and at least one of its self-attentions still runs a sparsevid processor (not replaced since by
+    another processor)."""
+    if not isinstance(transformer, torch.nn.Module):
+        return any(is_sparse(module) for module in pipeline_transformers(transformer).values())
     state = getattr(transformer, _STATE_ATTR, None)
     if state is None:
         return False
     return any(attn.processor is processor for attn, processor in zip(state.attentions, state.processors))
 
 
-def attention_stats(transformer: torch.nn.Module) -> list[dict]:
+def attention_stats(transformer) -> list[dict] | dict[str, list[dict]]:
     """Per self-attention call of the last forward, a dict of: layer, step, dense, sparsity (video-to-video,
     area-weighted), video_tokens, text_tokens and the times in ms of the attention call (``attention_ms``,
     the whole stand-in for SDPA) and its parts: ``reorder_ms`` (selecting the video q/k/v, and tiling them
@@ -173,8 +205,12 @@ def attention_stats(transformer: torch.nn.Module) -> list[dict]:
     only. The once-per-forward token reordering is reported by :func:`forward_stats`.
 
     Needs ``collect_stats=True`` (see :func:`apply_sparse_attention` / :func:`set_collect_stats`).
-    Reading the numbers synchronises with the device.
+    Reading the numbers synchronises with the device. For a pipeline: {component name: that list} of each of its
+    sparse transformers.
     """
+    if not isinstance(transformer, torch.nn.Module):
+        return {name: attention_stats(module) for name, module in pipeline_transformers(transformer).items()
+                if getattr(module, _STATE_ATTR, None) is not None}
     return [record.as_dict() for record in attention_records(transformer)]
 
 
