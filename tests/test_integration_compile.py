@@ -123,3 +123,23 @@ def test_the_prediction_op_returns_unaliased_outputs_that_match_predict_mask():
     first, second = _unaliased(buffer.split([4, 6]))
     assert first.data_ptr() == buffer.data_ptr() and second.untyped_storage().data_ptr() != buffer.data_ptr()
     assert torch.equal(second, torch.arange(4, 10))
+
+
+def test_the_cpu_gather_backend_compiles_into_one_graph_forward_and_backward():
+    """The default backend on the CPU ("auto": the gather backend) is a custom op under torch.compile, so a sparse
+    Wan transformer compiles with fullgraph=True and trains: output and gradients as eager."""
+    model, inputs = build("wan")
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.5, block_q=64, block_k=64))
+    inputs = {**inputs, "hidden_states": inputs["hidden_states"].requires_grad_(True)}
+
+    def loss_and_grads(module):
+        model.zero_grad(set_to_none=True)
+        inputs["hidden_states"].grad = None
+        out = module(**inputs, return_dict=False)[0]
+        out.square().mean().backward()
+        return out.detach(), inputs["hidden_states"].grad.clone(), model.blocks[0].attn1.to_q.weight.grad.clone()
+
+    eager = loss_and_grads(model)
+    compiled = loss_and_grads(torch.compile(model, backend="aot_eager", fullgraph=True))
+    for got, want in zip(compiled, eager):
+        assert _rel(got, want) < 1e-5

@@ -342,17 +342,24 @@ class _GatherAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         q_blocks, k_blocks, v_blocks, out, lse = ctx.saved_tensors
-        plan = ctx.plan
-        if grad_out is None:
-            grad_out_blocks = torch.zeros_like(out)
-        else:
-            grad_out_blocks = _to_blocks(grad_out, plan.block_q, plan.compute)
-        if grad_lse is not None:
-            grad_lse = F.pad(grad_lse.to(plan.compute), (0, plan.q_blocks * plan.block_q - plan.q_len))
-            grad_lse = grad_lse.reshape(-1, plan.block_q)
-        dq, dk, dv = _backward(grad_out_blocks, grad_lse, q_blocks, k_blocks, v_blocks, out, lse, plan)
-        return (_from_blocks(dq, plan, plan.q_len, ctx.dtype), _from_blocks(dk, plan, plan.kv_len, ctx.dtype),
-                _from_blocks(dv, plan, plan.kv_len, ctx.dtype), None)
+        return _blocks_backward(grad_out, grad_lse, q_blocks, k_blocks, v_blocks, out, lse, ctx.plan, ctx.dtype) + (
+            None,)
+
+
+def _blocks_backward(grad_out, grad_lse, q_blocks, k_blocks, v_blocks, out, lse, plan: _Plan,
+                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv in ``dtype`` ([B, H, N|M, D]) from the output gradients (either may be None) and the forward's
+    block-layout inputs and results."""
+    if grad_out is None:
+        grad_out_blocks = torch.zeros_like(out)
+    else:
+        grad_out_blocks = _to_blocks(grad_out, plan.block_q, plan.compute)
+    if grad_lse is not None:
+        grad_lse = F.pad(grad_lse.to(plan.compute), (0, plan.q_blocks * plan.block_q - plan.q_len))
+        grad_lse = grad_lse.reshape(-1, plan.block_q)
+    dq, dk, dv = _backward(grad_out_blocks, grad_lse, q_blocks, k_blocks, v_blocks, out, lse, plan)
+    return (_from_blocks(dq, plan, plan.q_len, dtype), _from_blocks(dk, plan, plan.kv_len, dtype),
+            _from_blocks(dv, plan, plan.kv_len, dtype))
 
 
 def _lse_from_blocks(lse: torch.Tensor, plan: _Plan) -> torch.Tensor:
@@ -361,7 +368,6 @@ def _lse_from_blocks(lse: torch.Tensor, plan: _Plan) -> torch.Tensor:
     return lse.reshape(plan.batch, plan.heads, -1)[:, :, :plan.q_len].to(dtype).contiguous()
 
 
-@torch.compiler.disable
 def gather_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask,
                                   scale: float, return_tile_mass: bool = False) -> tuple[torch.Tensor, ...]:
     """Block-sparse attention over the kept tiles only (see the module docstring).
@@ -370,8 +376,16 @@ def gather_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     over B and H. Returns out [B, H, N, D] (q's dtype) and lse [B, H, N] (float32; float64 for float64 q);
     rows with no kept tile give zeros and -inf. Differentiable in q, k, v. With ``return_tile_mass``
     (inference only) also the exact tile masses float32 [B, H, QB, KB].
-    ``torch.compile`` runs it eagerly (it reads the mask's block counts on the host).
+    Under ``torch.compile`` it is the custom op ``torch.ops.sparsevid.gather_block_sparse_attn`` (it reads the
+    mask's block counts on the host, which a traced graph cannot); the tile masses run eagerly.
     """
+    if torch.compiler.is_compiling() and not return_tile_mass:
+        return tuple(_gather_attn(q, k, v, mask.keep, mask.q_len, mask.kv_len, mask.block_q, mask.block_k, scale))
+    return _eager_gather(q, k, v, mask, scale, return_tile_mass)
+
+
+@torch.compiler.disable
+def _eager_gather(q, k, v, mask: SparseMask, scale: float, return_tile_mass: bool) -> tuple[torch.Tensor, ...]:
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     plan = _make_plan(mask, q.shape[0], q.shape[1], q.shape[3], scale, compute, q.device,
                       whole_rows=not return_tile_mass)
@@ -383,3 +397,53 @@ def gather_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         result = (_from_blocks(out, plan, plan.q_len, q.dtype), _lse_from_blocks(lse, plan))
         return result + ((mass,) if return_tile_mass else ())
     return _GatherAttention.apply(q, k, v, plan)
+
+
+# --------------------------------------------------------------------------- the op torch.compile traces
+
+@torch.library.custom_op("sparsevid::gather_block_sparse_attn", mutates_args=())
+def _gather_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, q_len: int, kv_len: int,
+                 block_q: int, block_k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    mask = SparseMask.from_dense(keep, q_len, kv_len, block_q, block_k)
+    out, lse = _eager_gather(q, k, v, mask, scale, False)
+    return out.contiguous(), lse.contiguous()
+
+
+@_gather_attn.register_fake
+def _(q, k, v, keep, q_len, kv_len, block_q, block_k, scale):
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=dtype)
+
+
+@torch.library.custom_op("sparsevid::gather_block_sparse_attn_backward", mutates_args=())
+def _gather_attn_backward(grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None, q: torch.Tensor,
+                          k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, q_len: int, kv_len: int,
+                          block_q: int, block_k: int,
+                          scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Recomputes the forward in block layout (as activation checkpointing would), then its backward."""
+    mask = SparseMask.from_dense(keep, q_len, kv_len, block_q, block_k)
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    plan = _make_plan(mask, q.shape[0], q.shape[1], q.shape[3], scale, compute, q.device)
+    blocks = (_to_blocks(q, block_q, compute), _to_blocks(k, block_k, compute), _to_blocks(v, block_k, compute))
+    out, lse, _ = _forward(*blocks, plan)
+    return tuple(g.contiguous() for g in _blocks_backward(grad_out, grad_lse, *blocks, out, lse, plan, q.dtype))
+
+
+@_gather_attn_backward.register_fake
+def _(grad_out, grad_lse, q, k, v, keep, q_len, kv_len, block_q, block_k, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_gather_context(ctx, inputs, output):
+    q, k, v, keep, q_len, kv_len, block_q, block_k, scale = inputs
+    ctx.save_for_backward(q, k, v, keep)
+    ctx.sizes = (q_len, kv_len, block_q, block_k, scale)
+
+
+def _gather_backward(ctx, grad_out, grad_lse):
+    q, k, v, keep = ctx.saved_tensors
+    dq, dk, dv = _gather_attn_backward(grad_out, grad_lse, q, k, v, keep, *ctx.sizes)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+_gather_attn.register_autograd(_gather_backward, setup_context=_setup_gather_context)
