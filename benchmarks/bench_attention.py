@@ -147,7 +147,7 @@ def main() -> int:
                         "fwdbwd": time_variant(functools.partial(attend, backend="flex"), True, inputs)
                         if with_backward else None}
                 for tma in args.tma:
-                    triton_attention.TMA = triton_attention._tma_kernels(tma)
+                    triton_attention.TMA = triton_attention.tma_kernels(tma)
                     errors = check() if check is not None else {}
                     failed_checks += [f"{shape_name} {block_name} {sparsity} tma={tma} {name}={err}"
                                       for name, err in errors.get("triton", {}).items()
@@ -183,8 +183,7 @@ def main() -> int:
     return 0
 
 
-KERNELS = {"fwd": triton_attention._bsa_fwd_kernel, "dq": triton_attention._bsa_bwd_dq_kernel,
-           "dkdv": triton_attention._bsa_bwd_dkdv_kernel}
+KERNELS = triton_attention.AUTOTUNED_KERNELS
 
 
 def reset_autotuning() -> None:

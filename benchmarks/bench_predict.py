@@ -247,12 +247,12 @@ def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, att
            "dtype": str(dtype).removeprefix("torch."), "checks": checks}
     # Every candidate config of each kernel, timed explicitly (whatever the autotuner would pick).
     differing = lambda: differing_rows(launch.outputs[0], mask.keep)  # noqa: E731
-    pool_times, best_pool = time_candidates(launch.pool, triton_predict._POOL_CONFIGS, device_ms,
+    pool_times, best_pool = time_candidates(launch.pool, triton_predict.POOL_CONFIGS, device_ms,
                                             lambda: (launch.logits(), launch.select(), differing())[2])
-    logits_times, best_logits = time_candidates(launch.logits, triton_predict._LOGITS_CONFIGS, device_ms,
+    logits_times, best_logits = time_candidates(launch.logits, triton_predict.LOGITS_CONFIGS, device_ms,
                                                 lambda: (launch.select(), differing())[1])
     launch.logits(best_logits)
-    select_times, best_select = time_candidates(launch.select, triton_predict._SELECT_CONFIGS, device_ms, differing)
+    select_times, best_select = time_candidates(launch.select, triton_predict.SELECT_CONFIGS, device_ms, differing)
     row["configs_ms"] = {"pool": pool_times, "logits": logits_times, "select": select_times}
     row["pool_ms"], row["logits_ms"], row["select_ms"] = (
         min(ms for ms in times.values() if ms is not None) for times in (pool_times, logits_times, select_times))

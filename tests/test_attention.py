@@ -72,7 +72,7 @@ def test_reference_chunks_long_sequences(monkeypatch):
 def test_triton_float32_matches_oracle(shape, kind, tma, nan_poisoned_outputs, monkeypatch):
     """Both ways of reading K/V (Q/dO): tensor descriptors where the inputs allow (head dims 16..128 that are
     powers of two here; d80 always takes pointer loads) and plain pointer loads."""
-    monkeypatch.setattr(triton_attention, "TMA", triton_attention._tma_kernels("all" if tma else "none"))
+    monkeypatch.setattr(triton_attention, "TMA", triton_attention.tma_kernels("all" if tma else "none"))
     b, h, n, m, d, block_q, block_k = shape
     mask = make_mask(kind, b, h, n, m, block_q, block_k)
     q, k, v = rand_inputs(b, h, n, m, d, torch.float32)
@@ -134,10 +134,10 @@ def test_tensor_descriptors_only_for_aligned_power_of_two_head_dims(monkeypatch)
     assert not triton_attention._use_tma("fwd", torch.randn(1, 2, 100, 80, device=DEVICE))  # head dim 80
     wide = torch.randn(1, 2, 100, 66, device=DEVICE)
     assert not triton_attention._use_tma("fwd", wide[..., 1:65])  # base 4 bytes past alignment
-    monkeypatch.setattr(triton_attention, "TMA", triton_attention._tma_kernels("dq,dkdv"))
+    monkeypatch.setattr(triton_attention, "TMA", triton_attention.tma_kernels("dq,dkdv"))
     assert not triton_attention._use_tma("fwd", q)
     with pytest.raises(ValueError, match="SPARSEVID_TMA"):
-        triton_attention._tma_kernels("fwd,bwd")
+        triton_attention.tma_kernels("fwd,bwd")
 
 
 def test_full_mask_equals_dense_sdpa():

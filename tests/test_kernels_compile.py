@@ -64,9 +64,9 @@ def _predict_variants(tp):
     select = {"HEAD_DIM": 128, "BLOCK_Q": 128, "BLOCK_K": 64, "WITH_SIM": True, "BLOCK_KB": 2048, "HEAD_KB": 1024,
               "TAIL_KB": 256, "USE_TOPK": True, "USE_TOPP": True, "TOPK_PER_HEAD": True,
               "TOPP_PER_HEAD": True, "SIM_PER_HEAD": True, "KEEP_SINK": True, "KEEP_DIAGONAL": True, "WITHIN": True}
-    for kernel, configs, base in ((tp._pool_kernel, tp._POOL_CONFIGS, pool),
-                                  (tp._logits_kernel, tp._LOGITS_CONFIGS, logits),
-                                  (tp._select_kernel, tp._SELECT_CONFIGS, select)):
+    for kernel, configs, base in ((tp._pool_kernel, tp.POOL_CONFIGS, pool),
+                                  (tp._logits_kernel, tp.LOGITS_CONFIGS, logits),
+                                  (tp._select_kernel, tp.SELECT_CONFIGS, select)):
         for config in configs:
             constexprs = {**base, **config.kwargs}
             if kernel is tp._select_kernel:
@@ -101,7 +101,7 @@ def test_every_kernel_variant_compiles_for_sm90():
     assert done.returncode == 0, done.stdout + done.stderr
     from sparsevid.ops import triton_predict as tp
 
-    expected = 9 + len(tp._POOL_CONFIGS) + len(tp._LOGITS_CONFIGS) + len(tp._SELECT_CONFIGS)
+    expected = 9 + len(tp.POOL_CONFIGS) + len(tp.LOGITS_CONFIGS) + len(tp.SELECT_CONFIGS)
     assert done.stdout.count("compiled") == expected, done.stdout
 
 

@@ -24,7 +24,7 @@ LOG2E = 1.4426950408889634
 _TMA_KERNELS = ("fwd", "dq", "dkdv")
 
 
-def _tma_kernels(setting: str) -> frozenset[str]:
+def tma_kernels(setting: str) -> frozenset[str]:
     """SPARSEVID_TMA: "all", "none" or a comma list of fwd, dq, dkdv."""
     if setting in ("all", "none"):
         return frozenset(_TMA_KERNELS if setting == "all" else ())
@@ -36,7 +36,7 @@ def _tma_kernels(setting: str) -> frozenset[str]:
 
 # The kernels that read K/V (fwd, dq) or Q/dO (dkdv) through the tensor-memory accelerator where the GPU and
 # the inputs allow it (Hopper or newer); the others use plain pointer loads.
-TMA = _tma_kernels(os.environ.get("SPARSEVID_TMA", "all"))
+TMA = tma_kernels(os.environ.get("SPARSEVID_TMA", "all"))
 
 
 def _box_rows_hook(sources: tuple[str, str], rows):
@@ -452,6 +452,10 @@ def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
 
 
 # --------------------------------------------------------------------------- launchers
+
+# The autotuned kernels by pass, for tools that inspect or reset their tuning (benchmarks).
+AUTOTUNED_KERNELS = {"fwd": _bsa_fwd_kernel, "dq": _bsa_bwd_dq_kernel, "dkdv": _bsa_bwd_dkdv_kernel}
+
 
 def _alloc(like: torch.Tensor, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None):
     """Uninitialised kernel output: like's shape, dtype and layout, or a contiguous ``shape``/``dtype``

@@ -58,17 +58,17 @@ from .triton_launch import AUTOTUNE, INTERPRET, launch_tuned
 # COMPACT: bracket entries below which the search packs the bracket (0: never). With one warp a select
 # program's row reductions (each bisection step's count and mass) stay within the warp, without barriers,
 # and many small programs keep every SM busy.
-_POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=1),
+POOL_CONFIGS = [triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=1),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=16), num_warps=1, num_stages=2),
                  triton.Config(dict(POOL_TOKENS=128, POOL_CHUNK=32), num_warps=1, num_stages=1)]
 # Logits configs fit the shared memory of an H200 (3xTF32 operands: 64-164 KB per program); CHUNK = 64
 # key blocks is the M side of one warpgroup's dot. Tiles of one dot step (SPAN = CHUNK) give the short map of
 # a small model (Wan 1.3B) more programs.
-_LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64), num_warps=4, num_stages=1),
+LOGITS_CONFIGS = [triton.Config(dict(ROWS=64, SPAN=256, CHUNK=64), num_warps=4, num_stages=1),
                    triton.Config(dict(ROWS=32, SPAN=256, CHUNK=64), num_warps=4, num_stages=1),
                    triton.Config(dict(ROWS=64, SPAN=64, CHUNK=64), num_warps=4, num_stages=1),
                    triton.Config(dict(ROWS=128, SPAN=256, CHUNK=64), num_warps=4, num_stages=1)]
-_SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=512, OUT_TILE=256, COMPACT=0), num_warps=1, num_stages=1),
+SELECT_CONFIGS = [triton.Config(dict(SEL_TILE=512, OUT_TILE=256, COMPACT=0), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512, OUT_TILE=128, COMPACT=0), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=512, OUT_TILE=1024, COMPACT=0), num_warps=1, num_stages=1),
                    triton.Config(dict(SEL_TILE=1024, OUT_TILE=256, COMPACT=64), num_warps=1, num_stages=1)]
@@ -142,7 +142,7 @@ def _pool_tile(p_x, stride_n, stride_d, length, num_blocks, tile, p_mean, p_sim,
         tl.store(p_sim + o_b, tl.sum(b_mean * b_unit, 1) / tl.maximum(mean_norm, eps), mask=m_b)
 
 
-@triton.autotune(configs=_configs(_POOL_CONFIGS), key=_POOL_KEY)
+@triton.autotune(configs=_configs(POOL_CONFIGS), key=_POOL_KEY)
 @triton.jit
 def _pool_kernel(Q, K, PooledQ, PooledK, SimQ, SimK,
                  stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
@@ -304,7 +304,7 @@ def _threshold_bits(b_p, b_t, k_eff, target, p_rows, m_rows, row_max, inv_sum, p
     return lo, hi, fill
 
 
-@triton.autotune(configs=_configs(_LOGITS_CONFIGS), key=_LOGITS_KEY)
+@triton.autotune(configs=_configs(LOGITS_CONFIGS), key=_LOGITS_KEY)
 @triton.jit
 def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits_stride, scale_log2,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KB: tl.constexpr,
@@ -338,7 +338,7 @@ def _logits_kernel(PooledQ, PooledK, Logits, NUM_Q_BLOCKS, NUM_KV_BLOCKS, logits
         tl.store(tl.trans(p_logits) + (c + o_j)[:, None], b_st * scale_log2, mask=m_j[:, None] & m_r[None, :])
 
 
-@triton.autotune(configs=_configs(_SELECT_CONFIGS), key=_SELECT_KEY)
+@triton.autotune(configs=_configs(SELECT_CONFIGS), key=_SELECT_KEY)
 @triton.heuristics(_SELECT_HEURISTICS)
 @triton.jit
 def _select_kernel(SimQ, SimK, Logits, Keep, Count, Index, KeptMass,
