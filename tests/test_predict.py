@@ -84,8 +84,8 @@ def test_triton_matches_torch(shape, rule, options):
 def launches():
     """(name, run) for every candidate config: each pool, logits and select config, with the configs of the
     other stages taken in turn."""
-    pools, logits, selects = (triton_predict._POOL_CONFIGS, triton_predict._LOGITS_CONFIGS,
-                              triton_predict._SELECT_CONFIGS)
+    pools, logits, selects = (triton_predict.POOL_CONFIGS, triton_predict.LOGITS_CONFIGS,
+                              triton_predict.SELECT_CONFIGS)
     runs = max(len(pools), len(logits), len(selects))
     return [(f"staged-{i}", lambda launch, configs=(pools[i % len(pools)], logits[i % len(logits)],
                                                     selects[i % len(selects)]): launch.run(configs))
