@@ -142,7 +142,8 @@ def sample_tensors(latents: torch.Tensor, text: torch.Tensor, text_mask: torch.T
 
 
 def bucket_key(shapes: dict[str, Sequence[int]]) -> str:
-    """The bucket of a sample whose tensors have ``shapes`` {name: shape}: e.g. ``latents:16x21x60x104;text:512x4096``."""
+    """The bucket of a sample whose tensors have ``shapes`` {name: shape}, e.g.
+    ``latents:16x21x60x104;text:512x4096``."""
     return ";".join(f"{name}:{'x'.join(str(n) for n in shape)}" for name, shape in sorted(shapes.items()))
 
 

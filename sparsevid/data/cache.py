@@ -1,0 +1,198 @@
+"""Caching a diffusers video pipeline's training inputs: videos with captions (or clips sampled from the pipeline
+itself) encoded by the pipeline's own VAE and text encoder into a shard folder (:class:`~sparsevid.training.
+latents.ShardWriter`) that :class:`~sparsevid.training.LatentDirectory` and ``sparsevid distill --data`` read.
+
+A run is resumable: it continues a folder written with the same settings, encoding only the items not in it
+yet. An item that cannot become a sample (it does not decode, is too short or too small, has no caption) is
+reported with its reason, listed under ``skipped`` in the index, and left out; nothing written is lost.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..training.draws import STREAM_TEACHER, sample_generator
+from ..training.latents import NULL_FILE, ShardWriter, write_null_text
+from .families import Family, family_for
+from .videos import UnusableItem, VideoItem, fit, read_clip
+
+
+class Encoder:
+    """A diffusers video pipeline with its family: videos and prompts to the inputs of its transformer.
+
+    ``spatial``: input pixels per token side (the VAE's spatial factor times the transformer's patch);
+    ``temporal``: the VAE's frame compression (a clip has ``k * temporal + 1`` frames).
+    """
+
+    def __init__(self, pipe, family: Family, transformer_config: dict, source: str):
+        self.pipe, self.family, self.source = pipe, family, source
+        self.device = torch.device(pipe._execution_device)
+        self.temporal = int(pipe.vae_scale_factor_temporal)
+        self.spatial = int(pipe.vae_scale_factor_spatial) * family.patch(transformer_config)
+
+    def frames(self, available: int) -> int:
+        """The longest clip length the VAE takes within ``available`` frames (0 when none)."""
+        return (available - 1) // self.temporal * self.temporal + 1 if available >= 1 else 0
+
+    def size(self, height: int, width: int) -> tuple[int, int]:
+        """The largest (height, width) within (``height``, ``width``) that the VAE and the patching take."""
+        return height // self.spatial * self.spatial, width // self.spatial * self.spatial
+
+    def check(self, height: int | None, width: int | None, frames: int | None) -> None:
+        """ValueError naming the option when a requested size or length does not suit the model."""
+        for name, value in (("height", height), ("width", width)):
+            if value is not None and (value < self.spatial or value % self.spatial):
+                raise ValueError(f"--{name} {value}: must be a positive multiple of {self.spatial} for this "
+                                 f"pipeline (VAE factor x patch size)")
+        if frames is not None and (frames < 1 or self.frames(frames) != frames):
+            raise ValueError(f"--frames {frames}: must be k * {self.temporal} + 1 for this pipeline's VAE "
+                             f"(e.g. {self.frames(frames) or 1})")
+
+    @torch.no_grad()
+    def latents(self, video: torch.Tensor) -> torch.Tensor:
+        """The transformer's latents float32 [C, T, H / s, W / s] of ``video`` float [F, 3, H, W] in [-1, 1]:
+        the mean of the VAE's posterior, normalised as the pipeline does."""
+        vae = self.pipe.vae
+        pixels = video.permute(1, 0, 2, 3).unsqueeze(0).to(self.device, vae.dtype)
+        posterior = vae.encode(pixels).latent_dist
+        return self.family.normalise(vae, posterior.mode().float())[0].cpu()
+
+    @torch.no_grad()
+    def prompt(self, text: str) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """(text states [L, D] as the pipeline gives its transformer, text mask [L] or None, token count)."""
+        states, mask, tokens = self.family.encode_prompt(self.pipe, [text], self.device)
+        return states[0].cpu(), None if mask is None else mask[0].cpu(), tokens[0]
+
+
+def load_encoder(source: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 transformer: bool = False) -> Encoder:
+    """The diffusers pipeline at ``source`` (a folder or a hub id; ``from_pretrained``) on ``device``; without
+    its transformer unless ``transformer`` (sampling needs it, encoding does not)."""
+    import diffusers
+
+    index = diffusers.DiffusionPipeline.load_config(str(source))
+    family = family_for(index["_class_name"])
+    skip = {} if transformer else {name: None for name in ("transformer", "transformer_2") if name in index}
+    pipe = diffusers.DiffusionPipeline.from_pretrained(str(source), torch_dtype=dtype, **skip).to(device)
+    pipe.set_progress_bar_config(disable=True)
+    model_class = getattr(diffusers, index["transformer"][1])
+    config = dict(pipe.transformer.config) if transformer else model_class.load_config(str(source),
+                                                                                       subfolder="transformer")
+    return Encoder(pipe, family, config, str(source))
+
+
+@dataclass
+class CacheReport:
+    """One run: samples ``written`` by it, the folder's ``total``, its ``skipped`` items ({source, reason}),
+    and the run's time (``clips_per_second``: written clips over the run's seconds)."""
+
+    written: int
+    total: int
+    skipped: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def clips_per_second(self) -> float:
+        return self.written / self.seconds if self.seconds > 0 else 0.0
+
+
+def cache_videos(encoder: Encoder, items: list[VideoItem], out: str | Path, height: int | None = None,
+                 width: int | None = None, frames: int | None = None, fps: float | None = None,
+                 shard_size: int = 16, progress: bool = True, log: Callable[[str], None] | None = None
+                 ) -> CacheReport:
+    """Encode ``items`` into the shard folder ``out``.
+
+    Each clip is resampled to ``fps`` (default: its own rate), cut to its first ``frames`` (default: the most the
+    VAE takes), scaled and centre-cropped to ``height`` x ``width`` (default: its own size cropped to a multiple
+    the model takes; clips of different sizes or lengths land in different buckets).
+    """
+    encoder.check(height, width, frames)
+    if (height is None) != (width is None):
+        raise ValueError("give --height and --width together, or neither (each clip keeps its own size)")
+    settings = _settings(encoder, "videos", height=height, width=width, frames=frames, fps=fps)
+
+    def sample(item: VideoItem) -> dict:
+        if not item.caption:
+            raise UnusableItem(f"no caption: put {Path(item.source).stem}.txt beside it or give it a manifest row")
+        clip = read_clip(item, fps, frames)
+        length = frames or encoder.frames(len(clip.frames))
+        if len(clip.frames) < length or length == 0:
+            raise UnusableItem(f"{len(clip.frames)} frames{'' if fps is None else f' at {fps} fps'}, "
+                               f"needs {length or 1}")
+        size = (height, width) if height is not None else encoder.size(*clip.frames.shape[-2:])
+        if min(size) == 0:
+            raise UnusableItem(f"{tuple(clip.frames.shape[-2:])} pixels, smaller than {encoder.spatial}")
+        text, mask, tokens = encoder.prompt(item.caption)
+        metadata = {"source": item.source, "caption": item.caption, "height": size[0], "width": size[1],
+                    "frames": length, "fps": clip.fps, "source_size": list(clip.frames.shape[-2:]),
+                    "prompt_tokens": tokens}
+        return {"latents": encoder.latents(fit(clip.frames[:length], *size)), "text": text, "text_mask": mask,
+                "metadata": metadata}
+
+    jobs = [(item.source, lambda item=item: sample(item)) for item in items]
+    return _fill(encoder, out, settings, jobs, shard_size, progress, log)
+
+
+def cache_synthetic(encoder: Encoder, prompts: list[str], count: int, out: str | Path, height: int, width: int,
+                    frames: int, steps: int = 50, guidance: float = 5.0, seed: int = 0, shard_size: int = 16,
+                    progress: bool = True, log: Callable[[str], None] | None = None) -> CacheReport:
+    """Sample ``count`` clips from the pipeline itself (its own distribution, the dense teacher's) into ``out``:
+    clip ``i`` has prompt ``prompts[i % len(prompts)]`` and noise seeded by (``seed``, ``i``), ``steps`` sampling
+    steps at guidance ``guidance``; the latents are what the sampler ends with (``output_type="latent"``)."""
+    if not prompts:
+        raise ValueError("--prompts: no prompts (one per line)")
+    if getattr(encoder.pipe, "transformer", None) is None:
+        raise ValueError("sampling needs the pipeline's transformer: load_encoder(..., transformer=True)")
+    encoder.check(height, width, frames)
+    settings = _settings(encoder, "synthetic", height=height, width=width, frames=frames, steps=steps,
+                         guidance=guidance, seed=seed)
+
+    def sample(index: int) -> dict:
+        prompt = prompts[index % len(prompts)]
+        result = encoder.pipe(prompt=prompt, height=height, width=width, num_frames=frames,
+                              num_inference_steps=steps, guidance_scale=guidance, output_type="latent",
+                              generator=sample_generator(seed, index, STREAM_TEACHER))
+        text, mask, tokens = encoder.prompt(prompt)
+        metadata = {"source": f"synthetic:{index}", "caption": prompt, "height": height, "width": width,
+                    "frames": frames, "fps": None, "prompt_tokens": tokens}
+        return {"latents": result.frames[0].float().cpu(), "text": text, "text_mask": mask, "metadata": metadata}
+
+    jobs = [(f"synthetic:{i}", lambda i=i: sample(i)) for i in range(count)]
+    return _fill(encoder, out, settings, jobs, shard_size, progress, log)
+
+
+def _settings(encoder: Encoder, mode: str, **options) -> dict:
+    """What the folder's samples are made with: a resumed run must use the same."""
+    return {"pipeline": encoder.source, "family": encoder.family.name, "mode": mode,
+            "text_length": encoder.family.text_length, "dtype": str(encoder.pipe.vae.dtype), **options}
+
+
+def _fill(encoder: Encoder, out: str | Path, settings: dict, jobs: list[tuple[str, Callable[[], dict]]],
+          shard_size: int, progress: bool, log: Callable[[str], None] | None) -> CacheReport:
+    """Run the ``jobs`` ((source, make sample)) not yet in ``out``, skipping (and reporting) unusable items."""
+    from tqdm import tqdm
+
+    start = time.perf_counter()
+    writer = ShardWriter(out, settings, shard_size)
+    if not (Path(out) / NULL_FILE).is_file():
+        text, mask, _ = encoder.prompt("")
+        write_null_text(out, text, mask)
+    done = writer.done
+    todo = [(source, make) for source, make in jobs if source not in done]
+    log = log or tqdm.write
+    written = 0
+    with writer, tqdm(total=len(jobs), initial=len(jobs) - len(todo), unit="clip", desc="cache",
+                      disable=not progress) as bar:
+        for source, make in todo:
+            try:
+                writer.add(**make())
+                written += 1
+            except UnusableItem as reason:
+                writer.skip(source, str(reason))
+                log(f"skipped {source}: {reason}")
+            bar.update()
+    return CacheReport(written, writer.count, list(writer.index["skipped"]), time.perf_counter() - start)

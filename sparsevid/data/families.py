@@ -1,0 +1,73 @@
+"""What differs between diffusers video pipeline families when turning pixels and prompts into the inputs of
+their transformer: data, one :class:`Family` per family, looked up by the pipeline's class name.
+
+Everything else (the VAE's compression factors, the frame-count rule ``k * temporal + 1``, sampling with
+``output_type="latent"``) is common to the families' pipelines and lives in :mod:`.cache`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Family:
+    """One pipeline family.
+
+    Attributes:
+        name: the family's name (recorded in the cache's settings).
+        pipelines: the diffusers pipeline class names it covers.
+        text_length: the prompt length (tokens) the pipeline pads and truncates to when it samples.
+        normalise: (vae, latents float32 [B, C, T, H, W] from the VAE's posterior) -> the transformer's latents,
+            as the pipeline maps them before its transformer (the inverse of what it does before decoding).
+        encode_prompt: (pipe, prompts list[str], device) -> (text [B, L, D] exactly as the pipeline passes it to
+            its transformer, text_mask [B, L] if the transformer takes one (``encoder_attention_mask``) else None,
+            the prompt's token count per prompt list[int]).
+        patch: the transformer config -> its spatial patch size (latent pixels per token side).
+    """
+
+    name: str
+    pipelines: tuple[str, ...]
+    text_length: int
+    normalise: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+    encode_prompt: Callable[[object, list[str], torch.device], tuple[torch.Tensor, torch.Tensor | None, list[int]]]
+    patch: Callable[[dict], int]
+
+
+def _per_channel(values, latents: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=latents.dtype, device=latents.device).view(1, -1, 1, 1, 1)
+
+
+def _wan_normalise(vae, latents: torch.Tensor) -> torch.Tensor:
+    """(z - latents_mean) / latents_std per channel (WanPipeline decodes z = x * std + mean)."""
+    return (latents - _per_channel(vae.config.latents_mean, latents)) / _per_channel(vae.config.latents_std, latents)
+
+
+def _token_counts(pipe, prompts: list[str], length: int) -> list[int]:
+    tokens = pipe.tokenizer(prompts, padding="max_length", max_length=length, truncation=True,
+                            add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+    return tokens.attention_mask.sum(dim=1).tolist()
+
+
+def _wan_prompt(pipe, prompts: list[str], device: torch.device):
+    """Wan's transformer takes no text mask: the pipeline zeroes the states past each prompt's tokens."""
+    text, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False, max_sequence_length=WAN.text_length,
+                                 device=device)
+    return text, None, _token_counts(pipe, prompts, WAN.text_length)
+
+
+WAN = Family(name="wan", pipelines=("WanPipeline", "WanVideoToVideoPipeline"), text_length=512,
+             normalise=_wan_normalise, encode_prompt=_wan_prompt, patch=lambda config: int(config["patch_size"][1]))
+
+FAMILIES = (WAN,)
+
+
+def family_for(pipeline_class: str) -> Family:
+    """The family of the diffusers pipeline class named ``pipeline_class`` (TypeError for one not supported)."""
+    for family in FAMILIES:
+        if pipeline_class in family.pipelines:
+            return family
+    supported = sorted(name for family in FAMILIES for name in family.pipelines)
+    raise TypeError(f"sparsevid cache supports the pipelines {supported}, not {pipeline_class}")
