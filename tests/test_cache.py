@@ -194,7 +194,7 @@ def test_manifest_buckets_and_distill_on_the_cache(pipeline_dir, videos, tmp_pat
     assert (tmp_path / "student" / "student.safetensors").is_file()
 
 
-def test_synthetic_clips_are_the_pipelines_own_samples(pipeline_dir, tmp_path):
+def test_synthetic_clips_are_the_pipelines_own_samples(pipeline_dir, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red cat runs\n\nblue ball rolls over sand\n")
     out = tmp_path / "synthetic"
@@ -212,6 +212,12 @@ def test_synthetic_clips_are_the_pipelines_own_samples(pipeline_dir, tmp_path):
     assert torch.allclose(data.batch([row]).latents, expected, atol=1e-6)
     assert main(["cache", "--pipeline", str(pipeline_dir), "--synthetic", "3", "--out", str(out), "--device",
                  "cpu"]) == 2
+    assert main(["cache", "--pipeline", str(tmp_path / "nothing"), "--synthetic", "3", "--prompts", str(prompts),
+                 "--out", str(out), "--height", "32", "--width", "32", "--frames", "5", "--device", "cpu"]) == 2
+    assert main(["cache", "--pipeline", str(pipeline_dir), "--synthetic", "3", "--prompts", str(prompts),
+                 "--out", str(out), "--height", "32", "--width", "32", "--frames", "6", "--device", "cpu"]) == 2
+    errors = capsys.readouterr().err
+    assert "--prompts" in errors and "nothing: no such folder" in errors and "--frames 6: must be k * 4 + 1" in errors
 
 
 def _written(tmp_path, count=3, shard_size=2):

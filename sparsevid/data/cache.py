@@ -30,7 +30,7 @@ class Encoder:
 
     def __init__(self, pipe, family: Family, transformer_config: dict, source: str):
         self.pipe, self.family, self.source = pipe, family, source
-        self.device = torch.device(pipe._execution_device)
+        self.device = torch.device(pipe.device)
         self.temporal = int(pipe.vae_scale_factor_temporal)
         self.spatial = int(pipe.vae_scale_factor_spatial) * family.patch(transformer_config)
 
@@ -74,7 +74,10 @@ def load_encoder(source: str | Path, device: str | torch.device = "cpu", dtype: 
     its transformer unless ``transformer`` (sampling needs it, encoding does not)."""
     import diffusers
 
-    index = diffusers.DiffusionPipeline.load_config(str(source))
+    text = str(source)
+    if not Path(source).is_dir() and (Path(source).is_absolute() or text.startswith(".") or text.count("/") != 1):
+        raise FileNotFoundError(f"--pipeline {text}: no such folder, and not a hub id (owner/name)")
+    index = diffusers.DiffusionPipeline.load_config(text)
     family = family_for(index["_class_name"])
     skip = {} if transformer else {name: None for name in ("transformer", "transformer_2") if name in index}
     pipe = diffusers.DiffusionPipeline.from_pretrained(str(source), torch_dtype=dtype, **skip).to(device)

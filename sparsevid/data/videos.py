@@ -71,8 +71,11 @@ def _read_manifest(path: str | Path) -> list[dict]:
 
 
 def _manifest_item(root: Path, row: dict, manifest, number: int) -> VideoItem:
-    pick = lambda keys: next((row[k] for k in keys if isinstance(row, dict) and row.get(k) not in (None, "")),  # noqa: E731
-                             None)
+    if not isinstance(row, dict):
+        raise ValueError(f"--captions {manifest}: row {number} is not an object with video and caption fields")
+
+    def pick(keys):
+        return next((row[key] for key in keys if row.get(key) not in (None, "")), None)
     source, caption, fps = pick(PATH_KEYS), pick(CAPTION_KEYS), pick(("fps",))
     if source is None:
         raise ValueError(f"--captions {manifest}: row {number} names no video (a {'/'.join(PATH_KEYS)} field)")

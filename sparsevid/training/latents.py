@@ -418,8 +418,9 @@ class LatentDirectory:
 
     def batch(self, indices: Sequence[int], device: torch.device | str = "cpu") -> LatentBatch:
         check_indices(indices)
-        chosen = [self.sample(index) for index in indices]
-        buckets = {self.order(index)[0] for index in indices}
+        visits = [self.order(index) for index in indices]
+        chosen = [self.members[bucket][position] for bucket, position in visits]
+        buckets = {bucket for bucket, _ in visits}
         if len(buckets) > 1:
             raise ValueError(f"indices {indices[0]}...{indices[-1]} fall in {len(buckets)} buckets of different "
                              f"shapes ({', '.join(self.buckets[b] for b in sorted(buckets))}); a batch must lie in "
