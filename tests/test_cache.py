@@ -14,9 +14,8 @@ from PIL import Image  # noqa: E402
 
 from sparsevid.cli import main  # noqa: E402
 from sparsevid.data import Encoder, cache_videos, find_videos, fit, load_encoder  # noqa: E402
-from sparsevid.training import LatentDirectory, sample_generator, write_null_text  # noqa: E402
-from sparsevid.training.draws import STREAM_TEACHER  # noqa: E402
-from sparsevid.training.latents import BucketOrder, ShardWriter  # noqa: E402
+from sparsevid.training import (STREAM_TEACHER, BucketOrder, LatentDirectory, ShardWriter,  # noqa: E402
+                                sample_generator, write_null_text)
 
 WORDS = "a red cat runs on the grass blue ball rolls over sand dog jumps".split()
 CAPTIONS = {"cat.mp4": "a red cat runs on the grass", "ball.gif": "blue ball rolls", "dog": "dog jumps over sand"}
@@ -278,3 +277,43 @@ def test_bucket_order_keeps_aligned_runs_in_one_bucket(sizes, group):
         for start in range(0, order.epoch_length, order.group):
             assert len({bucket for bucket, _ in visits[start:start + order.group]}) == 1
     assert order.epoch_length == (sizes[0] if len(sizes) == 1 else sum(-(-n // group) * group for n in sizes))
+
+
+def test_cache_distill_load_and_generate_end_to_end(pipeline_dir, tmp_path):
+    """The real-model recipe on the tiny pipeline: clips sampled from the dense teacher itself are cached, a sparse
+    student is distilled on them (the loss and its held-out velocity error against the teacher fall), written,
+    loaded onto a freshly loaded pipeline in one call, where it gives the trained student's velocity, and the
+    pipeline generates with it."""
+    import diffusers
+
+    import sparsevid as sv
+    from sparsevid.eval import heldout_set, predict_velocities, velocity_error, velocity_tracker
+    from sparsevid.training import DistillConfig, LoopConfig, distill
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat runs\nblue ball rolls over sand\ndog jumps\n")
+    data_dir = tmp_path / "clips"
+    assert main(["cache", "--pipeline", str(pipeline_dir), "--synthetic", "8", "--prompts", str(prompts),
+                 "--out", str(data_dir), "--height", "64", "--width", "192", "--frames", "9", "--steps", "2",
+                 "--device", "cpu"]) == 0
+    data = LatentDirectory(data_dir)
+    # 9 frames of 64 x 192: 3 x 4 x 12 = 144 video tokens, 3 key blocks of 64; one kept per row
+    sparse = sv.SparseConfig(rule="topk", topk=1, block_q=64, block_k=64, tile="none")
+    transformer = diffusers.WanTransformer3DModel.from_pretrained(pipeline_dir, subfolder="transformer")
+    heldout = heldout_set(data, per_bin=2, num_bins=2)
+    dense = predict_velocities(transformer, heldout)
+    training_free = velocity_error(predict_velocities(transformer, heldout, sparse), dense, heldout)["overall"]
+    loop = LoopConfig(lr=3e-3, warmup_steps=2, ema_decay=None, max_steps=30, log_every=5, bf16=False, eval_every=30)
+    result = distill(transformer, data, DistillConfig(sparse=sparse, batch_size=2), loop, out=tmp_path / "student",
+                     log=lambda *_: None, evaluate=velocity_tracker(transformer, heldout))
+    losses = [row["loss"] for row in result.history]
+    assert sum(losses[-2:]) < sum(losses[:2])
+    assert result.evaluations[-1]["heldout_velocity_error"] < training_free
+    trained = predict_velocities(transformer, heldout)
+
+    pipe = diffusers.WanPipeline.from_pretrained(pipeline_dir)
+    assert sv.load_student(pipe, tmp_path / "student") == sparse and sv.is_sparse(pipe.transformer)
+    assert torch.allclose(predict_velocities(pipe.transformer, heldout), trained, atol=1e-2)
+    frames = pipe(prompt="a red cat runs", height=64, width=192, num_frames=9, num_inference_steps=2,
+                  output_type="pt", generator=torch.Generator().manual_seed(0)).frames
+    assert frames.shape[:2] == (1, 9) and torch.isfinite(frames).all()
