@@ -317,3 +317,13 @@ def test_cache_distill_load_and_generate_end_to_end(pipeline_dir, tmp_path):
     frames = pipe(prompt="a red cat runs", height=64, width=192, num_frames=9, num_inference_steps=2,
                   output_type="pt", generator=torch.Generator().manual_seed(0)).frames
     assert frames.shape[:2] == (1, 9) and torch.isfinite(frames).all()
+
+
+def test_evaluate_takes_a_folder_of_several_shapes(pipeline_dir, videos, tmp_path):
+    """Held-out triples come from one bucket, so a folder of clips of several sizes can be evaluated."""
+    out = tmp_path / "cache"
+    assert cache(pipeline_dir, videos, out) == 0
+    assert len(LatentDirectory(out).buckets) == 3
+    assert main(["evaluate", "--model", str(pipeline_dir), "--data", str(out), "--sparse", SPARSE, "--per-bin", "1",
+                 "--bins", "2", "--device", "cpu", "--out", str(tmp_path / "eval.json")]) == 0
+    assert json.loads((tmp_path / "eval.json").read_text())["heldout"]["triples"] == 2

@@ -55,10 +55,11 @@ def add_parser(subparsers) -> None:
 
 
 def heldout_triples(data, per_bin: int, bins: int = 5):
-    """Held-out triples of a latent folder: its samples in order (reused when it holds fewer than needed)."""
+    """Held-out triples of a latent folder, all of one shape: the samples of its first run of the data order
+    (one bucket; the whole folder when it holds one shape), reused when it holds fewer than needed."""
     from ..eval import heldout_set
 
-    return heldout_set(data, per_bin, bins, indices=[i % len(data) for i in range(per_bin * bins)])
+    return heldout_set(data, per_bin, bins, indices=[i % data.order.group for i in range(per_bin * bins)])
 
 
 def run(args) -> int:
