@@ -271,3 +271,46 @@ def test_held_out_velocity_error_is_logged_during_training_and_falls(tmp_path):
     assert rows == json.loads(json.dumps(result.evaluations))
     assert rows[-1]["heldout_velocity_error"] < training_free  # distillation closed part of the sparse gap
     assert len(rows[0]["heldout_velocity_error_per_bin"]) == 2 and rows[0]["heldout_loss"] > 0
+
+
+@pytest.mark.parametrize("trainable", ["attention", "lora"])
+def test_two_sharded_processes_match_one(tmp_path, trainable):
+    """FSDP2 over two CPU processes (gloo): the same losses, training state and student as one process."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    if trainable == "lora":
+        pytest.importorskip("peft")
+    torch.manual_seed(0)
+    model, _ = build("wan")
+    model.save_pretrained(tmp_path / "model")
+    data = _latents("wan", tmp_path, count=8)
+    args = ["distill", "--model", str(tmp_path / "model"), "--data", str(data), "--sparse",
+            "rule=topk,topk=2,block_q=64,block_k=64,tile=none", "--steps", "3", "--batch-size", "4", "--lr", "3e-3",
+            "--warmup", "1", "--trainable", trainable, "--lora-rank", "2", "--checkpoint-every", "2",
+            "--device", "cpu"]
+    from sparsevid.cli import main
+
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+               "-m", "sparsevid", *args, "--parallel", "fsdp", "--out", str(tmp_path / "two")]
+    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [[json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()]
+            for run in ("one", "two")]
+    assert [r["loss"] for r in rows[1]] == pytest.approx([r["loss"] for r in rows[0]], rel=1e-5)
+    assert rows[0][-1]["loss"] != rows[0][0]["loss"]
+    for name in ("student.safetensors", "state.safetensors"):
+        one, two = load_file(tmp_path / "one" / name), load_file(tmp_path / "two" / name)
+        assert set(one) == set(two), name
+        for key, value in one.items():
+            if not key.startswith("rng."):
+                assert torch.allclose(value.float(), two[key].float(), rtol=1e-4, atol=1e-6), (name, key)

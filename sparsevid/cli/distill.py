@@ -50,6 +50,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--heldout-per-bin", type=positive_int_arg, default=2,
                    help="held-out triples per noise-level bin (5 bins)")
     p.add_argument("--resume", action="store_true", help="continue from --out's training state")
+    p.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
+                   help="under torchrun: replicate the model on every rank (ddp) or shard it (fsdp, FSDP2: for "
+                        "models that do not fit one device, e.g. a full fine-tune of Wan 14B)")
     p.add_argument("--device", type=device_arg, default=default_device(), help="cpu, cuda or cuda:N")
     p.set_defaults(func=run)
 
@@ -91,7 +94,7 @@ def run(args) -> int:
         transformer = load_transformer(args.model, dtype=torch.float32, device=job.device)
         evaluate = None if heldout is None else velocity_tracker(transformer, heldout)
         result = distill(transformer, data, config, loop, out=args.out, resume=args.resume, device=job.device,
-                         extra={"model": str(args.model)}, evaluate=evaluate)
+                         extra={"model": str(args.model)}, evaluate=evaluate, parallel=args.parallel)
     except (FileNotFoundError, TypeError, ValueError) as error:
         raise CommandError(str(error)) from None
     except torch.cuda.OutOfMemoryError:

@@ -41,38 +41,70 @@ def _temporary_beside(path: str | Path) -> tuple[Path, Path]:
     return path, path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
-def save_training_state(path: str | Path, model: torch.nn.Module, ema: dict[str, torch.Tensor],
-                        optimizer: torch.optim.Optimizer, step: int, info: dict | None = None) -> Path:
-    """One file holding model weights, EMA weights, the optimizer state, the step count, the global torch
-    RNG states (CPU and the current CUDA device) and ``info`` (JSON-serialisable)."""
-    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+def training_tensors(model: torch.nn.Module, ema: dict[str, torch.Tensor],
+                     optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """The tensors of a training state: model weights, EMA weights, the optimizer state (by parameter position)
+    and the global torch RNG states (CPU and the current CUDA device). For an FSDP-sharded model the weights and
+    optimizer state are gathered whole (a collective: every rank calls it; rank 0 gets them)."""
+    from .sharding import full_model_state, full_optimizer_state, is_sharded
+
+    if is_sharded(model):
+        model_state, optimizer_state = full_model_state(model), full_optimizer_state(model, optimizer)
+    else:
+        position = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+        model_state = model.state_dict()
+        optimizer_state = {position[id(p)]: state for p, state in optimizer.state.items()}
+    tensors = {f"model.{k}": v for k, v in model_state.items()}
     tensors["rng.cpu"] = torch.get_rng_state()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         tensors["rng.cuda"] = torch.cuda.get_rng_state()
     tensors.update({f"ema.{k}": v for k, v in ema.items()})
-    param_index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
-    for p, state in optimizer.state.items():
+    for index, state in optimizer_state.items():
         for key, value in state.items():
-            tensors[f"optim.{param_index[id(p)]}.{key}"] = torch.as_tensor(value)
+            tensors[f"optim.{index}.{key}"] = torch.as_tensor(value)
+    return tensors
+
+
+def write_training_state(path: str | Path, tensors: dict[str, torch.Tensor], step: int,
+                         info: dict | None = None) -> Path:
+    """One file holding :func:`training_tensors`, the step count and ``info`` (JSON-serialisable)."""
     metadata = {"step": str(step), "info": json.dumps(info or {})}
     return save_safetensors_atomic(tensors, path, metadata)
 
 
+def save_training_state(path: str | Path, model: torch.nn.Module, ema: dict[str, torch.Tensor],
+                        optimizer: torch.optim.Optimizer, step: int, info: dict | None = None) -> Path:
+    """Write the training state of a model in one process (:func:`training_tensors`, :func:`write_training_state`)."""
+    return write_training_state(path, training_tensors(model, ema, optimizer), step, info)
+
+
 def load_training_state(path: str | Path, model: torch.nn.Module, ema: dict[str, torch.Tensor],
                         optimizer: torch.optim.Optimizer) -> tuple[int, dict]:
-    """Restore what :func:`save_training_state` wrote, in place (RNG states included). Returns (step, info)."""
+    """Restore what :func:`save_training_state` wrote, in place (RNG states included; an FSDP-sharded model takes
+    the whole weights and optimizer state, every rank reading the file). Returns (step, info)."""
     from safetensors import safe_open
+
+    from .sharding import is_sharded, load_full_states
 
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in f.keys()}
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    model_state = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
     if "rng.cpu" in tensors:
         torch.set_rng_state(tensors["rng.cpu"])
     if "rng.cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state(tensors["rng.cuda"])
     for name, value in ema.items():
         value.copy_(tensors[f"ema.{name}"])
+    if is_sharded(model):
+        optimizer_state: dict[int, dict] = {}
+        for key, value in tensors.items():
+            if key.startswith("optim."):
+                _, index, field = key.split(".", 2)
+                optimizer_state.setdefault(int(index), {})[field] = value
+        load_full_states(model, optimizer, model_state, optimizer_state)
+        return int(metadata.get("step", 0)), json.loads(metadata.get("info", "{}"))
+    model.load_state_dict(model_state)
     groups = [(p, g) for g in optimizer.param_groups for p in g["params"]]
     for key, value in tensors.items():
         if key.startswith("optim."):

@@ -11,6 +11,7 @@ data-parallel under ``torchrun``; every random draw is keyed by the global sampl
 """
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from .flow import flow_matching_loss, noisy, sample_t
 from .latents import LatentBatch
 from .loop import LoopConfig, train_loop
 from .lora import add_lora
+from .sharding import full_model_state, shard
 from .student import TRAINABLE, base_fingerprint, save_student, trainable_names
 from .velocity import DenseTeacher, check_flow_family, predict_velocity
 
@@ -173,9 +175,12 @@ class DistillResult:
     evaluations: list[dict] = field(default_factory=list)
 
 
+PARALLEL = ("ddp", "fsdp")
+
+
 def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: LoopConfig,
             out: str | Path | None = None, resume: bool = False, device: str | torch.device | None = None,
-            log=print, extra: dict | None = None, evaluate=None) -> DistillResult:
+            log=print, extra: dict | None = None, evaluate=None, parallel: str = "ddp") -> DistillResult:
     """Fine-tune ``transformer`` (a dense, pretrained diffusers video transformer of a flow-matching family) in
     place into a sparse-attention student; on return its self-attentions stay sparse with ``config.sparse``.
 
@@ -185,11 +190,15 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
     ``extra`` goes into its ``student.json``). Under ``torchrun`` each process calls this; rank 0 writes the files.
     ``device`` defaults to the transformer's. ``evaluate() -> dict``: a periodic held-out measurement
     (``loop.eval_every``; e.g. :func:`sparsevid.eval.velocity_tracker`), logged to ``eval.jsonl``.
+    ``parallel`` (several processes): "ddp" replicates the model on every rank; "fsdp" shards it (FSDP2, each
+    block and the root), the dense teacher then being a sharded frozen copy (none for LoRA students).
     """
     if not isinstance(config, DistillConfig):
         raise TypeError(f"config must be a DistillConfig, got {type(config).__name__}")
     if not isinstance(loop, LoopConfig):
         raise TypeError(f"loop must be a LoopConfig, got {type(loop).__name__}")
+    if parallel not in PARALLEL:
+        raise ValueError(f"parallel must be one of {PARALLEL}, got {parallel!r}")
     check_flow_family(transformer)
     if is_sparse(transformer):
         raise ValueError("transformer already has sparse attention; pass the dense pretrained transformer")
@@ -200,11 +209,15 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
     base = base_fingerprint(transformer, config.trainable)
     lora = None
     if config.trainable == "lora":
-        targets = add_lora(transformer, config.lora_rank, config.lora_alpha)
+        targets = add_lora(transformer, config.lora_rank, config.lora_alpha, seed=config.seed)
         lora = {"rank": config.lora_rank, "alpha": config.lora_alpha, "targets": targets}
     names = trainable_names(transformer, config.trainable)
+    sharded = parallel == "fsdp" and job.world_size > 1
     teacher = None
-    if config.objective == "distill":
+    if config.objective == "distill" and sharded and lora is None:
+        # Frozen copies of shards cannot stand in for the student's (FSDP gathers its own): a frozen sharded copy.
+        teacher = DenseTeacher(shard(copy.deepcopy(transformer).requires_grad_(False)), [])
+    elif config.objective == "distill":
         teacher = DenseTeacher(transformer, [] if lora else names, adapters=lora is not None)
     if config.sparse is not None:
         apply_sparse_attention(transformer, config.sparse)
@@ -213,7 +226,7 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
         parameter.requires_grad_(name in wanted)
     if config.gradient_checkpointing:
         transformer.enable_gradient_checkpointing()
-    student = wrap(transformer, job)
+    student = shard(transformer) if sharded else wrap(transformer, job)
 
     def loss_fn(micro_step: int) -> torch.Tensor:
         batch, t, noise = draws(micro_step)
@@ -237,11 +250,13 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
                         eval_jsonl_path=None if out is None else out / EVAL_LOG_FILE)
     if result.ema is not None:
         result.ema.copy_to(transformer)
-    if out is not None and is_main_process() and result.history and result.finished and config.sparse is not None:
+    writes_student = out is not None and bool(result.history) and result.finished and config.sparse is not None
+    state = full_model_state(transformer) if writes_student and sharded else None  # a collective
+    if writes_student and is_main_process():
         summary = {"objective": config.objective, "steps": result.steps, "seconds": round(result.seconds, 1),
                    "final_loss": result.history[-1]["loss"], "world_size": job.world_size, "run": run_info,
                    **(extra or {})}
-        save_student(transformer, out, config.sparse, config.trainable, base, extra=summary, lora=lora)
+        save_student(transformer, out, config.sparse, config.trainable, base, extra=summary, lora=lora, state=state)
         _plot_log(out / LOG_FILE, out / "loss.png", config.objective)
     return DistillResult(result.steps, result.seconds, result.history, trainable, out, result.finished,
                          result.evaluations)

@@ -14,9 +14,10 @@ from typing import Callable
 
 import torch
 
-from .checkpoint import load_training_state, save_training_state, write_text_atomic
+from .checkpoint import load_training_state, training_tensors, write_text_atomic, write_training_state
 from .distributed import broadcast_float, global_mean, is_main_process, unwrap
 from .ema import EMA
+from .sharding import is_sharded
 
 
 OPTIMIZERS = ("adamw", "adamw8bit")
@@ -231,18 +232,21 @@ class Budget:
 
 class Checkpointer:
     """Writes the full training state (weights, EMA, optimiser, step, elapsed seconds, RNG states and
-    ``run_info``) to ``path`` (None: never), after flushing the per-step log so that the two agree on resume."""
+    ``run_info``) to ``path`` (None: never) from the main process, after flushing the per-step log so that the two
+    agree on resume. Every rank calls :meth:`save` (gathering a sharded model's state is a collective)."""
 
-    def __init__(self, path: str | Path | None, module: torch.nn.Module, ema: EMA | None,
+    def __init__(self, path: str | Path | None, main: bool, module: torch.nn.Module, ema: EMA | None,
                  optimizer: torch.optim.Optimizer, run_info: dict | None, flush_log: Callable[[], None]):
-        self.path, self.module, self.ema, self.optimizer = path, module, ema, optimizer
+        self.path, self.main, self.module, self.ema, self.optimizer = path, main, module, ema, optimizer
         self.run_info, self.flush_log = run_info or {}, flush_log
 
     def save(self, step: int, elapsed: float) -> None:
         self.flush_log()
-        if self.path is not None:
-            save_training_state(self.path, self.module, {} if self.ema is None else self.ema.shadow, self.optimizer,
-                                step, {"elapsed": elapsed, "run": self.run_info})
+        if self.path is None:
+            return
+        tensors = training_tensors(self.module, {} if self.ema is None else self.ema.shadow, self.optimizer)
+        if self.main:
+            write_training_state(self.path, tensors, step, {"elapsed": elapsed, "run": self.run_info})
 
 
 def optimizer_step(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], step: int,
@@ -266,6 +270,8 @@ def optimizer_step(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor
         total = loss.detach() if total is None else total + loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
     optimizer.step()
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor, from FSDP-sharded gradients
+        grad_norm = grad_norm.full_tensor()
     return total, grad_norm
 
 
@@ -301,6 +307,8 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
     if not params:
         raise ValueError("model has no trainable parameters (requires_grad=True)")
     optimizer = make_optimizer(params, config)
+    if config.ema_decay is not None and is_sharded(module):
+        raise ValueError("an EMA of FSDP-sharded weights is not supported: set ema_decay=None")
     ema = EMA(module, config.ema_decay) if config.ema_decay is not None else None
     main = is_main_process()
     step, elapsed_before = 0, 0.0
@@ -312,7 +320,7 @@ def train_loop(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor], c
     budget = Budget(config, elapsed_before, params[0].device)
     first_step = step
     reports = StepLog(config, first_step, main, jsonl_path, log)
-    checkpoints = Checkpointer(state_path if main else None, module, ema, optimizer, run_info, reports.flush)
+    checkpoints = Checkpointer(state_path, main, module, ema, optimizer, run_info, reports.flush)
     evaluations = Evaluations(evaluate, config.eval_every, first_step, main, eval_jsonl_path, log)
 
     model.train()

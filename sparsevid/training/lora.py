@@ -27,26 +27,27 @@ def lora_targets(transformer: torch.nn.Module) -> list[str]:
     return targets
 
 
-def add_lora(transformer: torch.nn.Module, rank: int, alpha: float) -> list[str]:
+def add_lora(transformer: torch.nn.Module, rank: int, alpha: float, seed: int = 0) -> list[str]:
     """Add a LoRA adapter of ``rank`` (scale ``alpha / rank``; B starts at zero, so the model is unchanged) to
-    every video self-attention projection of ``transformer``; returns the adapted module names."""
+    every video self-attention projection of ``transformer``; returns the adapted module names. The random A
+    matrices are drawn from ``seed`` (the same on every rank of a job: sharded training does not broadcast them)."""
     from peft import LoraConfig
 
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise ValueError(f"lora rank must be a positive int, got {rank!r}")
     targets = lora_targets(transformer)
-    transformer.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets), adapter_name=ADAPTER_NAME)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets),
+                                adapter_name=ADAPTER_NAME)
     return targets
 
 
-def lora_tensors(transformer: torch.nn.Module, targets: list[str]) -> dict[str, torch.Tensor]:
-    """{``<target>.lora_A``: [r, in], ``<target>.lora_B``: [out, r]} of the adapter :func:`add_lora` added."""
-    tensors = {}
-    for target in targets:
-        module = transformer.get_submodule(target)
-        tensors[f"{target}.lora_A"] = module.lora_A[ADAPTER_NAME].weight
-        tensors[f"{target}.lora_B"] = module.lora_B[ADAPTER_NAME].weight
-    return tensors
+def lora_tensors(state: dict[str, torch.Tensor], targets: list[str]) -> dict[str, torch.Tensor]:
+    """{``<target>.lora_A``: [r, in], ``<target>.lora_B``: [out, r]} of the adapter :func:`add_lora` added, from
+    the adapted transformer's ``state_dict`` ``state``."""
+    return {f"{target}.lora_{part}": state[f"{target}.lora_{part}.{ADAPTER_NAME}.weight"]
+            for target in targets for part in ("A", "B")}
 
 
 @contextlib.contextmanager

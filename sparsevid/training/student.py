@@ -76,20 +76,21 @@ def base_fingerprint(transformer: torch.nn.Module, trainable: str) -> str:
 
 def save_student(transformer: torch.nn.Module, directory: str | Path, sparse: SparseConfig, trainable: str,
                  base: str, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None,
-                 lora: dict | None = None) -> Path:
+                 lora: dict | None = None, state: dict[str, torch.Tensor] | None = None) -> Path:
     """Write the fine-tuned part of ``transformer`` (``trainable``) in ``dtype`` and its ``sparse`` setting into
     ``directory``. ``base``: :func:`base_fingerprint` of the weights it was fine-tuned from (taken before).
     ``lora``: for ``trainable="lora"``, {"rank", "alpha", "targets"} of the adapter. ``extra``: JSON-able facts
-    recorded in ``student.json`` (the training run). Returns ``directory``."""
+    recorded in ``student.json`` (the training run). ``state``: the transformer's whole ``state_dict`` when it is
+    not the module's own (a sharded model's, gathered). Returns ``directory``."""
     if not isinstance(sparse, SparseConfig):
         raise TypeError(f"sparse must be a sparsevid.SparseConfig, got {type(sparse).__name__}")
     if (trainable == "lora") != (lora is not None):
         raise ValueError("lora (the adapter's rank, alpha and targets) goes with trainable='lora' and only with it")
     directory = Path(directory)
+    state = transformer.state_dict() if state is None else state
     if lora is not None:
-        tensors = lora_tensors(transformer, lora["targets"])
+        tensors = lora_tensors(state, lora["targets"])
     else:
-        state = transformer.state_dict()
         tensors = {name: state[name] for name in trainable_names(transformer, trainable)}
     save_safetensors_atomic({name: t.detach().to("cpu", dtype) for name, t in tensors.items()},
                             directory / STUDENT_WEIGHTS)
