@@ -314,3 +314,8 @@ def test_two_sharded_processes_match_one(tmp_path, trainable):
         for key, value in one.items():
             if not key.startswith("rng."):
                 assert torch.allclose(value.float(), two[key].float(), rtol=1e-4, atol=1e-6), (name, key)
+    # Resuming the finished sharded run loads its whole state back onto the shards and has nothing left to do.
+    again = subprocess.run([*command, "--resume"], env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stdout and len((tmp_path / "two" / "log.jsonl").read_text().splitlines()) == 3

@@ -102,7 +102,9 @@ def run(args) -> int:
                            "--batch-size") from None
     finally:
         teardown()
-    if is_main_process():
+    if is_main_process() and not result.history:
+        print(f"nothing to train: the state in {args.out} is already at step {result.steps}")
+    elif is_main_process():
         print(f"{result.steps} steps in {result.seconds:.0f} s, final loss {result.history[-1]['loss']:.4g}; "
               f"student in {Path(args.out)}")
     return 0
