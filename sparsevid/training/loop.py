@@ -242,7 +242,7 @@ class Checkpointer:
 
     def save(self, step: int, elapsed: float) -> None:
         self.flush_log()
-        if self.path is None:
+        if self.path is None or not (self.main or is_sharded(self.module)):  # gathering shards takes every rank
             return
         tensors = training_tensors(self.module, {} if self.ema is None else self.ema.shadow, self.optimizer)
         if self.main:
