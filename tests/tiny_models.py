@@ -47,8 +47,32 @@ def cogvideox(**config):
     return model, inputs
 
 
-MODELS = {"wan": wan, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox}
-VIDEO_TOKENS = {"wan": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10}
+def chronoedit(**config):
+    """ChronoEditTransformer3DModel (Wan's layout, RoPE skipping frames in time) on Wan's 4 x 8 x 10 grid."""
+    model = diffusers.ChronoEditTransformer3DModel(**{
+        "patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4,
+        "out_channels": 4, "text_dim": 16, "freq_dim": 32, "ffn_dim": 32, "num_layers": 3, "cross_attn_norm": True,
+        "rope_max_seq_len": 32, "rope_temporal_skip_len": 2, **config})
+    _, inputs = wan()
+    return model, inputs
+
+
+def wan_vace(**config):
+    """WanVACETransformer3DModel on Wan's 4 x 8 x 10 grid with a control video of the same grid (8 channels) and
+    VACE hints added after blocks 0 and 2."""
+    model = diffusers.WanVACETransformer3DModel(**{
+        "patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4,
+        "out_channels": 4, "text_dim": 16, "freq_dim": 32, "ffn_dim": 32, "num_layers": 3, "cross_attn_norm": True,
+        "rope_max_seq_len": 32, "vace_layers": [0, 2], "vace_in_channels": 8, **config})
+    _, inputs = wan()
+    return model, {**inputs, "control_hidden_states": torch.randn(1, 8, 4, 16, 20),
+                   "control_hidden_states_scale": torch.tensor([1.0, 0.5])}
+
+
+MODELS = {"wan": wan, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
+          "wan_vace": wan_vace}
+VIDEO_TOKENS = {"wan": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
+                "wan_vace": 4 * 8 * 10}
 
 
 def build(name, **config):

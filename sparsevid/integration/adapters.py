@@ -105,12 +105,21 @@ def _no_token_replace(config) -> bool:
     return getattr(config, "image_condition_type", None) != "token_replace"
 
 
+# Wan: RoPE tables [1, N, 1, D]; Wan2.2 TI2V passes a per-token timestep [B, N].
+WAN_TOKEN_SITES = (TokenSite("patch_embedding", channels_first=True), TokenSite("rope", dim=1),
+                   TokenSite("timestep", dim=1, argument=True, min_dims=2))
+
 ADAPTERS = (
-    # Wan: RoPE tables [1, N, 1, D]; Wan2.2 TI2V passes a per-token timestep [B, N].
     ModelAdapter("wan", "WanTransformer3DModel", (("blocks", "attn1"),), frames_dim=2, text_first=False,
-                 patch_sizes=_wan_patch,
-                 token_sites=(TokenSite("patch_embedding", channels_first=True), TokenSite("rope", dim=1),
-                              TokenSite("timestep", dim=1, argument=True, min_dims=2))),
+                 patch_sizes=_wan_patch, token_sites=WAN_TOKEN_SITES),
+    # ChronoEdit: Wan's layout (its RoPE skips frames in time, per position as Wan's).
+    ModelAdapter("chronoedit", "ChronoEditTransformer3DModel", (("blocks", "attn1"),), frames_dim=2, text_first=False,
+                 patch_sizes=_wan_patch, token_sites=WAN_TOKEN_SITES),
+    # Wan VACE: the control video's patch embedding is per token too, and the VACE blocks attend over it in the
+    # video's token order (their self-attentions become sparse as well).
+    ModelAdapter("wan_vace", "WanVACETransformer3DModel", (("vace_blocks", "attn1"), ("blocks", "attn1")),
+                 frames_dim=2, text_first=False, patch_sizes=_wan_patch,
+                 token_sites=WAN_TOKEN_SITES + (TokenSite("vace_patch_embedding", channels_first=True),)),
     # HunyuanVideo: RoPE tables [N, D].
     ModelAdapter("hunyuan_video", "HunyuanVideoTransformer3DModel",
                  (("transformer_blocks", "attn"), ("single_transformer_blocks", "attn")), frames_dim=2,

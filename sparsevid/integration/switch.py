@@ -108,10 +108,10 @@ def apply_sparse_attention(transformer, config: SparseConfig | dict | None = Non
     """Make every video self-attention of a diffusers video transformer block-sparse, in place.
 
     Args:
-        transformer: ``WanTransformer3DModel``, ``HunyuanVideoTransformer3DModel`` or
-            ``CogVideoXTransformer3DModel`` (e.g. ``pipe.transformer``), or a pipeline: then each of its
-            transformers (:func:`pipeline_transformers`). Cross-attention and text-only attention are left alone.
-            Applying again replaces the previous configuration.
+        transformer: a diffusers video transformer of a supported family (``sparsevid.integration.adapters``:
+            Wan, Wan VACE, ChronoEdit, HunyuanVideo, CogVideoX; e.g. ``pipe.transformer``), or a pipeline: then
+            each of its transformers (:func:`pipeline_transformers`). Cross-attention and text-only attention are
+            left alone. Applying again replaces the previous configuration.
         config: a :class:`SparseConfig` (default ``SparseConfig()``); for a pipeline also {component name:
             SparseConfig} (each named transformer gets its own; those not named stay dense).
         collect_stats: record per-layer sparsity and timings for :func:`attention_stats`.
