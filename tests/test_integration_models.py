@@ -231,3 +231,21 @@ def test_remove_keeps_processors_set_after_apply_and_says_so():
     for attn in attentions:
         attn.set_processor(WanAttnProcessor())
     assert not sv.is_sparse(model)
+
+
+def test_skyreels_diffusion_forcing_keeps_its_per_frame_timesteps():
+    """SkyReels-V2 under diffusion forcing (a noise level per frame) with every tile kept equals the stock model:
+    its layers tile their own q, k, v, so the per-token timestep tensors stay in raster order."""
+    model, inputs = _build("skyreels_v2")
+    inputs = {**inputs, "timestep": torch.tensor([[900, 700, 500, 300]]), "enable_diffusion_forcing": True}
+    ref = _run(model, inputs)
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=1.0, block_q=64, block_k=64),
+                              collect_stats=True)
+    assert _rel(_run(model, inputs), ref) < 1e-5
+    assert sv.forward_stats(model)["tile"] is None  # the forward stays in raster order
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.5, block_q=64, block_k=64))
+    assert _rel(_run(model, inputs), ref) > 1e-4
+    causal, causal_inputs = _build("skyreels_v2", num_frame_per_block=2)
+    sv.apply_sparse_attention(causal, sv.SparseConfig(rule="topk", topk=0.5, block_q=64, block_k=64))
+    with pytest.raises(ValueError, match="attention mask over video tokens"):
+        _run(causal, causal_inputs)

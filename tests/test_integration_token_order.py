@@ -14,6 +14,9 @@ from sparsevid.ops.tiling import DEFAULT_TILE
 pytest.importorskip("diffusers")
 from tiny_models import MODELS, VIDEO_TOKENS, build  # noqa: E402
 
+# Families whose whole forward runs in tile order (SkyReels-V2 tiles inside each sparse layer instead).
+FORWARD_TILED = [name for name in MODELS if name != "skyreels_v2"]
+
 SMALL_BLOCKS = {"block_q": 64, "block_k": 64}
 GRIDS = {"wan": (4, 8, 10), "hunyuan_video": (3, 10, 10), "cogvideox": (4, 8, 10)}
 
@@ -71,7 +74,7 @@ def test_reorder_tokens_keeps_text_before_the_video_in_place():
         reorder_tokens(video, 1, torch.arange(11))
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", FORWARD_TILED)
 def test_tiled_forward_with_every_tile_kept_equals_the_original(name):
     model, inputs = build(name)
     ref = _run(model, inputs)
@@ -125,7 +128,7 @@ def test_all_dense_step_runs_in_raster_order_bit_for_bit():
     assert sv.forward_stats(model) == {"step": 0, "tile": None, "reorder_ms": 0.0, "restore_ms": 0.0}
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", FORWARD_TILED)
 def test_tiled_forward_equals_per_layer_tiling(name, monkeypatch):
     """Same masks and outputs (fp32 rounding) whether the forward or each layer puts tokens in tile order,
     including layers whose own tile differs from the forward's (raster, another tile)."""

@@ -69,10 +69,20 @@ def wan_vace(**config):
                    "control_hidden_states_scale": torch.tensor([1.0, 0.5])}
 
 
+def skyreels_v2(**config):
+    """SkyReelsV2Transformer3DModel on Wan's 4 x 8 x 10 grid."""
+    model = diffusers.SkyReelsV2Transformer3DModel(**{
+        "patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4,
+        "out_channels": 4, "text_dim": 16, "freq_dim": 32, "ffn_dim": 32, "num_layers": 3, "cross_attn_norm": True,
+        "rope_max_seq_len": 32, **config})
+    _, inputs = wan()
+    return model, inputs
+
+
 MODELS = {"wan": wan, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
-          "wan_vace": wan_vace}
+          "wan_vace": wan_vace, "skyreels_v2": skyreels_v2}
 VIDEO_TOKENS = {"wan": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
-                "wan_vace": 4 * 8 * 10}
+                "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10}
 
 
 def build(name, **config):

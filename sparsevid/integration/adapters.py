@@ -100,6 +100,10 @@ def _square_patch(config) -> tuple[int, int, int]:
     return int(p_t), int(config.patch_size), int(config.patch_size)
 
 
+def _never(config) -> bool:
+    return False
+
+
 def _no_token_replace(config) -> bool:
     # HunyuanVideo I2V "token_replace" modulates the first frame's tokens by their position in raster order.
     return getattr(config, "image_condition_type", None) != "token_replace"
@@ -115,6 +119,10 @@ ADAPTERS = (
     # ChronoEdit: Wan's layout (its RoPE skips frames in time, per position as Wan's).
     ModelAdapter("chronoedit", "ChronoEditTransformer3DModel", (("blocks", "attn1"),), frames_dim=2, text_first=False,
                  patch_sizes=_wan_patch, token_sites=WAN_TOKEN_SITES),
+    # SkyReels-V2: Wan's layout, but under diffusion forcing the per-frame timesteps become per-token tensors
+    # inside the forward (no module output a hook could reorder): every sparse layer tiles its own q, k, v.
+    ModelAdapter("skyreels_v2", "SkyReelsV2Transformer3DModel", (("blocks", "attn1"),), frames_dim=2,
+                 text_first=False, patch_sizes=_wan_patch, token_sites=WAN_TOKEN_SITES, reorders_forward=_never),
     # Wan VACE: the control video's patch embedding is per token too, and the VACE blocks attend over it in the
     # video's token order (their self-attentions become sparse as well).
     ModelAdapter("wan_vace", "WanVACETransformer3DModel", (("vace_blocks", "attn1"), ("blocks", "attn1")),
