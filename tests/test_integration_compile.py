@@ -40,7 +40,8 @@ def test_compiled_sparse_model_matches_eager(name):
     model, inputs = build(name)
     sv.apply_sparse_attention(model, sv.SparseConfig(**SPARSE))
     eager = _run(model, inputs)
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=name in ("wan", "wan_vace", "chronoedit"))
+    fullgraph = name in ("wan", "wan_vace", "chronoedit")
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=fullgraph)
     out = _run(compiled, inputs)
     assert _rel(out, eager) < 1e-5
     # Without RoPE the model gives another output: the compiled one kept it.

@@ -319,3 +319,17 @@ def test_two_sharded_processes_match_one(tmp_path, trainable):
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout and len((tmp_path / "two" / "log.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("name", ["chronoedit", "skyreels_v2"])
+def test_wan_layout_families_distill_and_load_back(tmp_path, name):
+    """Families of Wan's layout train through the same path on Wan-shaped latents and load back as students."""
+    torch.manual_seed(0)
+    model, _ = build(name)
+    data = LatentDirectory(_latents("wan", tmp_path), seed=0)
+    loop = LoopConfig(lr=3e-3, warmup_steps=1, ema_decay=None, max_steps=4, log_every=1, bf16=False)
+    result = distill(model, data, DistillConfig(sparse=SPARSE, batch_size=2), loop, out=tmp_path / "s",
+                     log=lambda *_: None)
+    assert result.finished and 0 < result.history[-1]["loss"] < result.history[0]["loss"] * 10
+    fresh, _ = build(name)
+    assert load_student(fresh, tmp_path / "s") == SPARSE and sv.is_sparse(fresh)
