@@ -333,3 +333,22 @@ def test_wan_layout_families_distill_and_load_back(tmp_path, name):
     assert result.finished and 0 < result.history[-1]["loss"] < result.history[0]["loss"] * 10
     fresh, _ = build(name)
     assert load_student(fresh, tmp_path / "s") == SPARSE and sv.is_sparse(fresh)
+
+
+def test_cached_data_of_another_family_are_refused(tmp_path):
+    """Shards record the family whose pipeline made them: Wan latents suit ChronoEdit (Wan's VAE and text encoder),
+    HunyuanVideo's do not suit Wan, even with the same channels and text width."""
+    from sparsevid.training import ShardWriter
+
+    for family in ("hunyuan_video", "wan"):
+        with ShardWriter(tmp_path / family, {"family": family}) as writer:
+            for _ in range(2):
+                writer.add(torch.randn(4, 4, 16, 20), torch.randn(12, 16))
+        write_null_text(tmp_path / family, torch.zeros(12, 16))
+    loop = LoopConfig(max_steps=1, ema_decay=None, bf16=False)
+    with pytest.raises(ValueError, match="'hunyuan_video' pipeline.*'wan' latents"):
+        distill(build("wan")[0], LatentDirectory(tmp_path / "hunyuan_video"),
+                DistillConfig(sparse=SPARSE, batch_size=2), loop, log=lambda *_: None)
+    result = distill(build("chronoedit")[0], LatentDirectory(tmp_path / "wan"),
+                     DistillConfig(sparse=SPARSE, batch_size=2), loop, log=lambda *_: None)
+    assert result.finished

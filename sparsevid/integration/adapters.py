@@ -60,6 +60,8 @@ class ModelAdapter:
         objective: what the family's pre-training predicts: "flow" (the rectified-flow velocity noise - x0 at
             x_t = (1 - t) x0 + t noise, timestep 1000 t) or "v_prediction" (DDPM); sparsevid's training path
             fine-tunes flow families.
+        latents: the family whose VAE and text encoder make this transformer's inputs (None: its own ``name``);
+            cached training data record it, and data of another family are refused.
     """
 
     name: str
@@ -72,6 +74,7 @@ class ModelAdapter:
     output_module: str = "proj_out"
     reorders_forward: Callable[[object], bool] = _always
     objective: str = "flow"
+    latents: str | None = None
 
     def self_attentions(self, transformer: torch.nn.Module) -> list[torch.nn.Module]:
         """The video self-attention modules of ``transformer``, in layer order."""
@@ -118,16 +121,18 @@ ADAPTERS = (
                  patch_sizes=_wan_patch, token_sites=WAN_TOKEN_SITES),
     # ChronoEdit: Wan's layout (its RoPE skips frames in time, per position as Wan's).
     ModelAdapter("chronoedit", "ChronoEditTransformer3DModel", (("blocks", "attn1"),), frames_dim=2, text_first=False,
-                 patch_sizes=_wan_patch, token_sites=WAN_TOKEN_SITES),
+                 patch_sizes=_wan_patch, token_sites=WAN_TOKEN_SITES, latents="wan"),
     # SkyReels-V2: Wan's layout, but under diffusion forcing the per-frame timesteps become per-token tensors
     # inside the forward (no module output a hook could reorder): every sparse layer tiles its own q, k, v.
     ModelAdapter("skyreels_v2", "SkyReelsV2Transformer3DModel", (("blocks", "attn1"),), frames_dim=2,
-                 text_first=False, patch_sizes=_wan_patch, token_sites=WAN_TOKEN_SITES, reorders_forward=_never),
+                 text_first=False, patch_sizes=_wan_patch, token_sites=WAN_TOKEN_SITES, reorders_forward=_never,
+                 latents="wan"),
     # Wan VACE: the control video's patch embedding is per token too, and the VACE blocks attend over it in the
     # video's token order (their self-attentions become sparse as well).
     ModelAdapter("wan_vace", "WanVACETransformer3DModel", (("vace_blocks", "attn1"), ("blocks", "attn1")),
                  frames_dim=2, text_first=False, patch_sizes=_wan_patch,
-                 token_sites=WAN_TOKEN_SITES + (TokenSite("vace_patch_embedding", channels_first=True),)),
+                 token_sites=WAN_TOKEN_SITES + (TokenSite("vace_patch_embedding", channels_first=True),),
+                 latents="wan"),
     # HunyuanVideo: RoPE tables [N, D].
     ModelAdapter("hunyuan_video", "HunyuanVideoTransformer3DModel",
                  (("transformer_blocks", "attn"), ("single_transformer_blocks", "attn")), frames_dim=2,

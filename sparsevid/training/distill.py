@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..integration import apply_sparse_attention, is_sparse, reset_denoising_step
+from ..integration import adapter_for, apply_sparse_attention, is_sparse, reset_denoising_step
 from ..plan import SparseConfig
 from .distributed import is_main_process, setup, wrap
 from .draws import STREAM_NOISE, sample_generator
@@ -101,8 +101,8 @@ class DistillConfig:
     def run_info(self, source) -> dict:
         """The settings a resumed run must share (JSON-normalised): they fix the sequence of draws."""
         info = {"objective": self.objective, "sparse": None if self.sparse is None else self.sparse.to_dict(),
-                "trainable": self.trainable, **self.lora_settings(), "batch_size": self.batch_size, "seed": self.seed, "shift": self.shift,
-                "logit_std": self.logit_std, "null_prob": self.null_prob, "data": source.describe()}
+                "trainable": self.trainable, **self.lora_settings(), "batch_size": self.batch_size, "seed": self.seed,
+                "shift": self.shift, "logit_std": self.logit_std, "null_prob": self.null_prob, "data": source.describe()}
         return json.loads(json.dumps(info))
 
     def lora_settings(self) -> dict:
@@ -148,7 +148,14 @@ class Draws:
 
 
 def check_source(transformer: torch.nn.Module, source) -> None:
-    """ValueError when ``source``'s samples do not fit ``transformer`` (latent channels, text width)."""
+    """ValueError when ``source``'s samples do not fit ``transformer`` (the family whose pipeline cached them,
+    latent channels, text width)."""
+    adapter = adapter_for(transformer)
+    made_by = getattr(source, "settings", {}).get("family")
+    takes = adapter.latents or adapter.name
+    if made_by is not None and made_by != takes:
+        raise ValueError(f"the data were cached by a {made_by!r} pipeline, but the {type(transformer).__name__} "
+                         f"takes {takes!r} latents and text states: data made for another model")
     config = transformer.config
     channels = getattr(config, "in_channels", None)
     if channels is not None and source.latent_shape[0] != channels:

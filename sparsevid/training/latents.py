@@ -353,6 +353,7 @@ class LatentDirectory:
         self.directory, self.seed = Path(directory), seed
         if not self.directory.is_dir():
             raise FileNotFoundError(f"{self.directory} is not a directory of latent samples")
+        self.settings: dict = {}  # what made the shards (the cache's settings: pipeline, family, sizes)
         if (self.directory / INDEX_FILE).is_file():
             self.rows, keys, self.skipped = self._shards()
         else:
@@ -373,6 +374,7 @@ class LatentDirectory:
 
     def _shards(self) -> tuple[list[tuple[Path, int]], list[str], list[dict]]:
         index = read_index(self.directory / INDEX_FILE)
+        self.settings = index.get("settings", {})
         for shard in index["shards"]:
             path = self.directory / shard["file"]
             if not path.is_file() or path.stat().st_size != shard["bytes"]:
