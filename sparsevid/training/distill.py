@@ -102,7 +102,8 @@ class DistillConfig:
         """The settings a resumed run must share (JSON-normalised): they fix the sequence of draws."""
         info = {"objective": self.objective, "sparse": None if self.sparse is None else self.sparse.to_dict(),
                 "trainable": self.trainable, **self.lora_settings(), "batch_size": self.batch_size, "seed": self.seed,
-                "shift": self.shift, "logit_std": self.logit_std, "null_prob": self.null_prob, "data": source.describe()}
+                "shift": self.shift, "logit_std": self.logit_std, "null_prob": self.null_prob,
+                "data": source.describe()}
         return json.loads(json.dumps(info))
 
     def lora_settings(self) -> dict:
