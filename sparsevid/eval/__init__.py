@@ -8,8 +8,7 @@ from .velocity import (HELDOUT_SEED, HeldOutSet, heldout_loss, heldout_set, pred
                        velocity_tracker)
 from .video_metrics import clip_similarity, psnr, ssim
 
-__all__ = ["HELDOUT_SEED", "ORACLE_SPARSITIES", "ExactTiles", "HeldOutSet", "heldout_loss", "heldout_set",
-           "predict_velocities",
-           "velocity_error", "OracleStudy", "attention_recall", "calibrate_rules", "calibrate_topp",
-           "check_targets", "clip_similarity", "cosine_similarity", "mean_sparsity", "oracle_recall",
-           "predicted_recall", "psnr", "relative_l1", "sparse_output_error", "ssim", "tiles_for_sparsity", "velocity_tracker"]
+__all__ = ["HELDOUT_SEED", "ORACLE_SPARSITIES", "ExactTiles", "HeldOutSet", "OracleStudy", "attention_recall",
+           "calibrate_rules", "calibrate_topp", "check_targets", "clip_similarity", "cosine_similarity", "heldout_loss",
+           "heldout_set", "mean_sparsity", "oracle_recall", "predict_velocities", "predicted_recall", "psnr",
+           "relative_l1", "sparse_output_error", "ssim", "tiles_for_sparsity", "velocity_error", "velocity_tracker"]

@@ -16,11 +16,11 @@ from .student import (STUDENT_CONFIG, STUDENT_WEIGHTS, TRAINABLE, base_fingerpri
                       save_student, trainable_names)
 from .velocity import DenseTeacher, predict_velocity
 
-__all__ = ["BucketOrder", "EMA", "STREAM_DATA", "STREAM_NOISE", "STREAM_SHUFFLE", "STREAM_TEACHER", "STUDENT_CONFIG",
-           "STUDENT_WEIGHTS", "TRAINABLE", "DenseTeacher", "EpochOrder", "DistillConfig", "DistillResult", "LatentBatch",
-           "LatentDirectory", "LoopConfig", "ShardWriter", "TrainResult", "add_lora", "lora_targets", "merge_lora", "barrier", "base_fingerprint", "check_indices", "distill",
-           "flow_matching_loss", "is_main_process", "learning_rate", "load_student", "load_training_state", "noisy",
-           "predict_velocity", "read_student", "sample_generator", "sample_seed", "sample_t",
-           "save_safetensors_atomic", "save_student", "save_training_state", "setup", "shift_t", "teardown",
-           "train_loop", "trainable_names", "weighted_squared_error", "write_latent_sample", "write_null_text",
-           "write_text_atomic"]
+__all__ = ["EMA", "STREAM_DATA", "STREAM_NOISE", "STREAM_SHUFFLE", "STREAM_TEACHER", "STUDENT_CONFIG",
+           "STUDENT_WEIGHTS", "TRAINABLE", "BucketOrder", "DenseTeacher", "DistillConfig", "DistillResult",
+           "EpochOrder", "LatentBatch", "LatentDirectory", "LoopConfig", "ShardWriter", "TrainResult", "add_lora",
+           "barrier", "base_fingerprint", "check_indices", "distill", "flow_matching_loss", "is_main_process",
+           "learning_rate", "load_student", "load_training_state", "lora_targets", "merge_lora", "noisy",
+           "predict_velocity", "read_student", "sample_generator", "sample_seed", "sample_t", "save_safetensors_atomic",
+           "save_student", "save_training_state", "setup", "shift_t", "teardown", "train_loop", "trainable_names",
+           "weighted_squared_error", "write_latent_sample", "write_null_text", "write_text_atomic"]
