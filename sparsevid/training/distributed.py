@@ -37,10 +37,12 @@ def setup(device: str | torch.device) -> Distributed:
 
 
 def teardown() -> None:
-    """Leave the process group, if any."""
+    """Leave the process group, if any, once every rank is done with it (a rank that leaves while another still
+    has gloo work in flight can abort the job at exit)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
