@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sparsevid_lab.cli import build_parser, main
-from sparsevid_lab.cli.args import topk_arg
+from sparsevid.cli.args import topk_arg
 
 COMMANDS = ("demo", "train", "eval", "distill", "compare")
 

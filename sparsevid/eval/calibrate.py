@@ -8,10 +8,7 @@ predicted masks have mean sparsity s over those calls.
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
-
-import torch
 
 from ..ops import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 

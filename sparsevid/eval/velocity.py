@@ -96,9 +96,7 @@ def predict_velocities(transformer: torch.nn.Module, heldout: HeldOutSet, sparse
             index = torch.tensor(members[start:start + batch_size])
             x0, noise, t = heldout.samples.latents[index], heldout.noise[index], heldout.t[index]
             x_t = (1 - t.view(-1, 1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1, 1) * noise
-            batch = heldout.samples.select(index).to(param.device)
-            batch = LatentBatch(batch.latents, batch.text.to(param.dtype), batch.text_mask,
-                                {k: v.to(param.dtype) if v.is_floating_point() else v for k, v in batch.extra.items()})
+            batch = heldout.samples.select(index).to(param.device, param.dtype)
             args = (x_t.to(param.device, param.dtype), t.to(param.device, param.dtype), batch)
             if sparse is None:
                 velocity = predict_velocity(transformer, *args)

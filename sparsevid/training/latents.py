@@ -83,8 +83,13 @@ class LatentBatch:
             if not isinstance(value, torch.Tensor) or value.shape[:1] != (batch,):
                 raise ValueError(f"extra[{name!r}] must be a tensor with {batch} rows")
 
-    def to(self, device: torch.device | str) -> LatentBatch:
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> LatentBatch:
+        """This batch on ``device``, its floating-point tensors in ``dtype`` (None: as they are)."""
+        def move(t):
+            if t is None:
+                return None
+            return t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device)
+
         return LatentBatch(move(self.latents), move(self.text), move(self.text_mask),
                            {k: move(v) for k, v in self.extra.items()})
 

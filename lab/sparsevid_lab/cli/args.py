@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
-from sparsevid.cli.args import (CommandError, config_spec_arg, default_device, device_arg, fraction_arg, number_arg,
-                               positive_float_arg, positive_int_arg, sparsity_arg, topk_arg)
+from sparsevid.cli.args import CommandError, positive_int_arg
 
 
 def clip_arg(text: str) -> tuple[int, int, int]:

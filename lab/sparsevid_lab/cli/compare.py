@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from .args import (CommandError, clip_arg, config_spec_arg, default_device, device_arg, model_dir_arg,
-                   positive_int_arg, student_dir_arg)
+from sparsevid.cli.args import CommandError, config_spec_arg, default_device, device_arg, positive_int_arg
+
+from .args import clip_arg, model_dir_arg, student_dir_arg
 
 
 def add_parser(subparsers) -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import torch
 
-from .args import (CommandError, check_caption_fits, check_caption_words, clip_arg, default_device, device_arg, fraction_arg,
-                   model_dir_arg, positive_int_arg, student_dir_arg, topk_arg)
+from sparsevid.cli.args import CommandError, default_device, device_arg, fraction_arg, positive_int_arg, topk_arg
+
+from .args import check_caption_fits, check_caption_words, clip_arg, model_dir_arg, student_dir_arg
 
 DEFAULT_CAPTION = "big green striped square moving left and small magenta plain circle moving up on a beige background"
 DENSE, STUDENT, NOISE_FLOOR = "dense", "sparse student", "noise floor"

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .args import (CommandError, add_slice_arguments, clip_arg, config_spec_arg, default_device, device_arg,
-                   model_dir_arg, positive_float_arg, positive_int_arg, slice_options)
+from sparsevid.cli.args import (CommandError, config_spec_arg, default_device, device_arg, positive_float_arg,
+                                positive_int_arg)
+
+from .args import add_slice_arguments, clip_arg, model_dir_arg, slice_options
 
 DATA_KINDS = ("procedural", "dir", "teacher")
 

@@ -5,8 +5,9 @@ per noise level, predicted and oracle attention recall per layer, and wall time 
 plots)."""
 from __future__ import annotations
 
-from .args import (CommandError, add_slice_arguments, clip_arg, config_spec_arg, default_device, device_arg,
-                   model_dir_arg, positive_int_arg, slice_options, sparsity_arg)
+from sparsevid.cli.args import CommandError, config_spec_arg, default_device, device_arg, positive_int_arg, sparsity_arg
+
+from .args import add_slice_arguments, clip_arg, model_dir_arg, slice_options
 
 DEFAULT_CONFIGS = ("rule=hybrid,topk=0.05,topp=0.9", "rule=topk,topk=0.1", "rule=topk,topk=0.25")
 SMOKE_TEST_NOTE = ("NOTE: --tiny evaluates an untrained tiny model: this is a smoke test of the pipeline and its "

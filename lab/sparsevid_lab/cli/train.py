@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 
-from .args import (CommandError, clip_arg, default_device, device_arg, model_dir_arg, positive_float_arg,
-                   positive_int_arg)
+from sparsevid.cli.args import CommandError, default_device, device_arg, positive_float_arg, positive_int_arg
+
+from .args import clip_arg, model_dir_arg
 
 SAMPLE_CAPTIONS = (
     "big red plain circle moving right on a black background",

@@ -17,7 +17,6 @@ For a fixed list of (caption, seed) pairs it samples every clip densely and unde
 from __future__ import annotations
 
 import collections
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Sequence

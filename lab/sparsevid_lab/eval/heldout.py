@@ -24,8 +24,7 @@ def heldout_set(model, data=None, per_bin: int = 8, num_bins: int = 5, seed: int
     ProceduralVideos): skip the clips whose caption it could draw (``exclude.fits``); triples keep the index of
     their clip, so the set without ``exclude`` is unchanged."""
     clips = ProceduralSource(model.data if data is None else data, seed=seed)
-    n = per_bin * num_bins if isinstance(per_bin, int) and isinstance(num_bins, int) else 0
-    indices = None if exclude is None else _indices_outside(clips, exclude, n)
+    indices = None if exclude is None else _indices_outside(clips, exclude, per_bin * num_bins)
     return latent_heldout_set(CaptionedClips(model, clips), per_bin, num_bins, seed, indices)
 
 
