@@ -79,9 +79,21 @@ def skyreels_v2(**config):
     return model, inputs
 
 
-MODELS = {"wan": wan, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
+def wan22_ti2v(**config):
+    """Wan2.2 TI2V-5B's layout (48 latent channels) on Wan's 4 x 8 x 10 grid, batch 2, with its per-token timestep
+    [B, N]: the conditioning first frame at timestep 0, the rest at the step's timestep."""
+    model, _ = wan(in_channels=48, out_channels=48, **config)
+    grid = 4 * 8 * 10
+    timestep = torch.full((2, grid), 700.0)
+    timestep[:, :8 * 10] = 0.0  # the first latent frame is the clean image
+    inputs = {"hidden_states": torch.randn(2, 48, 4, 16, 20), "timestep": timestep,
+              "encoder_hidden_states": torch.randn(2, 12, 16)}
+    return model, inputs
+
+
+MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
           "wan_vace": wan_vace, "skyreels_v2": skyreels_v2}
-VIDEO_TOKENS = {"wan": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
+VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
                 "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10}
 
 
