@@ -91,10 +91,27 @@ def wan22_ti2v(**config):
     return model, inputs
 
 
+def ltx(**config):
+    """LTXVideoTransformer3DModel on a 4 x 8 x 10 grid of patched tokens [B, N, C], batch 2 with different text
+    padding and an image-to-video per-token timestep [B, N] (first frame clean)."""
+    model = diffusers.LTXVideoTransformer3DModel(**{
+        "in_channels": 4, "out_channels": 4, "num_attention_heads": 2, "attention_head_dim": 12,
+        "cross_attention_dim": 24, "num_layers": 3, "caption_channels": 16, **config})
+    frames, height, width = 4, 8, 10
+    timestep = torch.full((2, frames * height * width), 700.0)
+    timestep[:, :height * width] = 0.0
+    text_mask = torch.ones(2, 12, dtype=torch.long)
+    text_mask[1, 9:] = 0
+    inputs = {"hidden_states": torch.randn(2, frames * height * width, 4), "timestep": timestep,
+              "encoder_hidden_states": torch.randn(2, 12, 16), "encoder_attention_mask": text_mask,
+              "num_frames": frames, "height": height, "width": width, "rope_interpolation_scale": (0.4, 32.0, 32.0)}
+    return model, inputs
+
+
 MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
-          "wan_vace": wan_vace, "skyreels_v2": skyreels_v2}
+          "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx}
 VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
-                "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10}
+                "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10}
 
 
 def build(name, **config):

@@ -62,6 +62,8 @@ class ModelAdapter:
             fine-tunes flow families.
         latents: the family whose VAE and text encoder make this transformer's inputs (None: its own ``name``);
             cached training data record it, and data of another family are refused.
+        grid_arguments: for transformers that take patched tokens [B, N, C] (LTX), the forward arguments that give
+            the token grid (T, H, W); None: the grid comes from the 5D ``hidden_states`` and ``patch_sizes``.
     """
 
     name: str
@@ -75,6 +77,7 @@ class ModelAdapter:
     reorders_forward: Callable[[object], bool] = _always
     objective: str = "flow"
     latents: str | None = None
+    grid_arguments: tuple[str, str, str] | None = None
 
     def self_attentions(self, transformer: torch.nn.Module) -> list[torch.nn.Module]:
         """The video self-attention modules of ``transformer``, in layer order."""
@@ -91,6 +94,13 @@ class ModelAdapter:
         p_t, p_h, p_w = self.patch_sizes(config)
         frames = hidden_states.shape[self.frames_dim]
         return frames // p_t, hidden_states.shape[-2] // p_h, hidden_states.shape[-1] // p_w
+
+    def call_grid(self, transformer: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
+        """(T, H, W) latent tokens of a call ``transformer(*args, **kwargs)`` (None if the call does not say)."""
+        if self.grid_arguments is None:
+            return self.grid(forward_argument(transformer, "hidden_states", args, kwargs), transformer.config)
+        sizes = [forward_argument(transformer, name, args, kwargs) for name in self.grid_arguments]
+        return None if any(size is None for size in sizes) else tuple(int(size) for size in sizes)
 
 
 def _wan_patch(config) -> tuple[int, int, int]:
@@ -144,6 +154,14 @@ ADAPTERS = (
                  text_first=True, patch_sizes=_square_patch,
                  token_sites=(TokenSite("patch_embed", dim=1), TokenSite("image_rotary_emb", dim=0, argument=True)),
                  objective="v_prediction"),
+    # LTX-Video: takes patched tokens [B, N, C] and the token grid as arguments; RoPE (cos, sin) [B, N, D]; image-
+    # to-video and condition pipelines pass a per-token timestep [B, N]. A call without the grid (video_coords only)
+    # runs sparse in raster order.
+    ModelAdapter("ltx", "LTXVideoTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
+                 text_first=False, patch_sizes=_square_patch,
+                 token_sites=(TokenSite("proj_in", dim=1), TokenSite("rope", dim=1),
+                              TokenSite("timestep", dim=1, argument=True, min_dims=2)),
+                 grid_arguments=("num_frames", "height", "width")),
 )
 
 

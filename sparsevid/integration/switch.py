@@ -52,7 +52,7 @@ def _begin_forward(adapter: ModelAdapter, state: SparseState, module, args, kwar
     order of this forward (the tile most sparse layers of this step use; raster if none)."""
     context = state.context
     hidden_states = forward_argument(module, "hidden_states", args, kwargs)
-    grid = adapter.grid(hidden_states, module.config)
+    grid = adapter.call_grid(module, args, kwargs)
     context.counter = getattr(module, _COUNTER_BUFFER)  # the buffer follows transformer.to(device)
     context.begin_forward(forward_argument(module, "timestep", args, kwargs), grid)
     tile = _begin_step(state) if state.varies_with_step else state.fixed_tile
