@@ -108,10 +108,29 @@ def ltx(**config):
     return model, inputs
 
 
+def hunyuan_video15(**config):
+    """HunyuanVideo15Transformer3DModel on a 3 x 10 x 10 grid, batch 2 with different padding of both texts
+    (text-to-video: zero image embeddings)."""
+    model = diffusers.HunyuanVideo15Transformer3DModel(**{
+        "in_channels": 4, "out_channels": 4, "num_attention_heads": 2, "attention_head_dim": 10, "num_layers": 3,
+        "num_refiner_layers": 1, "text_embed_dim": 16, "text_embed_2_dim": 8, "image_embed_dim": 12,
+        "rope_axes_dim": (2, 4, 4), **config})
+    text_mask, text_mask_2 = torch.ones(2, 12, dtype=torch.long), torch.ones(2, 6, dtype=torch.long)
+    text_mask[0, 7:] = 0
+    text_mask_2[1, 4:] = 0
+    inputs = {"hidden_states": torch.randn(2, 4, 3, 10, 10), "timestep": torch.tensor([700.0, 700.0]),
+              "encoder_hidden_states": torch.randn(2, 12, 16), "encoder_attention_mask": text_mask,
+              "encoder_hidden_states_2": torch.randn(2, 6, 8), "encoder_attention_mask_2": text_mask_2,
+              "image_embeds": torch.zeros(2, 5, 12)}
+    return model, inputs
+
+
 MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
-          "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx}
+          "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx,
+          "hunyuan_video15": hunyuan_video15}
 VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
-                "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10}
+                "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10,
+                "hunyuan_video15": 3 * 10 * 10}
 
 
 def build(name, **config):

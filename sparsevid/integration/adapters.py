@@ -154,6 +154,10 @@ ADAPTERS = (
                  text_first=True, patch_sizes=_square_patch,
                  token_sites=(TokenSite("patch_embed", dim=1), TokenSite("image_rotary_emb", dim=0, argument=True)),
                  objective="v_prediction"),
+    # HunyuanVideo 1.5: RoPE tables [N, D]; text (after the video) is padded per sample through a [B, 1, N, N] mask.
+    ModelAdapter("hunyuan_video15", "HunyuanVideo15Transformer3DModel", (("transformer_blocks", "attn"),),
+                 frames_dim=2, text_first=False, patch_sizes=_square_patch,
+                 token_sites=(TokenSite("x_embedder", dim=1), TokenSite("rope", dim=0))),
     # LTX-Video: takes patched tokens [B, N, C] and the token grid as arguments; RoPE (cos, sin) [B, N, D]; image-
     # to-video and condition pipelines pass a per-token timestep [B, N]. A call without the grid (video_coords only)
     # runs sparse in raster order.

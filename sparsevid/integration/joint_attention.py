@@ -52,13 +52,20 @@ class TokenOrder:
 def text_key_sets(attn_mask: torch.Tensor | None, layout: TokenLayout, batch: int) -> list[torch.Tensor] | None:
     """Valid text-key indices (relative to the text slice) per batch entry, from a key-padding mask.
 
-    attn_mask: bool, broadcastable to [B, 1, 1, N] (True = attend), or None (every key valid -> None).
+    attn_mask: bool, broadcastable to [B, 1, 1, N] (True = attend), or [B|1, 1, N, N] whose video query rows all
+    equal one key-padding row (HunyuanVideo 1.5's valid_i & valid_j), or None (every key valid -> None).
     Returns a list of B LongTensors. Reads the mask on the host (callers cache it per forward).
     """
     if attn_mask is None:
         return None
     if attn_mask.dtype != torch.bool:
         raise TypeError(f"sparse attention supports boolean key-padding attention masks only, got dtype {attn_mask.dtype}")
+    if attn_mask.dim() == 4 and attn_mask.shape[1] == 1 and attn_mask.shape[2] == layout.total > 1:
+        rows = attn_mask[:, 0, layout.video]  # [B|1, Nv, N]
+        if not bool((rows == rows[:, :1]).all()):
+            raise ValueError("sparse attention needs the video query rows of a [B, 1, N, N] attention mask to be one "
+                             "key-padding row; this mask differs between video rows")
+        attn_mask = rows[:, None, :1]  # [B|1, 1, 1, N]
     if attn_mask.dim() != 4 or attn_mask.shape[1] != 1 or attn_mask.shape[2] != 1 or attn_mask.shape[0] not in (1, batch) \
             or attn_mask.shape[3] != layout.total:
         raise ValueError(f"sparse attention supports key-padding attention masks of shape [B|1, 1, 1, N={layout.total}], "
@@ -135,7 +142,7 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     video: the ``video_tokens(q, k, v, layout, order)`` the caller already has (else gathered here).
     backend: the block-sparse attention backend. tile_mass: also return the exact tile masses float32
     [B, H, QB, KB] of the video-to-video attention (``return_tile_mass``; inference only), else None.
-    attn_mask: the key-padding mask the text rows use (as in SDPA);
+    attn_mask: the mask the text rows use (as in SDPA): key padding [B|1, 1, 1, N] or per row [B|1, 1, N, N];
     key_sets: its valid text keys per batch entry (see :func:`text_key_sets`), None if all are valid.
     clock: optional ``stats.Clock``; marks "attended" (before the output is put back in the original token order
     and the text rows are computed). No copies of q, k, v or the output are made beyond ``order``'s gathers and
@@ -172,5 +179,7 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
         out_video.index_copy_(2, order.perm, out_v)
     if layout.text_len:
         text = layout.text
+        if attn_mask is not None and attn_mask.shape[2] == total > 1:
+            attn_mask = attn_mask[:, :, text]
         out[:, :, text] = F.scaled_dot_product_attention(q[:, :, text], k, v, attn_mask=attn_mask, scale=scale)
     return out, mass
