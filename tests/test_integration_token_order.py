@@ -14,8 +14,8 @@ from sparsevid.ops.tiling import DEFAULT_TILE
 pytest.importorskip("diffusers")
 from tiny_models import MODELS, VIDEO_TOKENS, build  # noqa: E402
 
-# Families whose whole forward runs in tile order (SkyReels-V2 tiles inside each sparse layer instead).
-FORWARD_TILED = [name for name in MODELS if name != "skyreels_v2"]
+# Families whose whole forward runs in tile order (SkyReels-V2 and Wan-Animate tile inside each sparse layer instead).
+FORWARD_TILED = [name for name in MODELS if name not in ("skyreels_v2", "wan_animate")]
 
 SMALL_BLOCKS = {"block_q": 64, "block_k": 64}
 GRIDS = {"wan": (4, 8, 10), "hunyuan_video": (3, 10, 10), "cogvideox": (4, 8, 10)}

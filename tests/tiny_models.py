@@ -125,12 +125,28 @@ def hunyuan_video15(**config):
     return model, inputs
 
 
+def wan_animate(**config):
+    """WanAnimateTransformer3DModel on Wan's 4 x 8 x 10 grid (noisy + reference latents and mask, 12 channels), pose
+    latents for frames 1..3, a 9-frame face video and face adapters after blocks 0 and 2."""
+    model = diffusers.WanAnimateTransformer3DModel(**{
+        "patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 12,
+        "latent_channels": 4, "out_channels": 4, "text_dim": 16, "freq_dim": 32, "ffn_dim": 32, "num_layers": 4,
+        "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "image_dim": 16, "rope_max_seq_len": 32,
+        "motion_encoder_channel_sizes": {"4": 16, "8": 16, "16": 16}, "motion_encoder_size": 16,
+        "motion_style_dim": 8, "motion_dim": 4, "motion_encoder_dim": 16, "face_encoder_hidden_dim": 16,
+        "face_encoder_num_heads": 2, "inject_face_latents_blocks": 2, **config})
+    inputs = {"hidden_states": torch.randn(1, 12, 4, 16, 20), "timestep": torch.tensor([700]),
+              "encoder_hidden_states": torch.randn(1, 12, 16), "encoder_hidden_states_image": torch.randn(1, 4, 16),
+              "pose_hidden_states": torch.randn(1, 4, 3, 16, 20), "face_pixel_values": torch.randn(1, 3, 9, 16, 16)}
+    return model, inputs
+
+
 MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
           "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx,
-          "hunyuan_video15": hunyuan_video15}
+          "hunyuan_video15": hunyuan_video15, "wan_animate": wan_animate}
 VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
                 "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10,
-                "hunyuan_video15": 3 * 10 * 10}
+                "hunyuan_video15": 3 * 10 * 10, "wan_animate": 4 * 8 * 10}
 
 
 def build(name, **config):

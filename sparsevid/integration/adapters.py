@@ -154,6 +154,10 @@ ADAPTERS = (
                  text_first=True, patch_sizes=_square_patch,
                  token_sites=(TokenSite("patch_embed", dim=1), TokenSite("image_rotary_emb", dim=0, argument=True)),
                  objective="v_prediction"),
+    # Wan-Animate: Wan's layout, but the pose latents are added to the patch embedding by frame and the face
+    # adapter attends frame by frame (raster positions): every sparse layer tiles its own q, k, v.
+    ModelAdapter("wan_animate", "WanAnimateTransformer3DModel", (("blocks", "attn1"),), frames_dim=2,
+                 text_first=False, patch_sizes=_wan_patch, token_sites=(), reorders_forward=_never, latents="wan"),
     # HunyuanVideo 1.5: RoPE tables [N, D]; text (after the video) is padded per sample through a [B, 1, N, N] mask.
     ModelAdapter("hunyuan_video15", "HunyuanVideo15Transformer3DModel", (("transformer_blocks", "attn"),),
                  frames_dim=2, text_first=False, patch_sizes=_square_patch,
