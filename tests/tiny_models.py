@@ -141,12 +141,29 @@ def wan_animate(**config):
     return model, inputs
 
 
+def consisid(**config):
+    """ConsisIDTransformer3DModel (CogVideoX's layout) on CogVideoX's 4 x 8 x 10 grid, with its identity
+    cross-attention (face embeddings) after every block."""
+    model = diffusers.ConsisIDTransformer3DModel(**{
+        "num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 4, "out_channels": 4, "time_embed_dim": 2,
+        "text_embed_dim": 8, "num_layers": 3, "sample_width": 20, "sample_height": 16, "sample_frames": 13,
+        "patch_size": 2, "temporal_compression_ratio": 4, "max_text_seq_length": 8,
+        "use_rotary_positional_embeddings": True, "cross_attn_interval": 1, "is_kps": False, "is_train_face": True,
+        "cross_attn_dim_head": 4, "cross_attn_num_heads": 2, "LFE_id_dim": 2, "LFE_vit_dim": 2, "LFE_depth": 5,
+        "LFE_dim_head": 8, "LFE_num_heads": 2, "LFE_num_id_token": 1, "LFE_num_querie": 1, "LFE_output_dim": 10,
+        "LFE_ff_mult": 1, "LFE_num_scale": 1, **config})
+    _, inputs = cogvideox()
+    return model, {**inputs, "id_vit_hidden": [torch.randn(1, 2, 2)], "id_cond": torch.randn(1, 2)}
+
+
 MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
           "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx,
-          "hunyuan_video15": hunyuan_video15, "wan_animate": wan_animate}
+          "hunyuan_video15": hunyuan_video15, "wan_animate": wan_animate,
+          "consisid": consisid}
 VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
                 "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10,
-                "hunyuan_video15": 3 * 10 * 10, "wan_animate": 4 * 8 * 10}
+                "hunyuan_video15": 3 * 10 * 10, "wan_animate": 4 * 8 * 10,
+                "consisid": 4 * 8 * 10}
 
 
 def build(name, **config):

@@ -126,6 +126,9 @@ def _no_token_replace(config) -> bool:
 WAN_TOKEN_SITES = (TokenSite("patch_embedding", channels_first=True), TokenSite("rope", dim=1),
                    TokenSite("timestep", dim=1, argument=True, min_dims=2))
 
+# CogVideoX: the patch embedding returns [text, video] tokens; RoPE tables [N, D] come as an argument.
+COGVIDEOX_TOKEN_SITES = (TokenSite("patch_embed", dim=1), TokenSite("image_rotary_emb", dim=0, argument=True))
+
 ADAPTERS = (
     ModelAdapter("wan", "WanTransformer3DModel", (("blocks", "attn1"),), frames_dim=2, text_first=False,
                  patch_sizes=_wan_patch, token_sites=WAN_TOKEN_SITES),
@@ -149,11 +152,13 @@ ADAPTERS = (
                  text_first=False, patch_sizes=_square_patch,
                  token_sites=(TokenSite("x_embedder", dim=1), TokenSite("rope", dim=0)),
                  reorders_forward=_no_token_replace),
-    # CogVideoX: the patch embedding returns [text, video] tokens; RoPE tables [N, D] come as an argument.
     ModelAdapter("cogvideox", "CogVideoXTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=1,
-                 text_first=True, patch_sizes=_square_patch,
-                 token_sites=(TokenSite("patch_embed", dim=1), TokenSite("image_rotary_emb", dim=0, argument=True)),
+                 text_first=True, patch_sizes=_square_patch, token_sites=COGVIDEOX_TOKEN_SITES,
                  objective="v_prediction"),
+    # ConsisID: CogVideoX's layout; its identity cross-attentions (perceiver) are per token and stay dense.
+    ModelAdapter("consisid", "ConsisIDTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=1,
+                 text_first=True, patch_sizes=_square_patch, token_sites=COGVIDEOX_TOKEN_SITES,
+                 objective="v_prediction", latents="cogvideox"),
     # Wan-Animate: Wan's layout, but the pose latents are added to the patch embedding by frame and the face
     # adapter attends frame by frame (raster positions): every sparse layer tiles its own q, k, v.
     ModelAdapter("wan_animate", "WanAnimateTransformer3DModel", (("blocks", "attn1"),), frames_dim=2,
