@@ -10,7 +10,7 @@ import sys
 
 from .args import CommandError
 
-COMMAND_MODULES = ("cache", "distill", "evaluate")
+COMMAND_MODULES = ("cache", "distill", "evaluate", "calibrate")
 
 DESCRIPTION = """\
 sparsevid makes video diffusion transformers faster with block-sparse attention: before each attention

@@ -5,10 +5,18 @@ and the hybrid rule reach one only through the attention they see. :func:`calibr
 self-attention q, k recorded from a model's dense forward passes (3D-tiled token order, as the sparse processors
 see them) and finds, by bisection on p, the top-p threshold (and the hybrid's, with top-k (1 - s) / 2) whose
 predicted masks have mean sparsity s over those calls.
+
+Per head: :func:`calibrate_heads` runs a dense transformer and measures, for every self-attention layer, head
+and candidate setting, the achieved sparsity, the head's attention-output error and the exact attention mass
+kept (:class:`HeadMeter`); :class:`~sparsevid.plan.calibration.Calibration` chooses each head's setting from
+those measurements and makes the per-head ``SparseConfig``.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
 
 from ..ops import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 
@@ -58,3 +66,180 @@ def calibrate_rules(calls, targets: Sequence[float], block_q: int = DEFAULT_BLOC
         configs[f"hybrid {target:.0%}"] = SparseConfig(
             rule="hybrid", topk=keep / 2, topp=round(calibrate_topp(calls, target, keep / 2, **blocks), 5), **blocks)
     return configs
+
+
+# --------------------------------------------------------------------------- per-head calibration
+
+class HeadMeter:
+    """Sums, per self-attention layer, head and candidate setting, of the achieved sparsity, the relative L1 error of
+    the head's attention output and the exact attention mass kept, over the attention calls :meth:`add` sees.
+
+    heads: the heads of each layer; candidates: :class:`~sparsevid.plan.calibration.Candidate` s (each predicted
+    with the hybrid rule and its budgets, as the calibrated configuration will); block_q, block_k: the tiles;
+    backend: the attention backend (its predictor goes with it, as in ``LayerPlan``).
+    """
+
+    def __init__(self, heads: Sequence[int], candidates, block_q: int = DEFAULT_BLOCK_Q,
+                 block_k: int = DEFAULT_BLOCK_K, backend: str = "auto"):
+        from ..plan.config import PREDICT_BACKENDS
+
+        self.heads, self.candidates = list(heads), tuple(candidates)
+        self.block_q, self.block_k, self.backend = block_q, block_k, backend
+        self.predict_backend = PREDICT_BACKENDS[backend]
+        self.sums = {name: [torch.zeros(h, len(self.candidates), dtype=torch.float64) for h in self.heads]
+                     for name in ("sparsity", "error", "recall")}
+        self.calls = [0] * len(self.heads)
+
+    @torch.no_grad()
+    def add(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> None:
+        """Measure one call q, k, v [B, H, N, D] of ``layer`` (in the token order the masks refer to)."""
+        from ..ops import block_sparse_attention, predict_mask
+        from .oracle import ExactTiles
+
+        if q.shape[1] != self.heads[layer]:
+            raise ValueError(f"layer {layer} has {self.heads[layer]} heads, the call {q.shape[1]}")
+        tiles = ExactTiles.measure(q, k, v, self.block_q, self.block_k, scale, self.backend)
+        reference = tiles.out.float()
+        reference_l1 = reference.abs().sum(dim=(0, 2, 3)).double()  # [H]
+        rows = _row_weights(q.shape[2], self.block_q, tiles.mass.device)
+        for c, candidate in enumerate(self.candidates):
+            if candidate.rule == "dense":  # every tile kept: the dense output
+                self.sums["recall"][layer][:, c] += 1.0
+                continue
+            topk, topp = candidate.budgets
+            mask, _ = predict_mask(q, k, rule="hybrid", topk=topk, topp=topp, block_q=self.block_q,
+                                   block_k=self.block_k, scale=scale, backend=self.predict_backend)
+            out = block_sparse_attention(q, k, v, mask, scale=scale, backend=self.backend).float()
+            error = (out - reference).abs().sum(dim=(0, 2, 3)).double() / reference_l1.clamp_min(1e-30)
+            kept = (tiles.mass.double() * mask.keep.to(tiles.mass.device)).sum(dim=-1)  # [B, H, QB]
+            self.sums["error"][layer][:, c] += error.cpu()
+            self.sums["sparsity"][layer][:, c] += mask.sparsity_per_head.mean(dim=0).cpu()
+            self.sums["recall"][layer][:, c] += (kept * rows).sum(dim=-1).mean(dim=0).cpu()
+        self.calls[layer] += 1
+
+    def means(self) -> dict[str, list]:
+        """{"sparsity", "error", "recall": [layer][head][candidate] means over the calls}; ValueError naming
+        the layers no call was measured in."""
+        missing = [layer for layer, n in enumerate(self.calls) if n == 0]
+        if missing:
+            raise ValueError(f"no video self-attention call was measured in layers {missing} (the model must run "
+                             f"diffusers' native attention backend, which calls scaled_dot_product_attention)")
+        return {name: [(table / n).tolist() for table, n in zip(tables, self.calls)]
+                for name, tables in self.sums.items()}
+
+
+def _row_weights(q_len: int, block_q: int, device) -> torch.Tensor:
+    """float64 [QB]: the share of the q_len query rows in each query block (the last one may be short)."""
+    rows = torch.full((-(-q_len // block_q),), float(block_q), dtype=torch.float64, device=device)
+    rows[-1] = q_len - (rows.numel() - 1) * block_q
+    return rows / q_len
+
+
+class _Recorder:
+    """The SDPA handler and hooks that hand each video self-attention call of a dense transformer's forwards to a
+    :class:`HeadMeter`, in the tile order ``tile`` of the latent grid."""
+
+    def __init__(self, transformer, adapter, meter: HeadMeter, tile):
+        self.adapter, self.meter, self.tile = adapter, meter, tile
+        self.layer: int | None = None
+        self.grid = None
+        self.hooks = [transformer.register_forward_pre_hook(self._begin_forward, with_kwargs=True)]
+        for index, attention in enumerate(adapter.self_attentions(transformer)):
+            self.hooks.append(attention.register_forward_pre_hook(lambda *_, index=index: self._enter(index)))
+            self.hooks.append(attention.register_forward_hook(lambda *_: self._enter(None)))
+
+    def _begin_forward(self, module, args, kwargs):
+        self.grid = self.adapter.call_grid(module, args, kwargs)
+
+    def _enter(self, layer: int | None):
+        self.layer = layer
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
+    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                                               dropout_p=dropout_p, is_causal=is_causal,
+                                                               scale=scale, **kwargs)
+        if self.layer is None:
+            return out
+        tokens = None if self.grid is None else self.grid[0] * self.grid[1] * self.grid[2]
+        if tokens is None or query.shape[2] != tokens or key.shape[2] != tokens or attn_mask is not None:
+            raise ValueError(f"calibration measures video-only self-attention (Wan-layout families); layer "
+                             f"{self.layer} attends {query.shape[2]} queries to {key.shape[2]} keys for a latent grid "
+                             f"{self.grid}")
+        tensors = (query, key, value)
+        if self.tile != "none":
+            from ..integration import tile_order
+
+            perm = tile_order(self.grid, self.tile, query.device).perm
+            tensors = tuple(t.index_select(2, perm) for t in tensors)
+        self.meter.add(self.layer, *tensors, scale=scale)
+        return out
+
+
+def calibrate_heads(transformer: torch.nn.Module, forwards: Iterable[Callable[[], object]], candidates=None,
+                    block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K, tile="auto",
+                    backend: str = "auto", inputs: dict | None = None):
+    """Measure every head of ``transformer`` (a dense diffusers video transformer of a Wan-layout family) under
+    each candidate setting while ``forwards`` run: each item is called and runs some dense forwards of it (a
+    forward on cached latents, a whole sampling, ...). Returns a
+    :class:`~sparsevid.plan.calibration.Calibration` without a choice yet (``.choose(...)``).
+
+    candidates: default ``default_candidates()``; block_q, block_k, tile: the tiles and token order of the
+    masks (as the configuration will use them); backend: the attention backend; inputs: a description of what
+    ran, kept in the file.
+    """
+    from ..integration import SDPAInterceptor, adapter_for, is_sparse
+    from ..plan import SparseConfig
+    from ..plan.calibration import Calibration, default_candidates
+
+    if is_sparse(transformer):
+        raise ValueError("transformer must run dense attention: remove its sparse attention before calibrating")
+    SparseConfig(block_q=block_q, block_k=block_k, tile=tile, backend=backend)  # checks them, naming the bad one
+    adapter = adapter_for(transformer)
+    heads = [attention.heads for attention in adapter.self_attentions(transformer)]
+    meter = HeadMeter(heads, default_candidates() if candidates is None else candidates, block_q, block_k, backend)
+    recorder = _Recorder(transformer, adapter, meter, tile)
+    try:
+        with torch.no_grad(), SDPAInterceptor(recorder):
+            for forward in forwards:
+                forward()
+    finally:
+        recorder.remove()
+    model = {"family": adapter.name, "class_name": type(transformer).__name__, "heads": heads}
+    settings = {"block_q": block_q, "block_k": block_k, "tile": list(tile) if isinstance(tile, tuple) else tile}
+    return Calibration(model, settings, meter.candidates, **meter.means(),
+                       inputs={**(inputs or {}), "calls_per_layer": list(meter.calls)})
+
+
+def calibration_table(calibration) -> str:
+    """A text table of a calibration's choice: per layer, each head's setting with its sparsity and error, the
+    layer's mean sparsity and error; the overall means last."""
+    summary = calibration.summary()
+    lines = [f"{'layer':>5}  {'sparsity':>8}  {'error':>7}  heads (setting: sparsity / output error)"]
+    for layer, (labels, sparsity, error) in enumerate(zip(summary["labels"], summary["sparsity"], summary["error"])):
+        heads = ", ".join(f"{label}: {s:.0%}/{e:.3f}" for label, s, e in zip(labels, sparsity, error))
+        lines.append(f"{layer:>5}  {sum(sparsity) / len(sparsity):>8.1%}  {sum(error) / len(error):>7.4f}  {heads}")
+    lines.append(f"{'all':>5}  {summary['mean_sparsity']:>8.1%}  {summary['mean_error']:>7.4f}  "
+                 f"(mean exact attention mass kept {summary['mean_recall']:.3f})")
+    return "\n".join(lines)
+
+
+def plot_calibration(calibration, path: str | Path) -> Path:
+    """Heat maps (layer x head) of the chosen sparsity and output error of a calibration, as a PNG at ``path``."""
+    from ..training.plots import pyplot, save_figure
+
+    summary = calibration.summary()
+    heads = max(calibration.model["heads"])
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 0.5 * heads, 1.5 + 0.3 * calibration.num_layers), squeeze=False)
+    for ax, name, cmap in zip(axes[0], ("sparsity", "error"), ("viridis", "magma")):
+        table = torch.full((calibration.num_layers, heads), float("nan"))
+        for layer, row in enumerate(summary[name]):
+            table[layer, :len(row)] = torch.tensor(row)
+        image = ax.imshow(table.numpy(), aspect="auto", cmap=cmap, interpolation="nearest")
+        ax.set(xlabel="head", ylabel="layer", title=f"{name} (mean {summary[f'mean_{name}']:.3g})")
+        fig.colorbar(image, ax=ax)
+    return save_figure(fig, path)

@@ -208,7 +208,7 @@ class SparseAttnProcessor:
         video = video_tokens(query, key, value, layout, order)
         mark(clock, "reordered")
         wants_tile_mass = runtime.wants_tile_mass(query)
-        mask = runtime.mask(video[0], video[1], scale)
+        mask = runtime.mask(video[0], video[1], scale, heads)
         mark(clock, "predicted")
         out, tile_mass = joint_sparse_attention(
             query, key, value, layout, mask, order, video=video, scale=scale, backend=plan.backend,

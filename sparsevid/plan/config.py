@@ -13,7 +13,10 @@ import functools
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
 
 from ..ops.mask import SUPPORTED_BLOCK_SIZES as BLOCK_SIZES
 from ..ops.refine import SELECT_FIELDS
@@ -48,6 +51,27 @@ def _check_topp(name: str, topp) -> None:
         raise TypeError(f"{name} must be a number in (0, 1], got {topp!r}")
     if not 0.0 < topp <= 1.0:
         raise ValueError(f"{name} must be in (0, 1], got {topp!r}")
+
+
+def _per_head(check):
+    """``check`` extended to a per-head list (or tuple) of values, one per attention head; a per-head top-k holds
+    fractions only or counts only."""
+    def check_values(name: str, value) -> None:
+        if not isinstance(value, (list, tuple)):
+            check(name, value)
+            return
+        if not value:
+            raise ValueError(f"{name} per head must be a non-empty list, got {value!r}")
+        for head, item in enumerate(value):
+            check(f"{name}[{head}]", item)
+        if len({_is_int(item) for item in value}) > 1:
+            raise ValueError(f"{name} per head must be all fractions or all counts, got {list(value)!r}")
+    return check_values
+
+
+def is_per_head(value) -> bool:
+    """Whether a budget (topk, topp) is a per-head tuple."""
+    return isinstance(value, tuple)
 
 
 def _check_optional(check):
@@ -125,8 +149,8 @@ def _predictor_setting(name: str, type_: str, check: Callable[[str, Any], None])
 
 MASK_SETTINGS = (
     _predictor_setting("rule", "str", _check_choice(RULES)),
-    _predictor_setting("topk", "float | int", _check_topk),
-    _predictor_setting("topp", "float", _check_topp),
+    _predictor_setting("topk", "float | int | tuple", _per_head(_check_topk)),
+    _predictor_setting("topp", "float | tuple", _per_head(_check_topp)),
     _predictor_setting("block_q", "int", _check_block),
     _predictor_setting("block_k", "int", _check_block),
     MaskSetting("backend", "str", "auto", _check_backend),
@@ -160,8 +184,18 @@ _PREDICTED = tuple(setting.name for setting in MASK_SETTINGS if "predict" in set
 @functools.lru_cache(maxsize=256, typed=True)
 def _predict_settings(*values) -> PredictSettings:
     """The PredictSettings of a plan's ``_PREDICTED`` values and predictor backend (cached: plans are made per
-    layer and step, and most repeat)."""
-    return PredictSettings(**dict(zip(_PREDICTED + ("backend",), values)))
+    layer and step, and most repeat). Where either budget is per head, both become CPU tensors [H] (a scalar one
+    repeated): top-k fractions float64 (rounded up to counts as a scalar fraction is), counts int64, top-p float32
+    (the predictor's own precision)."""
+    settings = dict(zip(_PREDICTED + ("backend",), values))
+    per_head = [settings[name] for name in ("topk", "topp") if is_per_head(settings[name])]
+    if per_head:
+        for name in ("topk", "topp"):
+            value = settings[name]
+            value = value if is_per_head(value) else (value,) * len(per_head[0])
+            dtype = torch.float32 if name == "topp" else torch.int64 if _is_int(value[0]) else torch.float64
+            settings[name] = torch.tensor(value, dtype=dtype)
+    return PredictSettings(**settings)
 
 
 def _with_mask_settings(cls):
@@ -217,13 +251,21 @@ class LayerPlan:
         return {setting.name: getattr(self, setting.name) for setting in MASK_SETTINGS if use in setting.uses}
 
 
-def _as_tile(tile):
-    return tuple(tile) if isinstance(tile, list) else tile
+def _as_value(name: str, value):
+    """A plan field's value as plans hold it: lists (from JSON) as tuples (a tile, per-head budgets)."""
+    return tuple(value) if name in ("tile", "topk", "topp") and isinstance(value, list) else value
 
 
 def _check_final(values: dict[str, Any], where: str) -> None:
-    """The final budgets of merged plan values must be of the start's kind and no larger than the start."""
+    """The budgets of merged plan values: per-head ones of one length and constant; final budgets of the start's
+    kind and no larger than the start."""
     final_topk, topk = values.get("final_topk"), values["topk"]
+    topp = values["topp"]
+    if is_per_head(topk) and is_per_head(topp) and len(topk) != len(topp):
+        raise ValueError(f"{where}topk and topp per head must have one value per head each, got {len(topk)} and "
+                         f"{len(topp)} values")
+    if (is_per_head(topk) or is_per_head(topp)) and (final_topk, values.get("final_topp")) != (None, None):
+        raise ValueError(f"{where}topk / topp per head need a constant budget: final_topk and final_topp must be None")
     if final_topk is not None:
         if _is_int(final_topk) != _is_int(topk):
             raise ValueError(f"{where}final_topk must be of the same kind as topk (both fractions or both counts), "
@@ -289,9 +331,11 @@ class SparseConfig:
     final_topp: float | None = None
     num_steps: int | None = None
     num_train_timesteps: float = 1000.0
+    calibrated_for: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        self.tile = _as_tile(self.tile)
+        for name in ("tile", "topk", "topp"):
+            setattr(self, name, _as_value(name, getattr(self, name)))
         layers = self.dense_layers
         if not isinstance(layers, (tuple, list, set, frozenset)) or not all(_is_int(i) and i >= 0 for i in layers):
             raise ValueError(f"dense_layers must be a tuple of layer indices >= 0, got {layers!r}")
@@ -315,7 +359,7 @@ class SparseConfig:
             if unknown:
                 raise ValueError(f"layer_overrides[{index}] has unknown fields {sorted(unknown)}; "
                                  f"allowed: {PLAN_FIELDS + SCHEDULE_FIELDS + ('dense',)}")
-            values = {k: _as_tile(v) if k == "tile" else v for k, v in values.items()}
+            values = {k: _as_value(k, v) for k, v in values.items()}
             if "dense" in values and not isinstance(values["dense"], bool):
                 raise TypeError(f"layer_overrides[{index}].dense must be a bool, got {values['dense']!r}")
             _check_plan_fields(values, where=f"layer_overrides[{index}].")
@@ -325,6 +369,17 @@ class SparseConfig:
             _check_final(self._layer_values(values), where=f"layer_overrides[{index}].")
             overrides[index] = values
         self.layer_overrides = overrides
+        self._check_calibrated_for()
+
+    def _check_calibrated_for(self) -> None:
+        made = self.calibrated_for
+        if made is None:
+            return
+        heads = made.get("heads") if isinstance(made, dict) else None
+        if (not isinstance(made, dict) or not isinstance(made.get("family"), str) or not isinstance(heads, list)
+                or not heads or not all(_is_int(h) and h >= 1 for h in heads)):
+            raise ValueError(f"calibrated_for must be None or {{'family': str, 'heads': [heads of each layer]}}, "
+                             f"got {made!r}")
 
     def _check_schedule(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -392,12 +447,52 @@ class SparseConfig:
         values["topp"] = _interpolate(values["topp"], values.pop("final_topp"), progress)
         return LayerPlan(**values)
 
+    def check_model(self, family: str, heads: Sequence[int]) -> None:
+        """Raise ValueError when this configuration does not fit a transformer of ``family`` whose self-attention
+        layers have ``heads[i]`` heads: another family, layer count or head count than the model it was
+        calibrated for (``calibrated_for``), or per-head budgets of another length than their layer's heads."""
+        made = self.calibrated_for
+        if made is not None:
+            where = f"this configuration was calibrated for a {made['family']} transformer with {len(made['heads'])} " \
+                    f"self-attention layers"
+            if made["family"] != family:
+                raise ValueError(f"{where}, not for a {family} transformer")
+            if len(made["heads"]) != len(heads):
+                raise ValueError(f"{where}; this transformer has {len(heads)}")
+            for layer, (expected, count) in enumerate(zip(made["heads"], heads)):
+                if expected != count:
+                    raise ValueError(f"{where}, layer {layer} with {expected} heads; this transformer's layer {layer} "
+                                     f"has {count}")
+        for layer, count in enumerate(heads):
+            override = self.layer_overrides.get(layer, {})
+            if layer in self.dense_layers or override.get("dense", False):
+                continue
+            values = self._layer_values(override)
+            for name in ("topk", "topp"):
+                if is_per_head(values[name]) and len(values[name]) != count:
+                    raise ValueError(f"layer {layer}: {name} gives {len(values[name])} per-head values, but the "
+                                     f"layer has {count} heads")
+
     # ------------------------------------------------------------------ serialisation
+    @classmethod
+    def from_calibration(cls, path: str | Path, *, target_sparsity: float | None = None,
+                         max_error: float | None = None, **fields) -> SparseConfig:
+        """The per-layer, per-head configuration of a calibration file written by ``sparsevid calibrate``
+        (:class:`~sparsevid.plan.calibration.Calibration`): the settings chosen there, or chosen afresh from its
+        measurements for ``target_sparsity`` (mean over layers and heads) or ``max_error`` (per head). ``fields``:
+        further SparseConfig fields (e.g. ``backend``, ``dense_steps``). Applying it to another model than the
+        calibrated one raises ValueError."""
+        from .calibration import Calibration
+
+        return Calibration.load(path).config(target_sparsity=target_sparsity, max_error=max_error, **fields)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-compatible dict (tuples become lists, layer keys strings)."""
         out = dataclasses.asdict(self)
         out["dense_layers"] = list(self.dense_layers)
-        out["tile"] = list(self.tile) if isinstance(self.tile, tuple) else self.tile
+        for name in ("tile", "topk", "topp"):
+            value = getattr(self, name)
+            out[name] = list(value) if isinstance(value, tuple) else value
         out["layer_overrides"] = {
             str(layer): {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
             for layer, values in self.layer_overrides.items()

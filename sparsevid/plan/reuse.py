@@ -25,6 +25,7 @@ from ..ops import PredictSettings, SparseMask, predict_mask, select_from_mass
 from ..ops.attention import TILE_MASS_BACKENDS
 from ..ops.predict_op import predict_mask_traced
 from .config import LayerPlan
+from .heads import has_head_budgets, head_slice, predict_heads_traced
 
 
 @dataclass
@@ -47,35 +48,42 @@ class _Entry:
                 and (self.plan.block_q, self.plan.block_k, self.plan.tile) == (plan.block_q, plan.block_k, plan.tile))
 
 
-def predict_plan_mask(q, k, plan: LayerPlan, scale, within: SparseMask | None = None):
-    """The mask a layer's plan predicts for video q, k [B, H, Nv, D] (``within``: search only its tiles), and
-    the pooled mass each query-block row keeps, float32 [B, H, QB]. Without ``within`` torch.compile traces
-    it (a custom op)."""
+def predict_plan_mask(q, k, plan: LayerPlan, scale, within: SparseMask | None = None, heads: range | None = None):
+    """The mask a layer's plan predicts for video q, k [B, H', Nv, D] (``within``: search only its tiles), and
+    the pooled mass each query-block row keeps, float32 [B, H', QB]. ``heads``: the global heads the call holds
+    (None: all of the layer's), whose slice of per-head budgets applies. Without ``within`` torch.compile
+    traces it (a custom op)."""
     if within is None and torch.compiler.is_compiling():
+        if has_head_budgets(plan.predict_settings):
+            return predict_heads_traced(q, k, plan.predict_settings, scale, heads)
         return predict_mask_traced(q, k, plan.predict_settings, scale=scale)
-    settings = _with_scale(plan.predict_settings, scale)
+    settings = call_settings(plan.predict_settings, scale, heads)
     if within is None:
         return predict_mask_traced(q, k, settings)
     mask, stats = predict_mask(q, k, settings, within=within)
     return mask, stats.kept_mass
 
 
-# (id of a plan's settings, type and value of a scale) -> (those settings, the settings with that scale).
-_SCALED: dict[tuple, tuple[PredictSettings, PredictSettings]] = {}
+# (id of a plan's settings, type and value of a scale, heads) -> (those settings, the settings of such a call).
+_CALLS: dict[tuple, tuple[PredictSettings, PredictSettings]] = {}
 
 
-def _with_scale(settings: PredictSettings, scale: float | None) -> PredictSettings:
-    """``settings`` with this call's scale. Cached by the settings' identity (plans share their settings
-    objects, and equality would not tell a count topk=1 from a fraction topk=1.0): a layer's eager calls repeat
-    it, and a new settings object is checked field by field."""
-    key = (id(settings), type(scale), scale)
-    cached = _SCALED.get(key)
+def call_settings(settings: PredictSettings, scale: float | None, heads: range | None = None) -> PredictSettings:
+    """``settings`` with this call's scale and, for per-head budgets, the slice of the global ``heads`` the call
+    holds (None: all). Cached by the settings' identity (plans share their settings objects, and equality would
+    not tell a count topk=1 from a fraction topk=1.0): a layer's eager calls repeat it, and a new settings
+    object is checked field by field."""
+    key = (id(settings), type(scale), scale, heads)
+    cached = _CALLS.get(key)
     if cached is not None and cached[0] is settings:
         return cached[1]
-    if len(_SCALED) >= 256:
-        _SCALED.clear()
-    scaled = settings.replace(scale=scale)
-    _SCALED[key] = (settings, scaled)
+    if len(_CALLS) >= 256:
+        _CALLS.clear()
+    changes = {"scale": scale}
+    if has_head_budgets(settings):
+        changes["topk"], changes["topp"] = head_slice(settings, heads)
+    scaled = settings.replace(**changes)
+    _CALLS[key] = (settings, scaled)
     return scaled
 
 
@@ -90,28 +98,30 @@ class MaskReuse:
         self._entries.clear()
 
     def mask(self, q: torch.Tensor, k: torch.Tensor, plan: LayerPlan, scale: float | None, *, step: int | None,
-             branch: int = 0, generation: int = 0) -> tuple[SparseMask, str]:
+             branch: int = 0, generation: int = 0, heads: range | None = None) -> tuple[SparseMask, str]:
         """The mask for this call over q [B, H, N, D], k [B, H, M, D] and how it was obtained: "predicted",
         "reused", "within" or "exact" (the integration's stats report it as ``mask_source``).
 
         step: the denoising step (None: unknown, predict and keep nothing); branch: the guidance pass within
-        the step; generation: changes when a new generation starts, which drops every kept mask.
+        the step; generation: changes when a new generation starts, which drops every kept mask; heads: the global
+        heads q holds (None: all).
         """
         if generation != self._generation:
             self.clear()
             self._generation = generation
         entry = self._entries.get(branch)
         if step is None or entry is None or step < entry.step or not entry.fits(q, k, plan):
-            return self._keep(branch, step, plan, *predict_plan_mask(q, k, plan, scale), "predicted")
+            return self._keep(branch, step, plan, *predict_plan_mask(q, k, plan, scale, heads=heads), "predicted")
         if step - entry.step < plan.refresh_interval:
             return entry.mask, "reused"
         if plan.refresh_search == "full":
-            return self._keep(branch, step, plan, *predict_plan_mask(q, k, plan, scale), "predicted")
+            return self._keep(branch, step, plan, *predict_plan_mask(q, k, plan, scale, heads=heads), "predicted")
         if plan.refresh_search == "exact" and entry.tile_mass is not None and entry.mass_step == step - 1:
-            mask, stats = select_from_mass(entry.tile_mass, entry.mask, plan.predict_settings,
+            mask, stats = select_from_mass(entry.tile_mass, entry.mask, call_settings(plan.predict_settings, None, heads),
                                            row_share=entry.share)
             return self._keep(branch, step, plan, mask, stats.kept_mass, "exact")
-        return self._keep(branch, step, plan, *predict_plan_mask(q, k, plan, scale, within=entry.mask), "within")
+        return self._keep(branch, step, plan, *predict_plan_mask(q, k, plan, scale, within=entry.mask,
+                                                                       heads=heads), "within")
 
     def wants_tile_mass(self, q: torch.Tensor, plan: LayerPlan, *, step: int | None, branch: int = 0) -> bool:
         """Whether the attention of the call about to get its mask from :meth:`mask` should emit exact tile

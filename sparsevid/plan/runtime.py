@@ -57,8 +57,10 @@ class LayerRuntime:
         self.plan = self.config.plan(self.layer, position.step, position.timestep)
         return self.plan
 
-    def mask(self, q: torch.Tensor, k: torch.Tensor, scale: float | None) -> SparseMask:
-        """The mask of this call over video q [B, H, N, D], k [B, H, M, D] (a sparse plan is required).
+    def mask(self, q: torch.Tensor, k: torch.Tensor, scale: float | None, heads: range | None = None) -> SparseMask:
+        """The mask of this call over video q [B, H, N, D], k [B, H, M, D] (a sparse plan is required); ``heads``:
+        the layer's global heads that q holds (None: all; under context parallelism a rank's share), whose
+        slice of per-head budgets applies.
 
         Masks are not differentiable: they are made under ``torch.no_grad()``, so that a forward recomputed by
         gradient checkpointing (which reuses the mask its first run kept) saves the same tensors."""
@@ -66,15 +68,15 @@ class LayerRuntime:
             raise RuntimeError(f"layer {self.layer} is dense at this step: it has no mask")
         with torch.no_grad():
             if self.plan.reuses_masks:
-                return self._reused_mask(q, k, scale)
+                return self._reused_mask(q, k, scale, heads)
             self.source = "predicted"
-            return predict_plan_mask(q, k, self.plan, scale)[0]
+            return predict_plan_mask(q, k, self.plan, scale, heads=heads)[0]
 
     @torch.compiler.disable
-    def _reused_mask(self, q: torch.Tensor, k: torch.Tensor, scale: float | None) -> SparseMask:
+    def _reused_mask(self, q: torch.Tensor, k: torch.Tensor, scale: float | None, heads: range | None) -> SparseMask:
         where = self.position
         mask, self.source = self._reuse.mask(q, k, self.plan, scale, step=where.step, branch=where.branch,
-                                             generation=where.generation)
+                                             generation=where.generation, heads=heads)
         return mask
 
     def wants_tile_mass(self, q: torch.Tensor) -> bool:
