@@ -15,7 +15,11 @@
 #               breakdown, mass error)
 #   model       benchmark training_free (tile-mass overhead, 50-step Wan 1.3B loop); the training-free quality
 #               study on the built-in model
-#   throughput  benchmark distill (distillation step throughput, Wan 1.3B)
+#   throughput  benchmarks cache (sparsevid cache clips/s: tiny pipeline, Wan2.1 VAE + umT5-XXL size at 480p) and
+#               distill (fine-tuning step, Wan 1.3B 480p: dense vs sparse, diffusion and distill, attention-only and
+#               LoRA, checkpointing on and off)
+#   throughput_compiled  benchmark distill_compiled (the same step under compile_repeated_blocks)
+#   throughput14b  benchmark distill_14b (fine-tuning step, Wan 14B 720p on one GPU, attention-only and LoRA)
 #   predict     benchmark predict (mask prediction: every kernel config, Wan 1.3B and 14B shapes)
 #   limits      benchmark predict_limits (kernel device times, pool vs a plain read, TF32 logits, budget)
 #   training    one call of the claims grid on the built-in model (sparsevid_lab.studies.claims_grid; repeat the part
@@ -55,7 +59,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|kernels14b|tile_mass|model|throughput|predict|limits|training|training_full|training_shift|motion|\
+PARTS="kernels|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|predict|limits|training|training_full|training_shift|motion|\
 demo_student|tests|parallel|ddp|runtime|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
@@ -96,7 +100,14 @@ model)
         --out "$OUT/training_free_quality"
     ;;
 throughput)
-    bench distill 110
+    bench cache 120
+    bench distill 420
+    ;;
+throughput_compiled)
+    bench distill_compiled 540
+    ;;
+throughput14b)
+    bench distill_14b 580
     ;;
 predict)
     bench predict 240

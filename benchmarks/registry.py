@@ -76,8 +76,20 @@ BENCHMARKS = {
          "--iters", "2")),
     "distill": Benchmark(
         "benchmarks.bench_distill",
-        "distillation step throughput, Wan 1.3B 480p: dense vs sparse student (step ms, tokens/s, peak memory)",
-        ("--iters", "3")),
+        "fine-tuning step, Wan 1.3B 480p: dense vs sparse 95%, diffusion and distill, attention/LoRA, ckpt on/off",
+        ("--model", "wan1.3b", "--iters", "3")),
+    "distill_compiled": Benchmark(
+        "benchmarks.bench_distill",
+        "fine-tuning step, Wan 1.3B 480p, compile_repeated_blocks: dense vs sparse 95%, checkpointing on",
+        ("--model", "wan1.3b", "--trainable", "attention", "--checkpointing", "on", "--compile", "inductor",
+         "--warmup", "2", "--iters", "3")),
+    "distill_14b": Benchmark(
+        "benchmarks.bench_distill",
+        "fine-tuning step, Wan 14B 720p on one GPU: dense vs sparse 95%, attention-only and LoRA, checkpointing on",
+        ("--model", "wan14b", "--checkpointing", "on", "--warmup", "1", "--iters", "1")),
+    "cache": Benchmark(
+        "benchmarks.bench_cache",
+        "sparsevid cache throughput (clips/s): the tiny test pipeline, and Wan2.1's VAE with umT5-XXL's size, 480p"),
     "context_parallel": Benchmark(
         "benchmarks.bench_context_parallel",
         "Wan 14B forward over the ranks of torchrun (Ulysses) vs one GPU, dense and 95% sparse, with a check"),

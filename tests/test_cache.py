@@ -12,42 +12,26 @@ pytest.importorskip("safetensors")
 av = pytest.importorskip("av")
 from PIL import Image  # noqa: E402
 
+from benchmarks.bench_cache import wan_pipeline  # noqa: E402
 from sparsevid.cli import main  # noqa: E402
 from sparsevid.data import Encoder, cache_videos, find_videos, fit, load_encoder  # noqa: E402
 from sparsevid.training import (STREAM_TEACHER, BucketOrder, LatentDirectory, ShardWriter,  # noqa: E402
                                 sample_generator, write_null_text)
 
-WORDS = "a red cat runs on the grass blue ball rolls over sand dog jumps".split()
 CAPTIONS = {"cat.mp4": "a red cat runs on the grass", "ball.gif": "blue ball rolls", "dog": "dog jumps over sand"}
 SPARSE = "rule=topk,topk=1,block_q=64,block_k=64,tile=none"
 
 
 def tiny_wan_pipeline():
-    """A WanPipeline of random tiny components: a word-level tokenizer, UMT5 (width 16), a Wan VAE (4 latent
-    channels, 8x spatial and 4x temporal compression) and a 2-layer Wan transformer."""
+    """A WanPipeline of random tiny components (the cache benchmark's "tiny": a word-level tokenizer, UMT5 of width
+    16, a Wan VAE with 4 latent channels, 8x spatial and 4x temporal compression) with a 2-layer Wan transformer."""
     import diffusers
-    import tokenizers
-    import transformers
-    from tokenizers.processors import TemplateProcessing
 
     torch.manual_seed(0)
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{word: i + 3 for i, word in enumerate(WORDS)}}
-    words = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    words.post_processor = TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", eos_token="</s>",
-                                                     unk_token="<unk>")
-    text_encoder = transformers.UMT5EncoderModel(transformers.UMT5Config(
-        vocab_size=len(vocab), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
-        relative_attention_num_buckets=8))
-    vae = diffusers.AutoencoderKLWan(base_dim=3, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                                     temperal_downsample=[False, True, True], latents_mean=[0.1, -0.2, 0.3, 0.0],
-                                     latents_std=[1.5, 0.5, 2.0, 1.0])
     transformer = diffusers.WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
         text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32)
-    return diffusers.WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
-                                 scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0))
+    return wan_pipeline("tiny", torch.device("cpu"), torch.float32, transformer=transformer)
 
 
 def random_frames(generator, count, height, width):

@@ -352,3 +352,47 @@ def test_cached_data_of_another_family_are_refused(tmp_path):
     result = distill(build("chronoedit")[0], LatentDirectory(tmp_path / "wan"),
                      DistillConfig(sparse=SPARSE, batch_size=2), loop, log=lambda *_: None)
     assert result.finished
+
+
+def test_compiled_student_follows_the_eager_trajectory(tmp_path):
+    """DistillConfig(compile=...) compiles the repeated blocks (here with the aot_eager backend: dynamo capture and
+    the custom ops' fake kernels, no code generation): the same losses and weights as eager, up to float32 sums."""
+    data = LatentDirectory(_latents("wan", tmp_path), seed=0)
+    runs = []
+    for backend in (None, "aot_eager"):
+        torch.manual_seed(0)
+        model, _ = build("wan")
+        config = DistillConfig(sparse=SPARSE, batch_size=2, gradient_checkpointing=True, compile=backend)
+        loop = LoopConfig(lr=3e-3, warmup_steps=1, ema_decay=None, max_steps=3, log_every=1, bf16=False)
+        result = distill(model, data, config, loop, log=lambda *_: None)
+        assert all((block._compiled_call_impl is not None) == (backend is not None) for block in model.blocks)
+        runs.append(([r["loss"] for r in result.history], model.state_dict()))
+        torch._dynamo.reset()
+    (eager_loss, eager_state), (compiled_loss, compiled_state) = runs
+    assert compiled_loss == pytest.approx(eager_loss, rel=1e-4) and eager_loss[-1] != eager_loss[0]
+    for name, value in eager_state.items():
+        assert torch.allclose(value, compiled_state[name], atol=1e-5), name
+    with pytest.raises(ValueError, match="compile must be None or a torch.compile backend"):
+        DistillConfig(compile="no-such-backend")
+
+
+def test_a_bf16_base_trains_float32_master_weights_and_evaluates_under_autocast(tmp_path):
+    """A transformer loaded in bf16: the tensors the student trains become float32 (the optimiser's master
+    weights), the frozen ones stay bf16, and the held-out yardstick runs the mixed model as training does
+    (autocast), close to the float32 model it was rounded from."""
+    from sparsevid.training import prepare_distillation
+
+    torch.manual_seed(0)
+    model, _ = build("wan")
+    data = LatentDirectory(_latents("wan", tmp_path), seed=0)
+    heldout = heldout_set(data, per_bin=1, num_bins=2)
+    reference = predict_velocities(model, heldout)
+    model.to(torch.bfloat16)
+    run = prepare_distillation(model, data, DistillConfig(sparse=SPARSE, batch_size=2), torch.device("cpu"))
+    trained = set(trainable_names(model, "attention"))
+    assert {n for n, p in model.named_parameters() if p.dtype == torch.float32} == trained
+    assert [id(p) for p in run.parameters] == [id(p) for n, p in model.named_parameters() if n in trained]
+    with sv.dense_attention(model):
+        mixed = predict_velocities(model, heldout)
+    error = velocity_error(mixed, reference, heldout)["overall"]
+    assert 0 < error < 0.05  # bf16 rounding of weights and activations (8 mantissa bits), not a wrong model

@@ -42,6 +42,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the noise, noise levels and caption dropout")
     p.add_argument("--data-seed", type=int, default=0, help="seed of the data order")
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute blocks in the backward pass")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
+                   help="dtype of the frozen weights (default: bf16 on CUDA, fp32 on the CPU); the trained ones are "
+                        "always float32 master weights, and CUDA steps run under bf16 autocast")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the transformer's repeated blocks (inductor; not with --parallel fsdp)")
     p.add_argument("--checkpoint-every", type=positive_int_arg, default=100, help="steps between training states")
     p.add_argument("--heldout", default=None,
                    help="folder of held-out latent samples: the student's velocity error against the dense model on "
@@ -79,7 +84,7 @@ def run(args) -> int:
         config = DistillConfig(objective=args.objective, sparse=sparse, trainable=args.trainable,
                                batch_size=args.batch_size, seed=args.seed, shift=args.shift, null_prob=args.null_prob,
                                gradient_checkpointing=args.gradient_checkpointing, lora_rank=args.lora_rank,
-                               lora_alpha=args.lora_alpha)
+                               lora_alpha=args.lora_alpha, compile="inductor" if args.compile else None)
         loop = LoopConfig(lr=args.lr, warmup_steps=args.warmup, ema_decay=None, max_steps=args.steps,
                           weight_decay=0.0, checkpoint_every=args.checkpoint_every, progress=True,
                           accumulation_steps=args.accumulation_steps, optimizer=args.optimizer,
@@ -91,7 +96,9 @@ def run(args) -> int:
         raise CommandError(str(error)) from None
     job = setup(args.device)
     try:
-        transformer = load_transformer(args.model, dtype=torch.float32, device=job.device)
+        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if job.device.type == "cuda"
+                                                                                 else "fp32")]
+        transformer = load_transformer(args.model, dtype=dtype, device=job.device)
         evaluate = None if heldout is None else velocity_tracker(transformer, heldout)
         result = distill(transformer, data, config, loop, out=args.out, resume=args.resume, device=job.device,
                          extra={"model": str(args.model)}, evaluate=evaluate, parallel=args.parallel)

@@ -12,6 +12,7 @@ noise level from ``sample_generator(seed, i, STREAM_NOISE)``. Noise levels are s
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -88,7 +89,7 @@ def predict_velocities(transformer: torch.nn.Module, heldout: HeldOutSet, sparse
     steps = [0] * len(heldout) if steps is None else list(steps)
     if len(steps) != len(heldout):
         raise ValueError(f"steps must give one step per triple ({len(heldout)}), got {len(steps)}")
-    param = next(transformer.parameters())
+    device, dtype, precision = _forward_precision(transformer)
     out = torch.empty_like(heldout.noise)
     for step in sorted(set(steps)):
         members = [i for i, s in enumerate(steps) if s == step]
@@ -96,21 +97,34 @@ def predict_velocities(transformer: torch.nn.Module, heldout: HeldOutSet, sparse
             index = torch.tensor(members[start:start + batch_size])
             x0, noise, t = heldout.samples.latents[index], heldout.noise[index], heldout.t[index]
             x_t = (1 - t.view(-1, 1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1, 1) * noise
-            batch = heldout.samples.select(index).to(param.device, param.dtype)
-            args = (x_t.to(param.device, param.dtype), t.to(param.device, param.dtype), batch)
+            batch = heldout.samples.select(index).to(device, dtype)
+            args = (x_t.to(device, dtype), t.to(device, dtype), batch)
             if sparse is None:
-                velocity = predict_velocity(transformer, *args)
+                with precision:
+                    velocity = predict_velocity(transformer, *args)
             else:
                 apply_sparse_attention(transformer, sparse)
                 try:
                     set_denoising_step(transformer, step)
-                    velocity = predict_velocity(transformer, *args)
+                    with precision:
+                        velocity = predict_velocity(transformer, *args)
                 finally:
                     remove_sparse_attention(transformer)
             out[index] = velocity.float().cpu()
             if on_batch is not None:
                 on_batch()
     return out
+
+
+def _forward_precision(transformer: torch.nn.Module):
+    """(device, input dtype, autocast context) of an evaluation forward: a model holding half-precision weights
+    (loaded in bf16, or a student's float32 master weights over a bf16 base) runs under autocast to that dtype on
+    float32 inputs, as its training steps do; a float32 model runs as it is."""
+    params = list(transformer.parameters())
+    half = {p.dtype for p in params} & {torch.bfloat16, torch.float16}
+    if half:
+        return params[0].device, torch.float32, torch.autocast(params[0].device.type, dtype=half.pop())
+    return params[0].device, params[0].dtype, contextlib.nullcontext()
 
 
 def _by_bin(values: torch.Tensor, heldout: HeldOutSet) -> dict:

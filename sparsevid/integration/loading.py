@@ -12,7 +12,8 @@ from .adapters import adapter_for
 def load_transformer(source: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
     """The diffusers video transformer at ``source``: a transformer folder (its ``config.json`` names the class),
     a pipeline folder (its ``transformer`` subfolder) or a hub id of either (``from_pretrained``, which reads the
-    local cache or downloads). TypeError when it is no video transformer sparsevid supports."""
+    local cache or downloads), its floating weights in ``dtype`` except the modules diffusers keeps in float32 for
+    this class. TypeError when it is no video transformer sparsevid supports."""
     import diffusers
 
     path = Path(source)
@@ -30,9 +31,10 @@ def load_transformer(source: str | Path, dtype: torch.dtype = torch.float32, dev
     model_class = getattr(diffusers, str(class_name), None)
     if model_class is None:
         raise TypeError(f"{source}: diffusers has no model class {class_name!r}")
-    transformer = model_class.from_pretrained(str(path if path.is_dir() else source), subfolder=subfolder)
+    transformer = model_class.from_pretrained(str(path if path.is_dir() else source), subfolder=subfolder,
+                                              torch_dtype=dtype)
     adapter_for(transformer)  # TypeError for an unsupported family
-    return transformer.to(device, dtype)
+    return transformer.to(device)
 
 
 def _hub_class(repo: str) -> tuple[str, str | None]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +54,8 @@ class DistillConfig:
             training with the sampler at 3-5; a model's own recipe wins).
         null_prob: probability that a sample's text becomes the empty prompt's (keeps guidance working).
         gradient_checkpointing: recompute the transformer blocks in the backward pass.
+        compile: a ``torch.compile`` backend ("inductor" on CUDA) for the transformer's repeated blocks
+            (``compile_repeated_blocks``), or None to run eagerly.
     """
 
     objective: str = "distill"
@@ -66,6 +69,7 @@ class DistillConfig:
     gradient_checkpointing: bool = False
     lora_rank: int = 64
     lora_alpha: float = 64.0
+    compile: str | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -97,6 +101,8 @@ class DistillConfig:
             raise ValueError(f"null_prob must be in [0, 1), got {self.null_prob}")
         if not isinstance(self.gradient_checkpointing, bool):
             raise TypeError(f"gradient_checkpointing must be a bool, got {self.gradient_checkpointing!r}")
+        if self.compile is not None and self.compile not in torch._dynamo.list_backends(exclude_tags=()):
+            raise ValueError(f"compile must be None or a torch.compile backend, got {self.compile!r}")
 
     def run_info(self, source) -> dict:
         """The settings a resumed run must share (JSON-normalised): they fix the sequence of draws."""
@@ -186,6 +192,80 @@ class DistillResult:
 PARALLEL = ("ddp", "fsdp")
 
 
+@dataclass
+class Distillation:
+    """A transformer made ready for fine-tuning by :func:`prepare_distillation`.
+
+    Attributes:
+        transformer: the student module (sparse attention applied, trainable tensors float32, the rest frozen).
+        student: what a training step calls: ``transformer`` itself, or its DDP / FSDP wrapper.
+        loss_fn: micro-step index -> the objective on that micro-step's draws (a scalar; see :class:`Draws`).
+        parameters: the trainable parameters, in ``named_parameters`` order.
+        base: the base fingerprint of the pretrained weights (``student.json``).
+        lora: {"rank", "alpha", "targets"} of a LoRA student, else None.
+        sharded: the student is FSDP-sharded.
+    """
+
+    transformer: torch.nn.Module
+    student: torch.nn.Module
+    loss_fn: Callable[[int], torch.Tensor]
+    parameters: list[torch.nn.Parameter]
+    base: str
+    lora: dict | None
+    sharded: bool
+
+
+def prepare_distillation(transformer: torch.nn.Module, source, config: DistillConfig, device: torch.device,
+                         accumulation_steps: int = 1, parallel: str = "ddp") -> Distillation:
+    """Turn the dense pretrained ``transformer`` (on ``device``, this process's device of the job) into the student
+    that :func:`distill` trains, with its dense teacher and objective: adapters (LoRA), the frozen teacher copies,
+    sparse attention, trainable tensors upcast to float32 (master weights; the frozen ones keep their dtype, bf16
+    for a model loaded so), gradient checkpointing, ``config.compile`` and the data-parallel wrapper."""
+    job = setup(device)
+    draws = Draws(source, config, job.rank, job.world_size, job.device, accumulation_steps)
+    base = base_fingerprint(transformer, config.trainable)
+    lora = None
+    if config.trainable == "lora":
+        targets = add_lora(transformer, config.lora_rank, config.lora_alpha, seed=config.seed)
+        lora = {"rank": config.lora_rank, "alpha": config.lora_alpha, "targets": targets}
+    names = trainable_names(transformer, config.trainable)
+    sharded = parallel == "fsdp" and job.world_size > 1
+    if sharded and config.compile is not None:
+        raise ValueError("compile with parallel='fsdp' is not supported: use parallel='ddp' or compile=None")
+    teacher = None
+    if config.objective == "distill" and sharded and lora is None:
+        # Frozen copies of shards cannot stand in for the student's (FSDP gathers its own): a frozen sharded copy.
+        teacher = DenseTeacher(shard(copy.deepcopy(transformer).requires_grad_(False)), [])
+    elif config.objective == "distill":
+        teacher = DenseTeacher(transformer, [] if lora else names, adapters=lora is not None)
+    if config.sparse is not None:
+        apply_sparse_attention(transformer, config.sparse)
+    wanted = set(names)
+    parameters = []
+    for name, parameter in transformer.named_parameters():
+        parameter.requires_grad_(name in wanted)
+        if name in wanted:
+            parameter.data = parameter.data.float()
+            parameters.append(parameter)
+    if config.gradient_checkpointing:
+        transformer.enable_gradient_checkpointing()
+    if config.compile is not None:
+        transformer.compile_repeated_blocks(backend=config.compile)
+    student = shard(transformer) if sharded else wrap(transformer, job)
+
+    def loss_fn(micro_step: int) -> torch.Tensor:
+        batch, t, noise = draws(micro_step)
+        if config.sparse is not None:
+            reset_denoising_step(transformer)  # every forward predicts its own masks
+        x_t = noisy(batch.latents, noise, t)
+        velocity = predict_velocity(student, x_t, t, batch, module=transformer)
+        if teacher is None:
+            return flow_matching_loss(velocity, batch.latents, noise)
+        return torch.nn.functional.mse_loss(velocity.float(), teacher(x_t, t, batch).float())
+
+    return Distillation(transformer, student, loss_fn, parameters, base, lora, sharded)
+
+
 def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: LoopConfig,
             out: str | Path | None = None, resume: bool = False, device: str | torch.device | None = None,
             log=print, extra: dict | None = None, evaluate=None, parallel: str = "ddp") -> DistillResult:
@@ -200,6 +280,8 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
     (``loop.eval_every``; e.g. :func:`sparsevid.eval.velocity_tracker`), logged to ``eval.jsonl``.
     ``parallel`` (several processes): "ddp" replicates the model on every rank; "fsdp" shards it (FSDP2, each
     block and the root), the dense teacher then being a sharded frozen copy (none for LoRA students).
+    The transformer may come in bf16 (``from_pretrained(torch_dtype=torch.bfloat16)``, the least memory): the
+    tensors it trains become float32 master weights, the frozen ones stay bf16.
     """
     if not isinstance(config, DistillConfig):
         raise TypeError(f"config must be a DistillConfig, got {type(config).__name__}")
@@ -213,58 +295,28 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
     check_source(transformer, source)
     job = setup(device if device is not None else next(transformer.parameters()).device)
     transformer.to(job.device)
-    draws = Draws(source, config, job.rank, job.world_size, job.device, loop.accumulation_steps)
-    base = base_fingerprint(transformer, config.trainable)
-    lora = None
-    if config.trainable == "lora":
-        targets = add_lora(transformer, config.lora_rank, config.lora_alpha, seed=config.seed)
-        lora = {"rank": config.lora_rank, "alpha": config.lora_alpha, "targets": targets}
-    names = trainable_names(transformer, config.trainable)
-    sharded = parallel == "fsdp" and job.world_size > 1
-    teacher = None
-    if config.objective == "distill" and sharded and lora is None:
-        # Frozen copies of shards cannot stand in for the student's (FSDP gathers its own): a frozen sharded copy.
-        teacher = DenseTeacher(shard(copy.deepcopy(transformer).requires_grad_(False)), [])
-    elif config.objective == "distill":
-        teacher = DenseTeacher(transformer, [] if lora else names, adapters=lora is not None)
-    if config.sparse is not None:
-        apply_sparse_attention(transformer, config.sparse)
-    wanted = set(names)
-    for name, parameter in transformer.named_parameters():
-        parameter.requires_grad_(name in wanted)
-    if config.gradient_checkpointing:
-        transformer.enable_gradient_checkpointing()
-    student = shard(transformer) if sharded else wrap(transformer, job)
-
-    def loss_fn(micro_step: int) -> torch.Tensor:
-        batch, t, noise = draws(micro_step)
-        if config.sparse is not None:
-            reset_denoising_step(transformer)  # every forward predicts its own masks
-        x_t = noisy(batch.latents, noise, t)
-        velocity = predict_velocity(student, x_t, t, batch, module=transformer)
-        if teacher is None:
-            return flow_matching_loss(velocity, batch.latents, noise)
-        return torch.nn.functional.mse_loss(velocity.float(), teacher(x_t, t, batch).float())
+    run = prepare_distillation(transformer, source, config, job.device, loop.accumulation_steps, parallel)
 
     out = Path(out) if out is not None else None
     run_info = {**config.run_info(source), "accumulation_steps": loop.accumulation_steps}
-    trainable = sum(p.numel() for p in transformer.parameters() if p.requires_grad)
+    trainable = sum(p.numel() for p in run.parameters)
     if is_main_process():
         log(f"{config.objective}: {trainable / 1e6:.2f}M trainable parameters ({config.trainable}), global batch "
             f"{config.batch_size} over {job.world_size} process(es), data {source.describe()}")
-    result = train_loop(student, loss_fn, loop, state_path=None if out is None else out / STATE_FILE,
+    result = train_loop(run.student, run.loss_fn, loop, state_path=None if out is None else out / STATE_FILE,
                         resume=resume, log=log, run_info=run_info,
                         jsonl_path=None if out is None else out / LOG_FILE, evaluate=evaluate,
                         eval_jsonl_path=None if out is None else out / EVAL_LOG_FILE)
     if result.ema is not None:
         result.ema.copy_to(transformer)
     writes_student = out is not None and bool(result.history) and result.finished and config.sparse is not None
-    state = full_model_state(transformer) if writes_student and sharded else None  # a collective
+    state = full_model_state(transformer) if writes_student and run.sharded else None  # a collective
     if writes_student and is_main_process():
         summary = {"objective": config.objective, "steps": result.steps, "seconds": round(result.seconds, 1),
                    "final_loss": result.history[-1]["loss"], "world_size": job.world_size, "run": run_info,
                    **(extra or {})}
-        save_student(transformer, out, config.sparse, config.trainable, base, extra=summary, lora=lora, state=state)
+        save_student(transformer, out, config.sparse, config.trainable, run.base, extra=summary, lora=run.lora,
+                     state=state)
         _plot_log(out / LOG_FILE, out / "loss.png", config.objective)
     return DistillResult(result.steps, result.seconds, result.history, trainable, out, result.finished,
                          result.evaluations)
