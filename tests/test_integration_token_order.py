@@ -14,8 +14,13 @@ from sparsevid.ops.tiling import DEFAULT_TILE
 pytest.importorskip("diffusers")
 from tiny_models import MODELS, VIDEO_TOKENS, build  # noqa: E402
 
-# Families whose whole forward runs in tile order (SkyReels-V2 and Wan-Animate tile inside each sparse layer instead).
-FORWARD_TILED = [name for name in MODELS if name not in ("skyreels_v2", "wan_animate")]
+# Families whose whole forward runs in tile order (the others tile inside each sparse layer).
+def _tiles_whole_forward(name: str) -> bool:
+    model, _ = build(name)
+    return adapters.adapter_for(model).reorders_forward(model.config)
+
+
+FORWARD_TILED = [name for name in MODELS if _tiles_whole_forward(name)]
 
 SMALL_BLOCKS = {"block_q": 64, "block_k": 64}
 GRIDS = {"wan": (4, 8, 10), "hunyuan_video": (3, 10, 10), "cogvideox": (4, 8, 10)}

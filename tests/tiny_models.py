@@ -156,14 +156,25 @@ def consisid(**config):
     return model, {**inputs, "id_vit_hidden": [torch.randn(1, 2, 2)], "id_cond": torch.randn(1, 2)}
 
 
+def easyanimate(**config):
+    """EasyAnimateTransformer3DModel on a 4 x 8 x 10 grid after 2x2 patching: two MMDiT blocks (text projections of
+    their own) and one shared-projection block."""
+    model = diffusers.EasyAnimateTransformer3DModel(**{
+        "attention_head_dim": 16, "num_attention_heads": 2, "in_channels": 4, "out_channels": 4, "mmdit_layers": 2,
+        "num_layers": 3, "patch_size": 2, "text_embed_dim": 16, "time_embed_dim": 8, **config})
+    inputs = {"hidden_states": torch.randn(1, 4, 4, 16, 20), "timestep": torch.tensor([700]),
+              "encoder_hidden_states": torch.randn(1, 12, 16)}
+    return model, inputs
+
+
 MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
           "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx,
           "hunyuan_video15": hunyuan_video15, "wan_animate": wan_animate,
-          "consisid": consisid}
+          "consisid": consisid, "easyanimate": easyanimate}
 VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
                 "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10,
                 "hunyuan_video15": 3 * 10 * 10, "wan_animate": 4 * 8 * 10,
-                "consisid": 4 * 8 * 10}
+                "consisid": 4 * 8 * 10, "easyanimate": 4 * 8 * 10}
 
 
 def build(name, **config):

@@ -163,6 +163,10 @@ ADAPTERS = (
     # adapter attends frame by frame (raster positions): every sparse layer tiles its own q, k, v.
     ModelAdapter("wan_animate", "WanAnimateTransformer3DModel", (("blocks", "attn1"),), frames_dim=2,
                  text_first=False, patch_sizes=_wan_patch, token_sites=(), reorders_forward=_never, latents="wan"),
+    # EasyAnimate: text before video in one attention; the patch embedding runs per frame (no module output holds the
+    # video tokens [B, N, C]), so every sparse layer tiles its own q, k, v.
+    ModelAdapter("easyanimate", "EasyAnimateTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
+                 text_first=True, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never),
     # HunyuanVideo 1.5: RoPE tables [N, D]; text (after the video) is padded per sample through a [B, 1, N, N] mask.
     ModelAdapter("hunyuan_video15", "HunyuanVideo15Transformer3DModel", (("transformer_blocks", "attn"),),
                  frames_dim=2, text_first=False, patch_sizes=_square_patch,
