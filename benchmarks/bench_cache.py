@@ -1,4 +1,4 @@
-"""Throughput of ``sparsevid cache`` (clips/s): random mp4 clips with captions encoded by a WanPipeline of random
+"""Throughput of ``sparsevid cache`` (clips/s): random clips (PNG frame folders or mp4) with captions encoded by a WanPipeline of random
 weights, through ``sparsevid.data.cache_videos`` (decode, resize, the VAE's posterior mean, the text encoder, shard
 writing).
 
@@ -77,20 +77,27 @@ def wan_pipeline(size: str, device: torch.device, dtype: torch.dtype, transforme
     return pipe
 
 
-def write_clips(folder: Path, count: int, frames: int, height: int, width: int) -> None:
-    """``count`` mp4 clips of random pixels (8 fps) with a caption each."""
-    import av
+def write_clips(folder: Path, count: int, frames: int, height: int, width: int, kind: str) -> None:
+    """``count`` clips of random pixels with a caption each: mp4 files (8 fps, PyAV) or folders of PNG frames."""
+    from PIL import Image
 
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(count):
-        with av.open(str(folder / f"clip{i:03d}.mp4"), "w") as container:
-            stream = container.add_stream("mpeg4", rate=8)
-            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-            for _ in range(frames):
-                pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-                container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
-            container.mux(stream.encode())
+        pixels = [rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for _ in range(frames)]
+        if kind == "png":
+            (folder / f"clip{i:03d}").mkdir()
+            for j, frame in enumerate(pixels):
+                Image.fromarray(frame).save(folder / f"clip{i:03d}" / f"{j:03d}.png", compress_level=1)
+        else:
+            import av
+
+            with av.open(str(folder / f"clip{i:03d}.mp4"), "w") as container:
+                stream = container.add_stream("mpeg4", rate=8)
+                stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+                for frame in pixels:
+                    container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+                container.mux(stream.encode())
         (folder / f"clip{i:03d}.txt").write_text(" ".join(rng.choice(WORDS, 8)))
 
 
@@ -102,7 +109,7 @@ def measure(size: str, args, device: torch.device) -> dict:
     encoder = Encoder(pipe, WAN, {"patch_size": (1, 2, 2)}, f"random {size}")
     with tempfile.TemporaryDirectory() as work:
         videos = Path(work) / "videos"
-        write_clips(videos, args.clips + 1, frames, height, width)
+        write_clips(videos, args.clips + 1, frames, height, width, args.format)
         items = find_videos(videos)
         cache_videos(encoder, items[:1], Path(work) / "warmup", height, width, frames, progress=False)
         if device.type == "cuda":
@@ -112,7 +119,7 @@ def measure(size: str, args, device: torch.device) -> dict:
         seconds = time.perf_counter() - start
     if report.written != args.clips:
         raise RuntimeError(f"{size}: {report.written} of {args.clips} clips written; skipped {report.skipped}")
-    row = {"pipeline": size, "clips": report.written, "frames": frames, "height": height, "width": width,
+    row = {"pipeline": size, "format": args.format, "clips": report.written, "frames": frames, "height": height, "width": width,
            "dtype": str(dtype).replace("torch.", ""), "seconds": seconds, "clips_per_s": report.written / seconds,
            "vae_parameters": sum(p.numel() for p in pipe.vae.parameters()),
            "text_encoder_parameters": sum(p.numel() for p in pipe.text_encoder.parameters())}
@@ -125,10 +132,10 @@ def measure(size: str, args, device: torch.device) -> dict:
 
 
 def table(rows) -> str:
-    lines = ["| pipeline | clip (frames x H x W) | VAE params | text encoder params | clips | s | clips/s |",
-             "|---" * 7 + "|"]
+    lines = ["| pipeline | clip (frames x H x W) | files | VAE params | text encoder params | clips | s | clips/s |",
+             "|---" * 8 + "|"]
     for r in rows:
-        lines.append(f"| {r['pipeline']} | {r['frames']} x {r['height']} x {r['width']} | "
+        lines.append(f"| {r['pipeline']} | {r['frames']} x {r['height']} x {r['width']} | {r['format']} | "
                      f"{r['vae_parameters'] / 1e6:.1f}M | {r['text_encoder_parameters'] / 1e6:.0f}M | {r['clips']} | "
                      f"{r['seconds']:.1f} | {r['clips_per_s']:.2f} |")
     return "\n".join(lines)
@@ -140,6 +147,8 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--pipelines", default="tiny,wan2.1", help="comma list of tiny, wan2.1")
     parser.add_argument("--clips", type=int, default=8, help="clips timed per pipeline (after one warm-up clip)")
+    parser.add_argument("--format", choices=("png", "mp4"), default="png",
+                        help="the clips as folders of PNG frames or mp4 files (decoded with PyAV)")
     args = parser.parse_args(argv)
     sizes = args.pipelines.split(",")
     if not sizes or any(size not in CLIPS for size in sizes) or args.clips < 1:
