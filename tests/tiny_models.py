@@ -167,14 +167,31 @@ def easyanimate(**config):
     return model, inputs
 
 
+def cosmos(**config):
+    """CosmosTransformer3DModel on a 4 x 8 x 10 grid after 1x2x2 patching, with a learnable position embedding and a
+    video-to-world per-frame timestep [B, 1, T, 1, 1] (first frame clean; no padding-mask channel: that needs
+    torchvision)."""
+    model = diffusers.CosmosTransformer3DModel(**{
+        "in_channels": 4, "out_channels": 4, "num_attention_heads": 2, "attention_head_dim": 12, "num_layers": 3,
+        "mlp_ratio": 2, "text_embed_dim": 16, "adaln_lora_dim": 4, "max_size": (4, 32, 32), "patch_size": (1, 2, 2),
+        "rope_scale": (2.0, 1.0, 1.0), "concat_padding_mask": False, "extra_pos_embed_type": "learnable", **config})
+    timestep = torch.full((1, 1, 4, 1, 1), 0.7)
+    timestep[:, :, 0] = 0.0
+    inputs = {"hidden_states": torch.randn(1, 4, 4, 16, 20), "timestep": timestep,
+              "encoder_hidden_states": torch.randn(1, 12, 16), "fps": 24}
+    return model, inputs
+
+
 MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
           "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx,
           "hunyuan_video15": hunyuan_video15, "wan_animate": wan_animate,
-          "consisid": consisid, "easyanimate": easyanimate}
+          "consisid": consisid, "easyanimate": easyanimate,
+          "cosmos": cosmos}
 VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
                 "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10,
                 "hunyuan_video15": 3 * 10 * 10, "wan_animate": 4 * 8 * 10,
-                "consisid": 4 * 8 * 10, "easyanimate": 4 * 8 * 10}
+                "consisid": 4 * 8 * 10, "easyanimate": 4 * 8 * 10,
+                "cosmos": 4 * 8 * 10}
 
 
 def build(name, **config):

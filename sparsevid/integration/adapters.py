@@ -167,6 +167,11 @@ ADAPTERS = (
     # video tokens [B, N, C]), so every sparse layer tiles its own q, k, v.
     ModelAdapter("easyanimate", "EasyAnimateTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
                  text_first=True, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never),
+    # Cosmos (Predict 1 and 2): its patch embedding is channels-last [B, T, H, W, C] and video-to-world passes a per-frame
+    # timestep [B, 1, T, 1, 1] that the forward expands per token: every sparse layer tiles its own q, k, v. Predict 1
+    # was trained with EDM preconditioning (sparsevid's training path takes flow families only).
+    ModelAdapter("cosmos", "CosmosTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
+                 text_first=False, patch_sizes=_wan_patch, token_sites=(), reorders_forward=_never, objective="edm"),
     # HunyuanVideo 1.5: RoPE tables [N, D]; text (after the video) is padded per sample through a [B, 1, N, N] mask.
     ModelAdapter("hunyuan_video15", "HunyuanVideo15Transformer3DModel", (("transformer_blocks", "attn"),),
                  frames_dim=2, text_first=False, patch_sizes=_square_patch,
