@@ -182,16 +182,31 @@ def cosmos(**config):
     return model, inputs
 
 
+def motif_video(**config):
+    """MotifVideoTransformer3DModel on a 3 x 10 x 10 grid, batch 2 with different text padding: one dual-stream block,
+    one single-stream block and one decoder layer."""
+    model = diffusers.MotifVideoTransformer3DModel(**{
+        "in_channels": 4, "out_channels": 4, "num_attention_heads": 2, "attention_head_dim": 12, "num_layers": 1,
+        "num_single_layers": 2, "num_decoder_layers": 1, "patch_size": 1, "patch_size_t": 1, "text_embed_dim": 16,
+        "image_embed_dim": 4, "rope_axes_dim": (4, 4, 4), "enable_text_cross_attention_dual": False,
+        "enable_text_cross_attention_single": False, **config})
+    text_mask = torch.ones(2, 12, dtype=torch.long)
+    text_mask[0, 7:] = 0
+    inputs = {"hidden_states": torch.randn(2, 4, 3, 10, 10), "timestep": torch.tensor([700, 700]),
+              "encoder_hidden_states": torch.randn(2, 12, 16), "encoder_attention_mask": text_mask}
+    return model, inputs
+
+
 MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
           "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx,
           "hunyuan_video15": hunyuan_video15, "wan_animate": wan_animate,
           "consisid": consisid, "easyanimate": easyanimate,
-          "cosmos": cosmos}
+          "cosmos": cosmos, "motif_video": motif_video}
 VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
                 "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10,
                 "hunyuan_video15": 3 * 10 * 10, "wan_animate": 4 * 8 * 10,
                 "consisid": 4 * 8 * 10, "easyanimate": 4 * 8 * 10,
-                "cosmos": 4 * 8 * 10}
+                "cosmos": 4 * 8 * 10, "motif_video": 3 * 10 * 10}
 
 
 def build(name, **config):

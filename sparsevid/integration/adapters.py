@@ -176,6 +176,12 @@ ADAPTERS = (
     ModelAdapter("hunyuan_video15", "HunyuanVideo15Transformer3DModel", (("transformer_blocks", "attn"),),
                  frames_dim=2, text_first=False, patch_sizes=_square_patch,
                  token_sites=(TokenSite("x_embedder", dim=1), TokenSite("rope", dim=0))),
+    # Motif-Video: HunyuanVideo's layout (RoPE tables [N, D], text after the video); its decoder layers attend the
+    # embedded video with the main stack's video tokens as context (both in the forward's token order).
+    ModelAdapter("motif_video", "MotifVideoTransformer3DModel",
+                 (("transformer_blocks", "attn"), ("single_transformer_blocks", "attn")), frames_dim=2,
+                 text_first=False, patch_sizes=_square_patch,
+                 token_sites=(TokenSite("x_embedder", dim=1), TokenSite("rope", dim=0))),
     # LTX-Video: takes patched tokens [B, N, C] and the token grid as arguments; RoPE (cos, sin) [B, N, D]; image-
     # to-video and condition pipelines pass a per-token timestep [B, N]. A call without the grid (video_coords only)
     # runs sparse in raster order.
