@@ -193,12 +193,24 @@ ADAPTERS = (
 )
 
 
+# Video transformers that block-sparse attention cannot serve, and why (adapter_for refuses them with the reason).
+UNSUPPORTED = {
+    "SanaVideoTransformer3DModel": "its video self-attention is linear attention (ReLU feature maps, no softmax "
+                                   "score matrix): there are no attention tiles to skip",
+    "LatteTransformer3DModel": "its attention is factorised into per-frame spatial and per-position temporal "
+                               "attentions (each a short sequence): there is no space-time self-attention to tile",
+}
+
+
 def adapter_for(transformer) -> ModelAdapter:
     """The adapter for ``transformer`` (matched on its class or a base class); TypeError if unsupported."""
     if not isinstance(transformer, torch.nn.Module):
         raise TypeError(f"transformer must be a torch.nn.Module (a diffusers transformer), "
                         f"got {type(transformer).__name__}")
     mro_names = {cls.__name__ for cls in type(transformer).__mro__}
+    for class_name, reason in UNSUPPORTED.items():
+        if class_name in mro_names:
+            raise TypeError(f"{type(transformer).__name__} is not supported by sparse attention: {reason}")
     for adapter in ADAPTERS:
         if adapter.class_name in mro_names:
             return adapter

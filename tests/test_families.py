@@ -1,0 +1,74 @@
+"""Family-specific behaviour beyond the integration tests every tiny family runs (``tiny_models.MODELS``)."""
+import pytest
+import torch
+
+import sparsevid as sv
+from sparsevid.integration.adapters import adapter_for
+from sparsevid.integration.joint_attention import TokenLayout, text_key_sets
+
+diffusers = pytest.importorskip("diffusers")
+from tiny_models import build  # noqa: E402
+
+SMALL_BLOCKS = {"block_q": 64, "block_k": 64}
+
+
+@torch.no_grad()
+def _run(model, inputs):
+    return model(**inputs, return_dict=False)[0]
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def test_linear_and_factorised_attention_families_are_refused_with_the_reason():
+    sana = diffusers.SanaVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_cross_attention_heads=2, cross_attention_head_dim=8, cross_attention_dim=16, caption_channels=16,
+        sample_size=8, patch_size=(1, 2, 2))
+    with pytest.raises(TypeError, match="linear attention"):
+        sv.apply_sparse_attention(sana)
+    latte = diffusers.LatteTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=1,
+        cross_attention_dim=16, sample_size=8, patch_size=2, caption_channels=16, video_length=2)
+    with pytest.raises(TypeError, match="factorised"):
+        sv.apply_sparse_attention(latte)
+
+
+def test_ltx_without_the_token_grid_runs_sparse_in_raster_order():
+    """LTX's condition pipeline passes video_coords [B, 3, N] instead of the grid: no tiling, still exact."""
+    model, inputs = build("ltx")
+    frames, height, width = (inputs.pop(name) for name in ("num_frames", "height", "width"))
+    grid = torch.stack(torch.meshgrid(torch.arange(frames), torch.arange(height), torch.arange(width),
+                                      indexing="ij")).flatten(1).float()
+    inputs["video_coords"] = grid.expand(2, 3, -1) * torch.tensor([8.0, 32.0, 32.0])[:, None]
+    del inputs["rope_interpolation_scale"]
+    ref = _run(model, inputs)
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=1.0, **SMALL_BLOCKS), collect_stats=True)
+    out = _run(model, inputs)
+    assert sv.forward_stats(model)["tile"] is None
+    assert all(not s["dense"] for s in sv.attention_stats(model))
+    assert _rel(out, ref) < 1e-5
+
+
+def test_a_per_row_mask_whose_video_rows_differ_is_refused():
+    """HunyuanVideo 1.5's [B, 1, N, N] mask is read as one key-padding row; a mask that is not so is named."""
+    layout = TokenLayout(video_start=0, video_len=6, total=9)
+    valid = torch.tensor([True] * 6 + [True, True, False])
+    pairwise = (valid[:, None] & valid[None, :])[None, None]
+    keys = text_key_sets(pairwise, layout, batch=2)
+    assert all(torch.equal(k, torch.tensor([0, 1])) for k in keys)
+    skewed = pairwise.clone()
+    skewed[0, 0, 3, 7] = False
+    with pytest.raises(ValueError, match="differs between video rows"):
+        text_key_sets(skewed, layout, batch=2)
+
+
+@pytest.mark.parametrize("name", ["wan_animate", "easyanimate", "cosmos"])
+def test_families_that_tile_per_layer_keep_the_forward_in_raster_order(name):
+    model, inputs = build(name)
+    assert not adapter_for(model).reorders_forward(model.config)
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.4, **SMALL_BLOCKS), collect_stats=True)
+    _run(model, inputs)
+    assert sv.forward_stats(model)["tile"] is None
+    assert all(0.3 < s["sparsity"] and s["reorder_ms"] > 0 for s in sv.attention_stats(model))
