@@ -136,8 +136,8 @@ def apply_sparse_attention(transformer, config: SparseConfig | dict | None = Non
     if getattr(transformer, _STATE_ATTR, None) is not None:
         remove_sparse_attention(transformer)
     attentions = adapter.self_attentions(transformer)
-    _check_layers(config, len(attentions))
     config.check_model(adapter.name, [attn.heads for attn in attentions])
+    _check_layers(config, len(attentions))
     context = StepContext(collect_stats=collect_stats)
     transformer.register_buffer(_COUNTER_BUFFER, fresh_counter(_device_of(transformer)), persistent=False)
     originals = [attn.processor for attn in attentions]

@@ -1,0 +1,321 @@
+"""Per-head calibration (``sparsevid calibrate``, ``SparseConfig.from_calibration``): the measurements and the
+allocation, the file round trip, per-head budgets in the predictor (eager, compiled, a rank's slice of heads),
+refusal of another model's calibration, and the command end to end on a tiny saved Wan (float32, CPU)."""
+import itertools
+import json
+
+import pytest
+import torch
+
+import sparsevid as sv
+from sparsevid.plan import LayerRuntime
+from sparsevid.plan.calibration import Calibration, Candidate, allocate_error, allocate_sparsity, default_candidates
+
+pytest.importorskip("diffusers")
+from tiny_models import build  # noqa: E402
+
+from sparsevid.cli import main  # noqa: E402
+from sparsevid.eval.calibrate import calibrate_heads  # noqa: E402
+
+BLOCKS = dict(block_q=64, block_k=64)
+
+
+@pytest.fixture(scope="module")
+def calibration():
+    """A tiny Wan (3 layers of 2 heads, 320 tokens: 5 x 5 tiles) measured on two forwards."""
+    torch.manual_seed(0)
+    model, inputs = build("wan")
+    forwards = [lambda: model(**inputs), lambda: model(**{**inputs, "timestep": torch.tensor([300])})]
+    return calibrate_heads(model, forwards, backend="reference", **BLOCKS)
+
+
+def _tiny_wan():
+    torch.manual_seed(0)
+    return build("wan")
+
+
+# --------------------------------------------------------------------------- measurements and allocation
+
+def test_measurements_are_per_head_and_the_dense_candidate_is_exact(calibration):
+    assert calibration.model == {"family": "wan", "class_name": "WanTransformer3DModel", "heads": [2, 2, 2]}
+    assert calibration.inputs["calls_per_layer"] == [2, 2, 2]
+    dense = [c.rule for c in calibration.candidates].index("dense")
+    for name, expected in (("sparsity", 0.0), ("error", 0.0), ("recall", 1.0)):
+        assert all(row[dense] == expected for layer in getattr(calibration, name) for row in layer)
+    # 5 key blocks: top-k 0.5 keeps ceil(2.5) = 3 of them in every row, 40% sparsity, whatever the scores.
+    half = calibration.candidates.index(Candidate("topk", 0.5))
+    assert all(row[half] == pytest.approx(0.4, abs=1e-12) for layer in calibration.sparsity for row in layer)
+    # Sparser masks of one rule keep less mass; every sparse head loses some output.
+    topk = [i for i, c in enumerate(calibration.candidates) if c.rule == "topk"]
+    for layer in calibration.recall:
+        for row in layer:
+            assert all(row[a] >= row[b] - 1e-12 for a, b in zip(topk, topk[1:]))
+    assert all(row[half] > 0 for layer in calibration.error for row in layer)
+
+
+def _brute_force(error, sparsity, target):
+    """The least summed error at mean sparsity >= target over every assignment (tiny tables only)."""
+    layers, heads, candidates = error.shape
+    best = None
+    for picks in itertools.product(range(candidates), repeat=layers * heads):
+        choice = torch.tensor(picks).view(layers, heads, 1)
+        if sparsity.gather(-1, choice).mean() >= target - 1e-12:
+            total = float(error.gather(-1, choice).sum())
+            best = total if best is None else min(best, total)
+    return best
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("target", [0.3, 0.55, 0.8])
+def test_sparsity_allocation_reaches_the_target_near_the_best_assignment(seed, target):
+    generator = torch.Generator().manual_seed(seed)
+    sparsity = torch.rand(2, 2, 4, generator=generator, dtype=torch.float64).sort(dim=-1).values
+    sparsity[..., 0] = 0.0  # dense
+    error = sparsity ** 2 * torch.rand(2, 2, 1, generator=generator, dtype=torch.float64) * 2
+    choice = allocate_sparsity(error, sparsity, target)
+    achieved = float(sparsity.gather(-1, choice.unsqueeze(-1)).mean())
+    reachable = float(sparsity.max(dim=-1).values.mean())
+    if target > reachable:  # out of reach: the sparsest choice
+        assert achieved == pytest.approx(reachable, abs=1e-12)
+        return
+    assert achieved >= target - 1e-12
+    # The Lagrangian solution is optimal on the lower convex hull of each head; with 4 heads the remaining gap
+    # to the exhaustive optimum stays within the error of one head's step.
+    best = _brute_force(error, sparsity, target)
+    total = float(error.gather(-1, choice.unsqueeze(-1)).sum())
+    assert best <= total <= best + float(error.max())
+
+
+def test_error_bound_takes_each_heads_sparsest_setting_within_it():
+    sparsity = torch.tensor([[[0.0, 0.5, 0.7, 0.9], [0.0, 0.6, 0.8, 0.95]]], dtype=torch.float64)
+    error = torch.tensor([[[0.0, 0.01, 0.05, 0.2], [0.0, 0.2, 0.3, 0.4]]], dtype=torch.float64)
+    assert allocate_error(error, sparsity, 0.06).tolist() == [[2, 0]]
+    assert allocate_error(error, sparsity, 1.0).tolist() == [[3, 3]]
+
+
+@pytest.mark.parametrize("objective, message", [
+    ({}, "exactly one"), ({"target_sparsity": 0.5, "max_error": 0.1}, "exactly one"),
+    ({"target_sparsity": 1.0}, "target_sparsity"), ({"max_error": -0.1}, "max_error")])
+def test_bad_objectives_are_refused(calibration, objective, message):
+    with pytest.raises(ValueError, match=message):
+        calibration.allocate(**objective)
+
+
+# --------------------------------------------------------------------------- the file
+
+def test_calibration_round_trips_through_the_file(calibration, tmp_path):
+    calibration.choose(target_sparsity=0.5)
+    path = calibration.save(tmp_path / "calibration.json")
+    loaded = Calibration.load(path)
+    assert loaded.choice == calibration.choice and loaded.objective == {"target_sparsity": 0.5}
+    assert loaded.candidates == calibration.candidates and loaded.model == calibration.model
+    for name in ("sparsity", "error", "recall"):  # stored to 6 decimals
+        assert torch.allclose(torch.tensor(getattr(loaded, name)), torch.tensor(getattr(calibration, name)),
+                              atol=5e-7, rtol=0)
+    config = sv.SparseConfig.from_calibration(path, backend="reference")
+    assert config == calibration.config(backend="reference")
+    assert sv.SparseConfig.from_json(config.to_json()) == config
+    assert config.calibrated_for == {"family": "wan", "heads": [2, 2, 2]}
+    # A new target chosen from the stored measurements, without running the model again.
+    sparser = sv.SparseConfig.from_calibration(path, target_sparsity=0.8)
+    assert sparser.layer_overrides != config.layer_overrides
+
+
+def test_the_loaded_configuration_achieves_the_chosen_sparsity(calibration):
+    calibration.choose(target_sparsity=0.6)
+    summary = calibration.summary()
+    assert summary["mean_sparsity"] >= 0.6
+    model, inputs = _tiny_wan()
+    sv.apply_sparse_attention(model, calibration.config(backend="reference"), collect_stats=True)
+    with torch.no_grad():
+        model(**inputs)
+    # Sparsity measured on the same input as one of the two calibration forwards: top-k heads reach exactly their
+    # share whatever the input; top-p heads follow the scores (compared with the two-forward mean loosely).
+    for layer, stats in enumerate(sv.attention_stats(model)):
+        expected = sum(summary["sparsity"][layer]) / 2
+        assert stats["sparsity"] == pytest.approx(expected, abs=0.15)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(format="other"), "not a sparsevid calibration"),
+    (lambda d: d.update(version=99), "version 99"),
+    (lambda d: d["error"].pop(), "error must be a"),
+])
+def test_a_bad_file_is_refused(calibration, tmp_path, change, message):
+    data = calibration.to_dict()
+    change(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=message):
+        Calibration.load(path)
+    with pytest.raises(FileNotFoundError, match="no calibration file"):
+        Calibration.load(tmp_path / "missing.json")
+
+
+# --------------------------------------------------------------------------- per-head budgets in the predictor
+
+def _qk(heads=2, tokens=320, dim=16):
+    return torch.randn(1, heads, tokens, dim), torch.randn(1, heads, tokens, dim)
+
+
+def _mask(config, q, k, heads=None):
+    return LayerRuntime(0, config).mask(q, k, None, heads).keep
+
+
+def test_a_per_head_setting_changes_exactly_the_heads_it_names():
+    q, k = _qk(heads=3)
+    scalar = sv.SparseConfig(rule="hybrid", topk=0.3, topp=0.5, backend="reference", **BLOCKS)
+    same = sv.SparseConfig(rule="hybrid", topk=[0.3] * 3, topp=[0.5] * 3, backend="reference", **BLOCKS)
+    torch.testing.assert_close(_mask(same, q, k), _mask(scalar, q, k), rtol=0, atol=0)
+    one = sv.SparseConfig(rule="hybrid", layer_overrides={0: {"topk": [0.3, 0.8, 0.3], "topp": [0.5, 0.5, 0.5]}},
+                          topp=0.5, backend="reference", **BLOCKS)
+    keep, reference = _mask(one, q, k), _mask(scalar, q, k)
+    assert torch.equal(keep[:, [0, 2]], reference[:, [0, 2]])
+    assert keep[:, 1].sum() > reference[:, 1].sum()
+    # A dense head (topk = topp = 1) keeps every tile; a top-p head with topk off keeps its top-p set.
+    mixed = sv.SparseConfig(rule="hybrid", topk=[1.0, 1e-6, 0.3], topp=[1.0, 0.5, 1e-6], backend="reference",
+                            **BLOCKS)
+    keep = _mask(mixed, q, k)
+    topp_only = _mask(sv.SparseConfig(rule="topp", topp=0.5, backend="reference", **BLOCKS), q, k)
+    topk_only = _mask(sv.SparseConfig(rule="topk", topk=0.3, backend="reference", **BLOCKS), q, k)
+    assert keep[:, 0].all() and torch.equal(keep[:, 1], topp_only[:, 1]) and torch.equal(keep[:, 2], topk_only[:, 2])
+
+
+def test_a_ranks_slice_of_heads_uses_its_own_budgets():
+    """Under Ulysses context parallelism a rank holds the whole sequence of some heads: its masks are the
+    single-device masks of those heads."""
+    q, k = _qk(heads=3)
+    config = sv.SparseConfig(rule="hybrid", topk=[0.2, 0.5, 0.8], topp=[0.3, 0.6, 0.9], backend="reference", **BLOCKS)
+    whole = _mask(config, q, k)
+    for heads in (range(0, 2), range(2, 3)):
+        part = _mask(config, q[:, heads.start:heads.stop], k[:, heads.start:heads.stop], heads)
+        assert torch.equal(part, whole[:, heads.start:heads.stop])
+    with pytest.raises(ValueError, match="3 per-head budgets"):
+        _mask(config, q[:, :2], k[:, :2], range(2, 4))
+
+
+@pytest.mark.slow  # compiling a tiny Wan takes 20-60 s on a CPU
+def test_compiled_per_head_model_matches_eager_in_one_graph(calibration):
+    calibration.choose(target_sparsity=0.5)
+    model, inputs = _tiny_wan()
+    sv.apply_sparse_attention(model, calibration.config(backend="reference"))
+    with torch.no_grad():
+        eager = model(**inputs, return_dict=False)[0]
+        dense_model, _ = _tiny_wan()
+        dense = dense_model(**inputs, return_dict=False)[0]
+        torch._dynamo.reset()
+        graphs = []
+
+        def backend(graph, example_inputs):  # aot_eager, keeping the graph dynamo captured
+            from torch._dynamo.backends.debugging import aot_eager
+
+            graphs.append(graph)
+            return aot_eager(graph, example_inputs)
+
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        out = compiled(**inputs, return_dict=False)[0]
+    torch._dynamo.reset()
+    # Every sparse layer's masks come from the per-head op inside the captured graphs.
+    ops = [node.target for graph in graphs for node in graph.graph.nodes if node.op == "call_function"]
+    sparse_layers = sum(not values.get("dense", False) for values in calibration.config().layer_overrides.values())
+    assert ops.count(torch.ops.sparsevid.predict_mask_per_head.default) == sparse_layers > 0
+    assert float((eager - dense).norm() / dense.norm()) > 1e-3  # the masks drop tiles
+    # The same masks and kernels, traced: equal up to float32 reassociation.
+    assert float((out - eager).norm() / eager.norm()) < 1e-5
+
+
+# --------------------------------------------------------------------------- another model's calibration
+
+@pytest.mark.parametrize("name, config, message", [
+    ("wan", {"num_layers": 2}, "3 self-attention layers; this transformer has 2"),
+    ("wan", {"num_attention_heads": 3}, "layer 0 with 2 heads; this transformer's layer 0 has 3"),
+    ("chronoedit", {}, "not for a chronoedit transformer"),
+])
+def test_another_models_calibration_is_refused(calibration, name, config, message):
+    calibration.choose(target_sparsity=0.5)
+    model, _ = build(name, **config)
+    with pytest.raises(ValueError, match=message):
+        sv.apply_sparse_attention(model, calibration.config())
+
+
+def test_per_head_budgets_of_another_length_than_the_heads_are_refused():
+    model, _ = build("wan")
+    with pytest.raises(ValueError, match="layer 1: topk gives 3 per-head values, but the layer has 2 heads"):
+        sv.apply_sparse_attention(model, sv.SparseConfig(layer_overrides={1: {"topk": [0.1, 0.2, 0.3]}}))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"topk": [0.1, 1.5]}, r"topk\[1\]"),
+    ({"topk": [0.1, 2]}, "all fractions or all counts"),
+    ({"topp": []}, "non-empty"),
+    ({"topk": [0.1, 0.2], "topp": [0.5, 0.6, 0.7]}, "one value per head"),
+    ({"topk": [0.1, 0.2], "schedule": "linear", "final_topp": 0.5, "num_steps": 4}, "constant budget"),
+    ({"calibrated_for": {"family": "wan"}}, "calibrated_for"),
+])
+def test_bad_per_head_fields_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        sv.SparseConfig(**fields)
+
+
+def test_candidates_check_their_values():
+    with pytest.raises(ValueError, match="candidate rule"):
+        Candidate("topz", 0.5)
+    with pytest.raises(ValueError, match="candidate value"):
+        Candidate("topk", 0.0)
+    assert default_candidates()[0] == Candidate("dense")
+
+
+# --------------------------------------------------------------------------- the command
+
+@pytest.fixture(scope="module")
+def saved_wan(tmp_path_factory):
+    """A tiny Wan transformer folder and six cached latent samples for it."""
+    from sparsevid.training import ShardWriter, write_null_text
+
+    root = tmp_path_factory.mktemp("calibrate")
+    model, inputs = _tiny_wan()
+    model.save_pretrained(root / "transformer")
+    with ShardWriter(root / "latents", {"family": "wan"}) as writer:
+        for i in range(6):
+            writer.add(torch.randn(4, 4, 16, 20), torch.randn(12, 16), metadata={"source": f"sample{i}"})
+    write_null_text(root / "latents", torch.zeros(12, 16))
+    return root
+
+
+def test_the_command_calibrates_a_saved_tiny_wan_end_to_end(saved_wan, capsys):
+    model_dir = saved_wan / "transformer"
+    assert main(["calibrate", "--model", str(model_dir), "--data", str(saved_wan / "latents"), "--target-sparsity",
+                 "0.6", "--block-q", "64", "--block-k", "64", "--per-bin", "1", "--bins", "2", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert "all     60.0%" in printed and "sparse_calibration.json" in printed
+    assert (model_dir / "sparse_calibration.png").stat().st_size > 0
+    calibration = Calibration.load(model_dir / "sparse_calibration.json")
+    assert calibration.inputs["calls_per_layer"] == [2, 2, 2] and calibration.inputs["seconds"] > 0
+    assert calibration.summary()["mean_sparsity"] >= 0.6
+    transformer = sv.integration.load_transformer(model_dir)
+    sv.apply_sparse_attention(transformer, sv.SparseConfig.from_calibration(model_dir / "sparse_calibration.json"))
+    _, inputs = _tiny_wan()
+    with torch.no_grad():
+        assert torch.isfinite(transformer(**inputs, return_dict=False)[0]).all()
+
+
+def test_the_command_with_an_error_bound(saved_wan, tmp_path):
+    out = tmp_path / "bound.json"
+    assert main(["calibrate", "--model", str(saved_wan / "transformer"), "--data", str(saved_wan / "latents"),
+                 "--max-error", "0.2", "--block-q", "64", "--block-k", "64", "--per-bin", "1", "--bins", "1",
+                 "--out", str(out)]) == 0
+    summary = Calibration.load(out).summary()
+    assert max(max(layer) for layer in summary["error"]) <= 0.2
+
+
+def test_the_command_names_its_mistakes(saved_wan, tmp_path, capsys):
+    base = ["calibrate", "--model", str(saved_wan / "transformer"), "--target-sparsity", "0.5"]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\n")
+    assert main(base + ["--prompts", str(prompts)]) == 2
+    assert "--prompts needs --height, --width and --frames" in capsys.readouterr().err
+    assert main(base + ["--data", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(base[:-1] + ["1.5", "--data", str(saved_wan / "latents")])
+    assert "a mean sparsity in (0, 1)" in capsys.readouterr().err
