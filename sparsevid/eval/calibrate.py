@@ -240,6 +240,7 @@ def plot_calibration(calibration, path: str | Path) -> Path:
         for layer, row in enumerate(summary[name]):
             table[layer, :len(row)] = torch.tensor(row)
         image = ax.imshow(table.numpy(), aspect="auto", cmap=cmap, interpolation="nearest")
-        ax.set(xlabel="head", ylabel="layer", title=f"{name} (mean {summary[f'mean_{name}']:.3g})")
+        ax.set(xlabel="head", ylabel="layer", title=f"{name} (mean {summary[f'mean_{name}']:.3g})",
+               xticks=range(heads), yticks=range(calibration.num_layers))
         fig.colorbar(image, ax=ax)
     return save_figure(fig, path)

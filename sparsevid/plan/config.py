@@ -248,7 +248,9 @@ class LayerPlan:
         return self.refresh_interval > 1 or self.refresh_search != "full"
 
     def _arguments(self, use: str) -> dict[str, Any]:
-        return {setting.name: getattr(self, setting.name) for setting in MASK_SETTINGS if use in setting.uses}
+        """The settings ``use`` takes, as ``predict_settings`` holds them (per-head budgets as tensors [H])."""
+        return {setting.name: getattr(self.predict_settings, setting.name) for setting in MASK_SETTINGS
+                if use in setting.uses}
 
 
 def _as_value(name: str, value):

@@ -7,7 +7,7 @@ import argparse
 from sparsevid.cli import build_parser as build_command_line
 from sparsevid.cli import main as run_command
 
-COMMAND_MODULES = ("demo", "train", "eval", "distill", "compare")
+COMMAND_MODULES = ("demo", "train", "eval", "distill", "compare", "calibrate")
 
 DESCRIPTION = """\
 sparsevid's lab: the small video model built into the repository, whose captions read like "big red plain
