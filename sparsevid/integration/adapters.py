@@ -64,6 +64,8 @@ class ModelAdapter:
             cached training data record it, and data of another family are refused.
         grid_arguments: for transformers that take patched tokens [B, N, C] (LTX), the forward arguments that give
             the token grid (T, H, W); None: the grid comes from the 5D ``hidden_states`` and ``patch_sizes``.
+        spatial_dims: the dims of the 5D ``hidden_states`` that hold height and width ((2, 3) for channels-last
+            latents [B, T, H, W, C]).
     """
 
     name: str
@@ -78,6 +80,7 @@ class ModelAdapter:
     objective: str = "flow"
     latents: str | None = None
     grid_arguments: tuple[str, str, str] | None = None
+    spatial_dims: tuple[int, int] = (-2, -1)
 
     def self_attentions(self, transformer: torch.nn.Module) -> list[torch.nn.Module]:
         """The video self-attention modules of ``transformer``, in layer order."""
@@ -92,8 +95,8 @@ class ModelAdapter:
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 5:
             return None
         p_t, p_h, p_w = self.patch_sizes(config)
-        frames = hidden_states.shape[self.frames_dim]
-        return frames // p_t, hidden_states.shape[-2] // p_h, hidden_states.shape[-1] // p_w
+        frames, height, width = (hidden_states.shape[dim] for dim in (self.frames_dim, *self.spatial_dims))
+        return frames // p_t, height // p_h, width // p_w
 
     def call_grid(self, transformer: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
         """(T, H, W) latent tokens of a call ``transformer(*args, **kwargs)`` (None if the call does not say)."""
@@ -172,6 +175,12 @@ ADAPTERS = (
     # was trained with EDM preconditioning (sparsevid's training path takes flow families only).
     ModelAdapter("cosmos", "CosmosTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
                  text_first=False, patch_sizes=_wan_patch, token_sites=(), reorders_forward=_never, objective="edm"),
+    # Kandinsky 5: channels-last latents [B, T, H, W, C], flattened inside the forward (in raster order, or in 8x8
+    # patches for its own NABLA sparse attention, whose mask over video tokens sparse attention refuses): every sparse
+    # layer tiles its own q, k, v.
+    ModelAdapter("kandinsky5", "Kandinsky5Transformer3DModel", (("visual_transformer_blocks", "self_attention"),),
+                 frames_dim=1, text_first=False, patch_sizes=_wan_patch, token_sites=(), output_module="out_layer",
+                 reorders_forward=_never, spatial_dims=(2, 3)),
     # HunyuanVideo 1.5: RoPE tables [N, D]; text (after the video) is padded per sample through a [B, 1, N, N] mask.
     ModelAdapter("hunyuan_video15", "HunyuanVideo15Transformer3DModel", (("transformer_blocks", "attn"),),
                  frames_dim=2, text_first=False, patch_sizes=_square_patch,
@@ -216,6 +225,11 @@ def adapter_for(transformer) -> ModelAdapter:
             return adapter
     supported = ", ".join(a.class_name for a in ADAPTERS)
     raise TypeError(f"transformer of type {type(transformer).__name__} is not supported; supported: {supported}")
+
+
+def attention_heads(attn: torch.nn.Module) -> int:
+    """The head count of a diffusers attention module (``heads``; Kandinsky 5 names it ``num_heads``)."""
+    return attn.heads if hasattr(attn, "heads") else attn.num_heads
 
 
 def _position(transformer: torch.nn.Module, name: str, args: tuple) -> int | None:

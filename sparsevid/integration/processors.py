@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..plan.runtime import LayerRuntime
-from .adapters import ModelAdapter
+from .adapters import ModelAdapter, attention_heads
 from .context_parallel import check_parallel_config, check_video_only, local_heads
 from .joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets, video_tokens
 from .stats import AttentionRecord, Clock, mark
@@ -65,8 +66,8 @@ class SparseAttnProcessor:
 
     Its ``__call__`` declares the arguments of diffusers' video attention processors (diffusers passes a
     processor only the keyword arguments its signature names, also under ``torch.compile``) and hands them to
-    the original in the original's order: the fifth positional argument is the rotary embedding, named
-    ``rotary_emb`` by Wan and ``image_rotary_emb`` by HunyuanVideo and CogVideoX.
+    the original by name: the fifth positional argument is the rotary embedding, named ``rotary_emb`` by Wan and
+    Kandinsky 5 and ``image_rotary_emb`` by most others; an attention mask goes only to processors that take one.
 
     Under diffusers' Ulysses context parallelism (``enable_parallelism``, before or after applying) the
     sparse core runs between diffusers' all-to-alls on the whole sequence of this rank's heads
@@ -89,6 +90,8 @@ class SparseAttnProcessor:
         self.context = context
         self.adapter = adapter
         self._native = _native_copy(original)
+        self._rotary_name = ("rotary_emb" if "rotary_emb" in inspect.signature(original.__call__).parameters
+                             else "image_rotary_emb")
 
     @property
     def layer(self) -> int:
@@ -117,18 +120,23 @@ class SparseAttnProcessor:
 
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None, image_rotary_emb=None, **kwargs) -> torch.Tensor:
-        args = (attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        args = (attn, hidden_states)
+        kwargs = {"encoder_hidden_states": encoder_hidden_states, **kwargs}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        if image_rotary_emb is not None:
+            kwargs[self._rotary_name] = image_rotary_emb
         context = self.context
         plan = None if context.dense else self.runtime.plan
         parallel = getattr(self.original, "_parallel_config", None)
-        check_parallel_config(parallel, attn.heads)
+        check_parallel_config(parallel, attention_heads(attn))
         if plan is None and not context.collect_stats:
             return self.original(*args, **kwargs)
         layout = self._layout(hidden_states, encoder_hidden_states)
         heads = None
         if parallel is not None:
             check_video_only(layout)
-            heads = local_heads(parallel, attn.heads)
+            heads = local_heads(parallel, attention_heads(attn))
         record = None
         if context.collect_stats:
             forward = context.forward_record

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..plan import LayerRuntime, SparseConfig
-from .adapters import ModelAdapter, adapter_for, forward_argument
+from .adapters import ModelAdapter, adapter_for, attention_heads, forward_argument
 from .processors import SparseAttnProcessor
 from .step_context import StepContext, fresh_counter
 from .token_order import forward_tile, install_reordering, tile_order
@@ -136,7 +136,7 @@ def apply_sparse_attention(transformer, config: SparseConfig | dict | None = Non
     if getattr(transformer, _STATE_ATTR, None) is not None:
         remove_sparse_attention(transformer)
     attentions = adapter.self_attentions(transformer)
-    config.check_model(adapter.name, [attn.heads for attn in attentions])
+    config.check_model(adapter.name, [attention_heads(attn) for attn in attentions])
     _check_layers(config, len(attentions))
     context = StepContext(collect_stats=collect_stats)
     transformer.register_buffer(_COUNTER_BUFFER, fresh_counter(_device_of(transformer)), persistent=False)
