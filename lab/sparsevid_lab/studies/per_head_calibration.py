@@ -1,0 +1,224 @@
+"""Per-head calibration against the best global rule on the built-in model, at equal mean sparsity.
+
+1. Calibrate once (``calibrate_builtin``: the library's ``calibrate_heads`` over the dense sampling of
+   ``--calib-captions`` captions, every step, every layer and head), timed.
+2. For each target in ``--sparsities`` (default 63%, 90%, 95%): the per-head configuration chosen for it
+   (``Calibration.config(target_sparsity=...)``), and the three global rules (top-k, top-p, hybrid) calibrated
+   by ``sparsevid.eval.calibrate_rules`` to the mean sparsity the per-head choice reaches on the calibration
+   clips, so that every setting of one target removes the same share of attention.
+3. Every setting samples the evaluation captions x seeds (``run_harness``): achieved mean sparsity, PSNR and SSIM
+   against the dense clips, predicted and oracle recall (``OracleStudy``: the exact mass the masks keep and the
+   mass of the heaviest tiles at the same per-row counts) on the first clip's dense attention; the velocity error
+   against the dense model on held-out (clip, noise, t) triples. The best global rule of a target is the one
+   with the highest PSNR.
+4. Runtime overhead of per-head budgets: the mask prediction and attention of one layer call with a scalar
+   plan and with a per-head plan holding the same values in every head (identical masks, checked), eager and
+   under ``torch.compile``; the overhead is reported as a share of the scalar call's whole attention time.
+
+Writes results.json, results.md, calibration.json and one heat map per target (calibration_<target>.png) under --out.
+
+    python -m sparsevid_lab.studies.per_head_calibration --out lab/results/per_head_calibration_h200
+    # CPU check of the same code path (an untrained tiny model; numbers meaningless):
+    python -m sparsevid_lab.studies.per_head_calibration --out /tmp/phc --tiny --device cpu --steps 2 --captions 1 \\
+        --calib-captions 1 --seeds 0 --sparsities 0.5 --heldout-per-bin 1 --noise-bins 1 --block-q 64 --block-k 64
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import sparsevid as sv
+from benchmarks.run_info import run_metadata
+from benchmarks.timing import median_ms
+from sparsevid.eval import OracleStudy, calibrate_rules, velocity_error
+from sparsevid.eval.calibrate import plot_calibration
+from sparsevid.plan import LayerRuntime
+
+from ..cli.calibrate import calibrate_builtin
+from ..eval.harness import DEFAULT_CAPTIONS, run_harness, video_token_grid
+from ..eval.heldout import heldout_set, predict_velocities
+from ..eval.recording import record_video_attention
+
+RULES = ("topk", "topp", "hybrid")
+OVERHEAD_TOPK = 0.1  # the overhead's setting: top-k 10% in every head (per-head: the same value in each)
+OFF = 1e-6
+
+
+def _label(kind: str, target: float) -> str:
+    return f"{kind} {target:.0%}"
+
+
+def settings_for(calibration, calls, target: float, blocks: dict) -> tuple[dict, float]:
+    """({label: SparseConfig}, the per-head choice's mean sparsity on the calibration clips) at ``target``: the
+    per-head configuration and the global rules calibrated to that same mean sparsity."""
+    per_head = calibration.config(target_sparsity=target)
+    reached = calibration.summary(calibration.allocate(target_sparsity=target))["mean_sparsity"]
+    rules = calibrate_rules(calls, [min(reached, 0.999)], **blocks)
+    configs = {_label("per-head", target): per_head}
+    for rule in RULES:
+        (config,) = [c for label, c in rules.items() if label.startswith(rule + " ")]
+        configs[_label(rule, target)] = config
+    return configs, reached
+
+
+def _timed(fn, device: torch.device) -> float:
+    fn()  # compiles, when compiled
+    return median_ms(fn, device, reps=5)
+
+
+def head_overhead(calls, heads: int, device: torch.device, block_q: int, block_k: int, compile_too: bool) -> dict:
+    """Time of mask prediction and of prediction + attention (ms, medians) for recorded (q, k) ``calls`` (v drawn
+    at random), with a scalar plan and a per-head plan of equal values; "overhead_share": (per-head - scalar) /
+    scalar attention, averaged over the calls; eager and (``compile_too``) compiled."""
+    common = dict(rule="hybrid", block_q=block_q, block_k=block_k)
+    scalar = sv.SparseConfig(topk=OVERHEAD_TOPK, topp=OFF, **common)
+    per_head = sv.SparseConfig(topk=[OVERHEAD_TOPK] * heads, topp=[OFF] * heads, **common)
+    modes = {"eager": lambda fn: fn}
+    if compile_too:
+        modes["compiled"] = lambda fn: torch.compile(fn, fullgraph=True)
+    result = {}
+    for mode, wrap in modes.items():
+        rows = []
+        for q, k in calls:
+            v = torch.randn_like(k)
+            row = {}
+            for name, config in (("scalar", scalar), ("per_head", per_head)):
+                runtime = LayerRuntime(0, config)
+                predict = wrap(lambda runtime=runtime: runtime.mask(q, k, None).keep)
+                attend = wrap(lambda runtime=runtime: sv.block_sparse_attention(q, k, v, runtime.mask(q, k, None)))
+                row[f"{name}_predict_ms"], row[f"{name}_attention_ms"] = _timed(predict, device), _timed(attend, device)
+                row[f"{name}_keep"] = predict()
+            if not torch.equal(row.pop("scalar_keep"), row.pop("per_head_keep")):
+                raise RuntimeError("the per-head plan of equal values predicted other masks than the scalar plan")
+            row["overhead_share"] = (row["per_head_attention_ms"] - row["scalar_attention_ms"]) / row[
+                "scalar_attention_ms"]
+            rows.append(row)
+        torch._dynamo.reset()
+        result[mode] = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
+    return result
+
+
+def table(results: dict) -> str:
+    lines = [f"# Per-head calibration vs global rules ({results['gpu']}, commit {results['commit']})", "",
+             f"Clip {results['clip']} ({results['tokens']} tokens), {results['settings']['steps']} steps; calibration "
+             f"{results['calibration']['seconds']:.1f} s on {len(results['calibration']['jobs'])} clips.", "",
+             "| target | setting | sparsity | PSNR dB | SSIM | velocity error | recall | oracle recall |",
+             "|---|---|---|---|---|---|---|---|"]
+    for target in results["targets"]:
+        for label in target["labels"]:
+            c = results["configs"][label]
+            best = " (best global)" if label == target["best_global"] else ""
+            lines.append(f"| {target['target']:.0%} | {label}{best} | {c['sparsity']:.3f} | {c['psnr']:.2f} | "
+                         f"{c['ssim']:.3f} | {c['velocity_error']:.4f} | {c['predicted_recall']:.3f} | "
+                         f"{c['oracle_recall']:.3f} |")
+    lines += ["", "Runtime overhead of per-head budgets (one layer call, same values in every head):", "",
+              "| mode | scalar predict ms | per-head predict ms | scalar attention ms | per-head attention ms | "
+              "overhead |", "|---|---|---|---|---|---|"]
+    for mode, o in results["overhead"].items():
+        lines.append(f"| {mode} | {o['scalar_predict_ms']:.3f} | {o['per_head_predict_ms']:.3f} | "
+                     f"{o['scalar_attention_ms']:.3f} | {o['per_head_attention_ms']:.3f} | {o['overhead_share']:.2%} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.63, 0.9, 0.95])
+    parser.add_argument("--calib-captions", type=int, default=2, help="captions sampled for the calibration (seed 0)")
+    parser.add_argument("--captions", type=int, default=4, help="evaluation captions (after the calibration ones)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="evaluation seeds")
+    parser.add_argument("--steps", type=int, default=None, help="sampler steps (default: the model's)")
+    parser.add_argument("--guidance", type=float, default=None, help="default: the model's")
+    parser.add_argument("--heldout-per-bin", type=int, default=4, help="velocity error: triples per noise bin")
+    parser.add_argument("--noise-bins", type=int, default=5)
+    parser.add_argument("--block-q", type=int, default=128)
+    parser.add_argument("--block-k", type=int, default=64)
+    parser.add_argument("--overhead-calls", type=int, default=3, help="recorded calls timed for the overhead")
+    parser.add_argument("--clip", default=None, help="T,H,W (default: the model's own, 32,128,128 on a GPU)")
+    parser.add_argument("--model", default=None, help="model directory (default: the shipped model)")
+    parser.add_argument("--tiny", action="store_true", help="an untrained tiny model (check on the CPU)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    if args.clip is not None:
+        args.clip = tuple(int(x) for x in args.clip.split(","))
+    if not all(0 < s < 1 for s in args.sparsities):
+        parser.error(f"--sparsities must lie in (0, 1), got {args.sparsities}")
+    return args
+
+
+def main(argv=None) -> dict:
+    from ..cli.demo import load_model
+
+    args = parse_args(argv)
+    model = load_model(args)
+    device = next(model.parameters()).device
+    steps = args.steps or model.config["sampling"]["steps"]
+    blocks = dict(block_q=args.block_q, block_k=args.block_k)
+    captions = [c for c in DEFAULT_CAPTIONS if model.data.fits(c)]
+    calib_jobs = [(c, 0) for c in captions[:args.calib_captions]]
+    eval_captions = captions[args.calib_captions:args.calib_captions + args.captions] or captions[:args.captions]
+    grid = video_token_grid(model)
+    print(f"device {device}, clip {model.clip_shape[1:]} ({grid[0] * grid[1] * grid[2]} tokens), {steps} steps",
+          flush=True)
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    calibration = calibrate_builtin(model, calib_jobs, steps, args.guidance, **blocks)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    calibration_seconds = time.perf_counter() - start
+    calls = record_video_attention(model, calib_jobs[0][0], calib_jobs[0][1], steps, args.guidance)
+
+    heads = calibration.model["heads"][0]
+    overhead = head_overhead(calls[:args.overhead_calls], heads, device, args.block_q, args.block_k,
+                             compile_too=device.type == "cuda")
+
+    configs, targets = {}, []
+    args.out.mkdir(parents=True, exist_ok=True)
+    for target in args.sparsities:
+        chosen, reached = settings_for(calibration, calls, target, blocks)
+        configs.update(chosen)
+        targets.append({"target": target, "calibrated_sparsity": reached, "labels": list(chosen)})
+        calibration.choose(target_sparsity=target)
+        plot_calibration(calibration, args.out / f"calibration_{round(target * 100)}.png")
+    study = OracleStudy(sorted(args.sparsities), configs, grid, **blocks)
+    harness = run_harness(model, configs, captions=eval_captions, seeds=args.seeds, steps=steps,
+                          guidance=args.guidance, probe_clips=1, on_attention=study.add)
+    harness.pop("clips")
+    oracle = study.summary()
+    heldout = heldout_set(model, per_bin=args.heldout_per_bin, num_bins=args.noise_bins)
+    dense_velocity = predict_velocities(model, heldout)
+    results = {**run_metadata(device), "clip": list(model.clip_shape[1:]), "tokens": grid[0] * grid[1] * grid[2],
+               "settings": harness["settings"], "targets": targets, "overhead": overhead,
+               "oracle": oracle["oracle"], "configs": {},
+               "calibration": {"seconds": calibration_seconds, "jobs": [list(j) for j in calib_jobs],
+                               "calls_per_layer": calibration.inputs["calls_per_layer"]},
+               "args": {k: str(v) for k, v in vars(args).items()}}
+    for label, config in configs.items():
+        sampled, predicted = harness["configs"][label], oracle["predicted"][label]
+        error = velocity_error(predict_velocities(model, heldout, config), dense_velocity, heldout)
+        results["configs"][label] = {
+            "config": config.to_dict(), "sparsity": sampled["sparsity"], "psnr": sampled["psnr"],
+            "ssim": sampled["ssim"], "attention_s": sampled["attention_s"], "search_s": sampled["search_s"],
+            "velocity_error": error["overall"], "velocity_error_per_bin": error["per_bin"],
+            "predicted_recall": predicted["recall_mean"], "oracle_recall": predicted["oracle_recall_mean"],
+            "probe_sparsity": predicted["sparsity_mean"]}
+    for target in targets:
+        rules = [label for label in target["labels"] if not label.startswith("per-head")]
+        target["best_global"] = max(rules, key=lambda label: results["configs"][label]["psnr"])
+    calibration.choose(target_sparsity=args.sparsities[0])
+    calibration.save(args.out / "calibration.json")
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    (args.out / "results.md").write_text(table(results))
+    print(table(results))
+    print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

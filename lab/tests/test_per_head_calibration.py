@@ -1,0 +1,45 @@
+"""The per-head calibration study and `sparsevid_lab calibrate` on an untrained tiny built-in model (CPU smoke runs
+of the code the H200 measurement runs; the numbers mean nothing about quality)."""
+import json
+
+import pytest
+
+import sparsevid as sv
+from sparsevid.cli import main as run_command
+from sparsevid.plan.calibration import Calibration
+from sparsevid_lab.cli import build_parser
+from sparsevid_lab.studies.per_head_calibration import main as study
+
+
+def test_the_lab_command_calibrates_the_builtin_model(tmp_path, capsys):
+    out = tmp_path / "calibration.json"
+    assert run_command(["calibrate", "--tiny", "--device", "cpu", "--steps", "2", "--captions", "1",
+                        "--block-q", "64", "--block-k", "64", "--target-sparsity", "0.5", "--out", str(out)],
+                       build_parser()) == 0
+    assert "all     50.0%" in capsys.readouterr().out
+    calibration = Calibration.load(out)
+    assert calibration.model["family"] == "wan" and calibration.inputs["steps"] == 2
+    # tiny_config: 1 layer of 2 heads; 2 sampler steps with guidance, each layer measured at every forward.
+    assert calibration.model["heads"] == [2] and calibration.inputs["calls_per_layer"][0] >= 2
+    assert (tmp_path / "calibration.png").is_file()
+    assert sv.SparseConfig.from_calibration(out).calibrated_for == {"family": "wan", "heads": [2]}
+
+
+def test_the_study_writes_its_results_on_a_tiny_model(tmp_path):
+    results = study(["--out", str(tmp_path), "--tiny", "--device", "cpu", "--steps", "2", "--captions", "1",
+                     "--calib-captions", "1", "--seeds", "0", "--sparsities", "0.5", "--heldout-per-bin", "1",
+                     "--noise-bins", "1", "--block-q", "64", "--block-k", "64", "--overhead-calls", "1"])
+    assert json.loads((tmp_path / "results.json").read_text())["targets"] == results["targets"]
+    assert "per-head 50%" in (tmp_path / "results.md").read_text()
+    assert (tmp_path / "calibration_50.png").is_file() and (tmp_path / "calibration.json").is_file()
+    (target,) = results["targets"]
+    assert target["labels"] == ["per-head 50%", "topk 50%", "topp 50%", "hybrid 50%"]
+    assert target["best_global"] in target["labels"][1:]
+    for label in target["labels"]:
+        row = results["configs"][label]
+        # tiny clip: 256 tokens in 4 x 4 tiles of 64; every setting removes about half of them.
+        assert row["sparsity"] == pytest.approx(0.5, abs=0.15), label
+        assert 0 < row["predicted_recall"] <= row["oracle_recall"] + 1e-9 <= 1 + 1e-9
+        assert row["velocity_error"] > 0
+    assert set(results["overhead"]) == {"eager"} and results["overhead"]["eager"]["scalar_attention_ms"] > 0
+    assert results["calibration"]["seconds"] > 0
