@@ -319,3 +319,19 @@ def test_the_command_names_its_mistakes(saved_wan, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(base[:-1] + ["1.5", "--data", str(saved_wan / "latents")])
     assert "a mean sparsity in (0, 1)" in capsys.readouterr().err
+
+
+def test_the_command_calibrates_from_prompts_through_the_pipeline(tmp_path):
+    pytest.importorskip("av")  # test_cache's module needs it
+    from test_cache import tiny_wan_pipeline
+
+    tiny_wan_pipeline().save_pretrained(tmp_path / "pipeline")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat runs\n\nblue ball rolls\n")
+    # 9 frames of 128 x 128: 3 x 16 x 16 latents, 3 x 8 x 8 = 192 tokens after 2 x 2 patches (3 x 3 tiles of 64).
+    assert main(["calibrate", "--model", str(tmp_path / "pipeline"), "--prompts", str(prompts), "--height", "128",
+                 "--width", "128", "--frames", "9", "--steps", "2", "--guidance", "1.0", "--block-q", "64",
+                 "--block-k", "64", "--target-sparsity", "0.5"]) == 0
+    calibration = Calibration.load(tmp_path / "pipeline" / "sparse_calibration.json")
+    assert calibration.inputs["prompts"] == ["a red cat runs", "blue ball rolls"]
+    assert calibration.inputs["calls_per_layer"] == [4, 4]  # 2 prompts x 2 steps, no guidance pass
