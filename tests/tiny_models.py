@@ -216,16 +216,36 @@ def kandinsky5(**config):
     return model, inputs
 
 
+def allegro(**config):
+    """AllegroTransformer3DModel on a 4 x 8 x 10 grid after 2x2 patching, with the RoPE its pipeline passes."""
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
+
+    model = diffusers.AllegroTransformer3DModel(**{
+        "num_attention_heads": 2, "attention_head_dim": 24, "in_channels": 4, "out_channels": 4, "num_layers": 3,
+        "cross_attention_dim": 48, "sample_width": 20, "sample_height": 16, "sample_frames": 4,
+        "caption_channels": 8, **config})
+    frames, height, width = 4, 8, 10
+    *freqs, grid_t, grid_h, grid_w = get_3d_rotary_pos_embed_allegro(
+        embed_dim=24, crops_coords=((0, 0), (height, width)), grid_size=(height, width), temporal_size=frames,
+        interpolation_scale=(2.0, 2.0, 2.0))
+    positions = torch.cartesian_prod(grid_t.long(), grid_h.long(), grid_w.long()).T.reshape(3, 1, -1)
+    inputs = {"hidden_states": torch.randn(1, 4, frames, 2 * height, 2 * width), "timestep": torch.tensor([700]),
+              "encoder_hidden_states": torch.randn(1, 12, 8), "image_rotary_emb": (tuple(freqs), tuple(positions))}
+    return model, inputs
+
+
 MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
           "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx,
           "hunyuan_video15": hunyuan_video15, "wan_animate": wan_animate,
           "consisid": consisid, "easyanimate": easyanimate,
-          "cosmos": cosmos, "motif_video": motif_video, "kandinsky5": kandinsky5}
+          "cosmos": cosmos, "motif_video": motif_video, "kandinsky5": kandinsky5,
+          "allegro": allegro}
 VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
                 "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10,
                 "hunyuan_video15": 3 * 10 * 10, "wan_animate": 4 * 8 * 10,
                 "consisid": 4 * 8 * 10, "easyanimate": 4 * 8 * 10,
-                "cosmos": 4 * 8 * 10, "motif_video": 3 * 10 * 10, "kandinsky5": 4 * 8 * 10}
+                "cosmos": 4 * 8 * 10, "motif_video": 3 * 10 * 10, "kandinsky5": 4 * 8 * 10,
+                "allegro": 4 * 8 * 10}
 
 
 def build(name, **config):

@@ -181,6 +181,11 @@ ADAPTERS = (
     ModelAdapter("kandinsky5", "Kandinsky5Transformer3DModel", (("visual_transformer_blocks", "self_attention"),),
                  frames_dim=1, text_first=False, patch_sizes=_wan_patch, token_sites=(), output_module="out_layer",
                  reorders_forward=_never, spatial_dims=(2, 3)),
+    # Allegro: its patch embedding runs per frame and its RoPE comes as per-token grid positions: every sparse layer
+    # tiles its own q, k, v. Trained with a discrete DDPM objective (not flow).
+    ModelAdapter("allegro", "AllegroTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
+                 text_first=False, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never,
+                 objective="ddpm"),
     # HunyuanVideo 1.5: RoPE tables [N, D]; text (after the video) is padded per sample through a [B, 1, N, N] mask.
     ModelAdapter("hunyuan_video15", "HunyuanVideo15Transformer3DModel", (("transformer_blocks", "attn"),),
                  frames_dim=2, text_first=False, patch_sizes=_square_patch,
