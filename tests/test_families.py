@@ -64,7 +64,7 @@ def test_a_per_row_mask_whose_video_rows_differ_is_refused():
         text_key_sets(skewed, layout, batch=2)
 
 
-@pytest.mark.parametrize("name", ["wan_animate", "easyanimate", "cosmos", "kandinsky5", "allegro"])
+@pytest.mark.parametrize("name", ["wan_animate", "easyanimate", "cosmos", "kandinsky5", "allegro", "ltx2"])
 def test_families_that_tile_per_layer_keep_the_forward_in_raster_order(name):
     model, inputs = build(name)
     assert not adapter_for(model).reorders_forward(model.config)

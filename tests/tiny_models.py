@@ -234,18 +234,39 @@ def allegro(**config):
     return model, inputs
 
 
+def ltx2(**config):
+    """LTX2VideoTransformer3DModel (audio and video) on a 4 x 8 x 10 grid of video tokens [B, N, C] and 9 audio
+    frames, batch 2 with different text padding and a per-token video timestep [B, N] (first frame clean)."""
+    model = diffusers.LTX2VideoTransformer3DModel(**{
+        "in_channels": 4, "out_channels": 4, "num_attention_heads": 2, "attention_head_dim": 8,
+        "cross_attention_dim": 16, "audio_in_channels": 4, "audio_out_channels": 4, "audio_num_attention_heads": 2,
+        "audio_attention_head_dim": 4, "audio_cross_attention_dim": 8, "num_layers": 3,
+        "qk_norm": "rms_norm_across_heads", "caption_channels": 16, "rope_double_precision": False, **config})
+    frames, height, width = 4, 8, 10
+    timestep = torch.full((2, frames * height * width), 700.0)
+    timestep[:, :height * width] = 0.0
+    text_mask = torch.ones(2, 12, dtype=torch.bool)
+    text_mask[1, 9:] = False
+    inputs = {"hidden_states": torch.randn(2, frames * height * width, 4), "audio_hidden_states": torch.randn(2, 9, 4),
+              "encoder_hidden_states": torch.randn(2, 12, 16), "audio_encoder_hidden_states": torch.randn(2, 12, 16),
+              "timestep": timestep, "audio_timestep": torch.tensor([700.0, 700.0]),
+              "encoder_attention_mask": text_mask, "num_frames": frames, "height": height, "width": width,
+              "audio_num_frames": 9, "fps": 25.0}
+    return model, inputs
+
+
 MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
           "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx,
           "hunyuan_video15": hunyuan_video15, "wan_animate": wan_animate,
           "consisid": consisid, "easyanimate": easyanimate,
           "cosmos": cosmos, "motif_video": motif_video, "kandinsky5": kandinsky5,
-          "allegro": allegro}
+          "allegro": allegro, "ltx2": ltx2}
 VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
                 "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10,
                 "hunyuan_video15": 3 * 10 * 10, "wan_animate": 4 * 8 * 10,
                 "consisid": 4 * 8 * 10, "easyanimate": 4 * 8 * 10,
                 "cosmos": 4 * 8 * 10, "motif_video": 3 * 10 * 10, "kandinsky5": 4 * 8 * 10,
-                "allegro": 4 * 8 * 10}
+                "allegro": 4 * 8 * 10, "ltx2": 4 * 8 * 10}
 
 
 def build(name, **config):

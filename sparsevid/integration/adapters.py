@@ -63,7 +63,8 @@ class ModelAdapter:
         latents: the family whose VAE and text encoder make this transformer's inputs (None: its own ``name``);
             cached training data record it, and data of another family are refused.
         grid_arguments: for transformers that take patched tokens [B, N, C] (LTX), the forward arguments that give
-            the token grid (T, H, W); None: the grid comes from the 5D ``hidden_states`` and ``patch_sizes``.
+            the latent frames, height and width (divided by ``patch_sizes`` for the token grid); None: the grid comes
+            from the 5D ``hidden_states``.
         spatial_dims: the dims of the 5D ``hidden_states`` that hold height and width ((2, 3) for channels-last
             latents [B, T, H, W, C]).
     """
@@ -103,7 +104,9 @@ class ModelAdapter:
         if self.grid_arguments is None:
             return self.grid(forward_argument(transformer, "hidden_states", args, kwargs), transformer.config)
         sizes = [forward_argument(transformer, name, args, kwargs) for name in self.grid_arguments]
-        return None if any(size is None for size in sizes) else tuple(int(size) for size in sizes)
+        if any(size is None for size in sizes):
+            return None
+        return tuple(int(size) // patch for size, patch in zip(sizes, self.patch_sizes(transformer.config)))
 
 
 def _wan_patch(config) -> tuple[int, int, int]:
@@ -186,6 +189,12 @@ ADAPTERS = (
     ModelAdapter("allegro", "AllegroTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
                  text_first=False, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never,
                  objective="ddpm"),
+    # LTX-2 (audio and video): its video self-attentions become sparse (audio, text and audio-video attentions stay
+    # dense). Tokens [B, N, C] with the grid as arguments as LTX; per-token inputs (timestep, keyframe marks, a video
+    # self-attention mask) and the audio-video attention's video RoPE are many: every sparse layer tiles its own q, k, v.
+    ModelAdapter("ltx2", "LTX2VideoTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
+                 text_first=False, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never,
+                 grid_arguments=("num_frames", "height", "width")),
     # HunyuanVideo 1.5: RoPE tables [N, D]; text (after the video) is padded per sample through a [B, 1, N, N] mask.
     ModelAdapter("hunyuan_video15", "HunyuanVideo15Transformer3DModel", (("transformer_blocks", "attn"),),
                  frames_dim=2, text_first=False, patch_sizes=_square_patch,

@@ -61,13 +61,28 @@ def _native_copy(processor):
     return pinned
 
 
+def _rotary_parameters(processor) -> tuple[str, tuple[str, ...]]:
+    """(name of ``processor``'s rotary-embedding parameter, names of its positional parameters after it).
+
+    Wan and Kandinsky 5 name it ``rotary_emb``, LTX-2 ``query_rotary_emb`` (then ``key_rotary_emb``), most others
+    ``image_rotary_emb``."""
+    parameters = inspect.signature(processor.__call__).parameters
+    positional = [name for name, p in parameters.items()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    name = next((n for n in ("rotary_emb", "query_rotary_emb", "image_rotary_emb") if n in positional), None)
+    if name is None:
+        return "image_rotary_emb", ()
+    return name, tuple(positional[positional.index(name) + 1:])
+
+
 class SparseAttnProcessor:
     """Replaces the processor of one video self-attention module (see module docstring).
 
     Its ``__call__`` declares the arguments of diffusers' video attention processors (diffusers passes a
     processor only the keyword arguments its signature names, also under ``torch.compile``) and hands them to
-    the original by name: the fifth positional argument is the rotary embedding, named ``rotary_emb`` by Wan and
-    Kandinsky 5 and ``image_rotary_emb`` by most others; an attention mask goes only to processors that take one.
+    the original by name: the fifth positional argument is the rotary embedding (see :func:`_rotary_parameters`),
+    later positional ones (LTX-2's key rotary embedding) take the original's next parameters; an attention mask
+    goes only to processors that take one.
 
     Under diffusers' Ulysses context parallelism (``enable_parallelism``, before or after applying) the
     sparse core runs between diffusers' all-to-alls on the whole sequence of this rank's heads
@@ -90,8 +105,7 @@ class SparseAttnProcessor:
         self.context = context
         self.adapter = adapter
         self._native = _native_copy(original)
-        self._rotary_name = ("rotary_emb" if "rotary_emb" in inspect.signature(original.__call__).parameters
-                             else "image_rotary_emb")
+        self._rotary_name, self._after_rotary = _rotary_parameters(original)
 
     @property
     def layer(self) -> int:
@@ -119,9 +133,12 @@ class SparseAttnProcessor:
         self.original._attention_backend = backend
 
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
-                 attention_mask: torch.Tensor | None = None, image_rotary_emb=None, **kwargs) -> torch.Tensor:
+                 attention_mask: torch.Tensor | None = None, image_rotary_emb=None, *extra, **kwargs) -> torch.Tensor:
+        if len(extra) > len(self._after_rotary):
+            raise TypeError(f"{type(self.original).__name__} takes {len(self._after_rotary)} positional arguments "
+                            f"after the rotary embedding, got {len(extra)}")
         args = (attn, hidden_states)
-        kwargs = {"encoder_hidden_states": encoder_hidden_states, **kwargs}
+        kwargs = {"encoder_hidden_states": encoder_hidden_states, **dict(zip(self._after_rotary, extra)), **kwargs}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask
         if image_rotary_emb is not None:
