@@ -17,7 +17,7 @@ from tiny_models import build  # noqa: E402
 from sparsevid.cli import main  # noqa: E402
 from sparsevid.eval.calibrate import calibrate_heads  # noqa: E402
 
-BLOCKS = dict(block_q=64, block_k=64)
+BLOCKS = {"block_q": 64, "block_k": 64}
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_measurements_are_per_head_and_the_dense_candidate_is_exact(calibration)
     topk = [i for i, c in enumerate(calibration.candidates) if c.rule == "topk"]
     for layer in calibration.recall:
         for row in layer:
-            assert all(row[a] >= row[b] - 1e-12 for a, b in zip(topk, topk[1:]))
+            assert all(row[a] >= row[b] - 1e-12 for a, b in itertools.pairwise(topk))
     assert all(row[half] > 0 for layer in calibration.error for row in layer)
 
 
@@ -187,7 +187,7 @@ def test_a_ranks_slice_of_heads_uses_its_own_budgets():
     q, k = _qk(heads=3)
     config = sv.SparseConfig(rule="hybrid", topk=[0.2, 0.5, 0.8], topp=[0.3, 0.6, 0.9], backend="reference", **BLOCKS)
     whole = _mask(config, q, k)
-    for heads in (range(0, 2), range(2, 3)):
+    for heads in (range(2), range(2, 3)):
         part = _mask(config, q[:, heads.start:heads.stop], k[:, heads.start:heads.stop], heads)
         assert torch.equal(part, whole[:, heads.start:heads.stop])
     with pytest.raises(ValueError, match="3 per-head budgets"):
@@ -273,7 +273,7 @@ def saved_wan(tmp_path_factory):
     from sparsevid.training import ShardWriter, write_null_text
 
     root = tmp_path_factory.mktemp("calibrate")
-    model, inputs = _tiny_wan()
+    model, _ = _tiny_wan()
     model.save_pretrained(root / "transformer")
     with ShardWriter(root / "latents", {"family": "wan"}) as writer:
         for i in range(6):

@@ -3,12 +3,12 @@ of the code the H200 measurement runs; the numbers mean nothing about quality)."
 import json
 
 import pytest
+from sparsevid_lab.cli import build_parser
+from sparsevid_lab.studies.per_head_calibration import main as study
 
 import sparsevid as sv
 from sparsevid.cli import main as run_command
 from sparsevid.plan.calibration import Calibration
-from sparsevid_lab.cli import build_parser
-from sparsevid_lab.studies.per_head_calibration import main as study
 
 
 def test_the_lab_command_calibrates_the_builtin_model(tmp_path, capsys):

@@ -242,10 +242,11 @@ class Calibration:
                 "inputs": self.inputs}
 
     def save(self, path: str | Path) -> Path:
-        """Write the calibration as JSON to ``path`` (folders created)."""
+        """Write the calibration as JSON to ``path`` (folders created): one line per field, tables compact."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
+        fields = (f" {json.dumps(key)}: {json.dumps(value)}" for key, value in self.to_dict().items())
+        path.write_text("{\n" + ",\n".join(fields) + "\n}\n")
         return path
 
     @classmethod

@@ -88,8 +88,9 @@ def head_overhead(calls, heads: int, device: torch.device, block_q: int, block_k
             row = {}
             for name, config in (("scalar", scalar), ("per_head", per_head)):
                 runtime = LayerRuntime(0, config)
-                predict = wrap(lambda runtime=runtime: runtime.mask(q, k, None).keep)
-                attend = wrap(lambda runtime=runtime: sv.block_sparse_attention(q, k, v, runtime.mask(q, k, None)))
+                predict = wrap(lambda runtime=runtime, q=q, k=k: runtime.mask(q, k, None).keep)
+                attend = wrap(lambda runtime=runtime, q=q, k=k, v=v: sv.block_sparse_attention(
+                    q, k, v, runtime.mask(q, k, None)))
                 row[f"{name}_predict_ms"], row[f"{name}_attention_ms"] = _timed(predict, device), _timed(attend, device)
                 row[f"{name}_keep"] = predict()
             if not torch.equal(row.pop("scalar_keep"), row.pop("per_head_keep")):
@@ -104,8 +105,9 @@ def head_overhead(calls, heads: int, device: torch.device, block_q: int, block_k
 
 def table(results: dict) -> str:
     lines = [f"# Per-head calibration vs global rules ({results['gpu']}, commit {results['commit']})", "",
-             f"Clip {results['clip']} ({results['tokens']} tokens), {results['settings']['steps']} steps; calibration "
-             f"{results['calibration']['seconds']:.1f} s on {len(results['calibration']['jobs'])} clips.", "",
+             (f"Clip {results['clip']} ({results['tokens']} tokens), {results['settings']['steps']} steps; "
+              f"calibration {results['calibration']['seconds']:.1f} s on {len(results['calibration']['jobs'])} "
+              "clips."), "",
              "| target | setting | sparsity | PSNR dB | SSIM | velocity error | recall | oracle recall |",
              "|---|---|---|---|---|---|---|---|"]
     for target in results["targets"]:
@@ -116,8 +118,8 @@ def table(results: dict) -> str:
                          f"{c['ssim']:.3f} | {c['velocity_error']:.4f} | {c['predicted_recall']:.3f} | "
                          f"{c['oracle_recall']:.3f} |")
     lines += ["", "Runtime overhead of per-head budgets (one layer call, same values in every head):", "",
-              "| mode | scalar predict ms | per-head predict ms | scalar attention ms | per-head attention ms | "
-              "overhead |", "|---|---|---|---|---|---|"]
+              ("| mode | scalar predict ms | per-head predict ms | scalar attention ms | per-head attention ms | "
+               "overhead |"), "|---|---|---|---|---|---|"]
     for mode, o in results["overhead"].items():
         lines.append(f"| {mode} | {o['scalar_predict_ms']:.3f} | {o['per_head_predict_ms']:.3f} | "
                      f"{o['scalar_attention_ms']:.3f} | {o['per_head_attention_ms']:.3f} | {o['overhead_share']:.2%} |")
@@ -157,7 +159,7 @@ def main(argv=None) -> dict:
     model = load_model(args)
     device = next(model.parameters()).device
     steps = args.steps or model.config["sampling"]["steps"]
-    blocks = dict(block_q=args.block_q, block_k=args.block_k)
+    blocks = {"block_q": args.block_q, "block_k": args.block_k}
     captions = [c for c in DEFAULT_CAPTIONS if model.data.fits(c)]
     calib_jobs = [(c, 0) for c in captions[:args.calib_captions]]
     eval_captions = captions[args.calib_captions:args.calib_captions + args.captions] or captions[:args.captions]
