@@ -33,6 +33,11 @@ def test_linear_and_factorised_attention_families_are_refused_with_the_reason():
         cross_attention_dim=16, sample_size=8, patch_size=2, caption_channels=16, video_length=2)
     with pytest.raises(TypeError, match="factorised"):
         sv.apply_sparse_attention(latte)
+    animate2 = diffusers.WanAnimate2Transformer3DModel(
+        patch_size=(1, 2, 2), text_len=8, in_dim=8, dim=16, ffn_dim=32, freq_dim=16, text_dim=16, out_dim=4,
+        num_heads=2, num_layers=1)
+    with pytest.raises(TypeError, match="BlockMask"):
+        sv.apply_sparse_attention(animate2)
 
 
 def test_ltx_without_the_token_grid_runs_sparse_in_raster_order():
@@ -64,7 +69,8 @@ def test_a_per_row_mask_whose_video_rows_differ_is_refused():
         text_key_sets(skewed, layout, batch=2)
 
 
-@pytest.mark.parametrize("name", ["wan_animate", "easyanimate", "cosmos", "kandinsky5", "allegro", "ltx2"])
+@pytest.mark.parametrize("name", ["wan_animate", "easyanimate", "cosmos", "kandinsky5", "allegro", "ltx2",
+                                  "kandinsky6"])
 def test_families_that_tile_per_layer_keep_the_forward_in_raster_order(name):
     model, inputs = build(name)
     assert not adapter_for(model).reorders_forward(model.config)

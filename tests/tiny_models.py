@@ -255,18 +255,37 @@ def ltx2(**config):
     return model, inputs
 
 
+def kandinsky6(**config):
+    """Kandinsky6Transformer3DModel (video and audio) on a 4 x 8 x 10 grid after 1x2x2 patching of channels-last
+    latents [B, T, H, W, C] and 6 audio frames, batch 2 with different text padding; modulations drawn (zero at
+    initialisation)."""
+    model = diffusers.Kandinsky6Transformer3DModel(**{
+        "in_visual_dim": 4, "out_visual_dim": 4, "in_text_dim": 16, "in_text_dim2": 8, "time_dim": 16,
+        "patch_size": (1, 2, 2), "model_dim": 24, "ff_dim": 32, "num_text_blocks": 1, "num_visual_blocks": 3,
+        "axes_dims": (4, 4, 4), "visual_cond": False, "in_audio_dim": 4, "out_audio_dim": 4, **config})
+    for name, parameter in model.named_parameters():
+        if "modulation.out_layer" in name:
+            torch.nn.init.normal_(parameter, std=0.2)
+    text_mask = torch.ones(2, 12, dtype=torch.bool)
+    text_mask[1, 8:] = False
+    inputs = {"hidden_states": torch.randn(2, 4, 16, 20, 4), "encoder_hidden_states": torch.randn(2, 12, 16),
+              "pooled_projections": torch.randn(2, 8), "timestep": torch.tensor([700.0, 700.0]),
+              "audio_hidden_states": torch.randn(2, 6, 4), "encoder_attention_mask": text_mask}
+    return model, inputs
+
+
 MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
           "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx,
           "hunyuan_video15": hunyuan_video15, "wan_animate": wan_animate,
           "consisid": consisid, "easyanimate": easyanimate,
           "cosmos": cosmos, "motif_video": motif_video, "kandinsky5": kandinsky5,
-          "allegro": allegro, "ltx2": ltx2}
+          "allegro": allegro, "ltx2": ltx2, "kandinsky6": kandinsky6}
 VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
                 "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10,
                 "hunyuan_video15": 3 * 10 * 10, "wan_animate": 4 * 8 * 10,
                 "consisid": 4 * 8 * 10, "easyanimate": 4 * 8 * 10,
                 "cosmos": 4 * 8 * 10, "motif_video": 3 * 10 * 10, "kandinsky5": 4 * 8 * 10,
-                "allegro": 4 * 8 * 10, "ltx2": 4 * 8 * 10}
+                "allegro": 4 * 8 * 10, "ltx2": 4 * 8 * 10, "kandinsky6": 4 * 8 * 10}
 
 
 def build(name, **config):

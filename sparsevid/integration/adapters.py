@@ -47,7 +47,8 @@ class ModelAdapter:
     Attributes:
         name: family name used in messages.
         class_name: the diffusers transformer class it handles.
-        block_attrs: ((ModuleList attribute, attention attribute), ...) of the self-attentions, in order.
+        block_attrs: ((ModuleList attribute, attention submodule path in a block), ...) of the self-attentions, in
+            order.
         frames_dim: dim of ``hidden_states`` (the 5D latent input) that holds frames; H, W are the last two.
         text_first: in joint attention, text tokens precede the video tokens (else they follow).
         patch_sizes: (t, h, w) patch size from the model config.
@@ -88,7 +89,7 @@ class ModelAdapter:
         found = []
         for blocks_attr, attn_attr in self.block_attrs:
             for block in getattr(transformer, blocks_attr):
-                found.append(getattr(block, attn_attr))
+                found.append(block.get_submodule(attn_attr))
         return found
 
     def grid(self, hidden_states: torch.Tensor, config) -> tuple[int, int, int] | None:
@@ -195,6 +196,12 @@ ADAPTERS = (
     ModelAdapter("ltx2", "LTX2VideoTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
                  text_first=False, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never,
                  grid_arguments=("num_frames", "height", "width")),
+    # Kandinsky 6 (video and audio): Kandinsky 5's channels-last video layout; its video self-attentions become sparse
+    # (audio, text and audio-video attentions stay dense); every sparse layer tiles its own q, k, v.
+    ModelAdapter("kandinsky6", "Kandinsky6Transformer3DModel",
+                 (("visual_transformer_blocks", "video_dec_block.self_attention"),), frames_dim=1, text_first=False,
+                 patch_sizes=_wan_patch, token_sites=(), output_module="out_layer", reorders_forward=_never,
+                 spatial_dims=(2, 3)),
     # HunyuanVideo 1.5: RoPE tables [N, D]; text (after the video) is padded per sample through a [B, 1, N, N] mask.
     ModelAdapter("hunyuan_video15", "HunyuanVideo15Transformer3DModel", (("transformer_blocks", "attn"),),
                  frames_dim=2, text_first=False, patch_sizes=_square_patch,
@@ -220,6 +227,9 @@ ADAPTERS = (
 UNSUPPORTED = {
     "SanaVideoTransformer3DModel": "its video self-attention is linear attention (ReLU feature maps, no softmax "
                                    "score matrix): there are no attention tiles to skip",
+    "WanAnimate2Transformer3DModel": "its self-attention already runs a structured flex BlockMask over a packed "
+                                     "[generation | cached reference] buffer (frame-aligned reference keys from a KV "
+                                     "cache), not a softmax over the video tokens that tiles could restrict",
     "LatteTransformer3DModel": "its attention is factorised into per-frame spatial and per-position temporal "
                                "attentions (each a short sequence): there is no space-time self-attention to tile",
 }
