@@ -192,6 +192,7 @@ def calibrate_heads(transformer: torch.nn.Module, forwards: Iterable[Callable[[]
     ran, kept in the file.
     """
     from ..integration import SDPAInterceptor, adapter_for, is_sparse
+    from ..integration.adapters import attention_heads
     from ..plan import SparseConfig
     from ..plan.calibration import Calibration, default_candidates
 
@@ -199,7 +200,7 @@ def calibrate_heads(transformer: torch.nn.Module, forwards: Iterable[Callable[[]
         raise ValueError("transformer must run dense attention: remove its sparse attention before calibrating")
     SparseConfig(block_q=block_q, block_k=block_k, tile=tile, backend=backend)  # checks them, naming the bad one
     adapter = adapter_for(transformer)
-    heads = [attention.heads for attention in adapter.self_attentions(transformer)]
+    heads = [attention_heads(attention) for attention in adapter.self_attentions(transformer)]
     meter = HeadMeter(heads, default_candidates() if candidates is None else candidates, block_q, block_k, backend)
     recorder = _Recorder(transformer, adapter, meter, tile)
     try:
