@@ -90,6 +90,12 @@ def prediction_options(q: torch.Tensor, k: torch.Tensor, settings: PredictSettin
     return _resolve(q, k, settings, within)
 
 
+def _to_device(value, q: torch.Tensor):
+    """A resolved per-head budget [H] on q's device, copied without waiting for the device (values checked on the
+    host, as per-head budgets from a CPU tensor are, then moved once); scalars as they are."""
+    return value.to(q.device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+
+
 def _resolve(q: torch.Tensor, k: torch.Tensor, settings: PredictSettings, within: SparseMask | None) -> dict:
     check_head_tensors(q=q, k=k)
     if settings.backend == "triton":
@@ -97,8 +103,8 @@ def _resolve(q: torch.Tensor, k: torch.Tensor, settings: PredictSettings, within
     heads = q.shape[1]
     kb = num_blocks(k.shape[2], settings.block_k)
     scale = settings.scale
-    return dict(rule_topk=resolve_topk(settings.topk, kb, heads) if settings.uses_topk else None,
-                rule_topp=resolve_topp(settings.topp, heads) if settings.uses_topp else None,
+    return dict(rule_topk=_to_device(resolve_topk(settings.topk, kb, heads), q) if settings.uses_topk else None,
+                rule_topp=_to_device(resolve_topp(settings.topp, heads), q) if settings.uses_topp else None,
                 similarity_threshold=resolve_similarity_threshold(settings.similarity_threshold, heads),
                 min_blocks=int(settings.min_blocks), keep_sink=settings.keep_sink,
                 keep_diagonal=settings.keep_diagonal, block_q=settings.block_q, block_k=settings.block_k,
