@@ -70,7 +70,7 @@ def test_a_per_row_mask_whose_video_rows_differ_is_refused():
 
 
 @pytest.mark.parametrize("name", ["wan_animate", "easyanimate", "cosmos", "kandinsky5", "allegro", "ltx2",
-                                  "kandinsky6"])
+                                  "kandinsky6", "hunyuan_video_framepack"])
 def test_families_that_tile_per_layer_keep_the_forward_in_raster_order(name):
     model, inputs = build(name)
     assert not adapter_for(model).reorders_forward(model.config)

@@ -274,18 +274,40 @@ def kandinsky6(**config):
     return model, inputs
 
 
+def hunyuan_video_framepack(**config):
+    """HunyuanVideoFramepackTransformer3DModel on a 3 x 8 x 12 grid after 2x2 patching, with 228 history tokens (two
+    clean frames, two frames at 2x and eight at 4x) before the video, batch 2 with different text padding."""
+    model = diffusers.HunyuanVideoFramepackTransformer3DModel(**{
+        "in_channels": 4, "out_channels": 4, "num_attention_heads": 2, "attention_head_dim": 10, "num_layers": 2,
+        "num_single_layers": 2, "num_refiner_layers": 1, "patch_size": 2, "patch_size_t": 1, "guidance_embeds": True,
+        "text_embed_dim": 16, "pooled_projection_dim": 8, "rope_axes_dim": (2, 4, 4), "image_condition_type": None,
+        "has_image_proj": True, "image_proj_dim": 16, "has_clean_x_embedder": True, **config})
+    text_mask = torch.ones(2, 12, dtype=torch.long)
+    text_mask[1, 8:] = 0
+    latents = {"latents_clean": 2, "latents_history_2x": 2, "latents_history_4x": 8}
+    inputs = {"hidden_states": torch.randn(2, 4, 3, 16, 24), "timestep": torch.tensor([700, 700]),
+              "encoder_hidden_states": torch.randn(2, 12, 16), "encoder_attention_mask": text_mask,
+              "pooled_projections": torch.randn(2, 8), "guidance": torch.tensor([3000.0, 3000.0]),
+              "image_embeds": torch.randn(2, 4, 16), "indices_latents": torch.arange(3.0) + 10,
+              **{name: torch.randn(2, 4, frames, 16, 24) for name, frames in latents.items()},
+              **{"indices_" + name: torch.arange(float(frames)) for name, frames in latents.items()}}
+    return model, inputs
+
+
 MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
           "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx,
           "hunyuan_video15": hunyuan_video15, "wan_animate": wan_animate,
           "consisid": consisid, "easyanimate": easyanimate,
           "cosmos": cosmos, "motif_video": motif_video, "kandinsky5": kandinsky5,
-          "allegro": allegro, "ltx2": ltx2, "kandinsky6": kandinsky6}
+          "allegro": allegro, "ltx2": ltx2, "kandinsky6": kandinsky6,
+          "hunyuan_video_framepack": hunyuan_video_framepack}
 VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
                 "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10,
                 "hunyuan_video15": 3 * 10 * 10, "wan_animate": 4 * 8 * 10,
                 "consisid": 4 * 8 * 10, "easyanimate": 4 * 8 * 10,
                 "cosmos": 4 * 8 * 10, "motif_video": 3 * 10 * 10, "kandinsky5": 4 * 8 * 10,
-                "allegro": 4 * 8 * 10, "ltx2": 4 * 8 * 10, "kandinsky6": 4 * 8 * 10}
+                "allegro": 4 * 8 * 10, "ltx2": 4 * 8 * 10, "kandinsky6": 4 * 8 * 10,
+                "hunyuan_video_framepack": 228 + 3 * 8 * 12}
 
 
 def build(name, **config):

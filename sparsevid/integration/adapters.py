@@ -202,6 +202,12 @@ ADAPTERS = (
                  (("visual_transformer_blocks", "video_dec_block.self_attention"),), frames_dim=1, text_first=False,
                  patch_sizes=_wan_patch, token_sites=(), output_module="out_layer", reorders_forward=_never,
                  spatial_dims=(2, 3)),
+    # HunyuanVideo FramePack: HunyuanVideo's blocks over [history (4x, 2x, 1x clean latents), video] tokens and text;
+    # the history tokens lead the video and keep their place; its RoPE module also makes the history's tables (in
+    # raster order, pooled): every sparse layer tiles its own video q, k, v.
+    ModelAdapter("hunyuan_video_framepack", "HunyuanVideoFramepackTransformer3DModel",
+                 (("transformer_blocks", "attn"), ("single_transformer_blocks", "attn")), frames_dim=2,
+                 text_first=False, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never),
     # HunyuanVideo 1.5: RoPE tables [N, D]; text (after the video) is padded per sample through a [B, 1, N, N] mask.
     ModelAdapter("hunyuan_video15", "HunyuanVideo15Transformer3DModel", (("transformer_blocks", "attn"),),
                  frames_dim=2, text_first=False, patch_sizes=_square_patch,

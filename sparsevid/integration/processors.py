@@ -24,7 +24,7 @@ from .context_parallel import check_parallel_config, check_video_only, local_hea
 from .joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets, video_tokens
 from .stats import AttentionRecord, Clock, mark
 from .step_context import StepContext
-from .token_order import plan_tile, relative_order, tile_order
+from .token_order import plan_tile, relative_order, tile_order, with_leading_tokens
 
 
 class SDPAInterceptor(TorchFunctionMode):
@@ -176,18 +176,21 @@ class SparseAttnProcessor:
 
     def _token_order(self, tile, layout: TokenLayout, device: torch.device) -> TokenOrder | None:
         """How this layer reorders its video tokens: from the forward's order to the plan's ``tile`` (None:
-        already so). Computed once per forward and tile, shared by the layers."""
+        already so). Computed once per forward and tile, shared by the layers. Latent tokens before the grid's
+        (FramePack's history) keep their place."""
         context, wanted = self.context, plan_tile(tile)
         if context.grid is None or wanted == context.tile:
             return None
         grid = context.grid
-        if grid[0] * grid[1] * grid[2] != layout.video_len:
+        leading = layout.video_len - grid[0] * grid[1] * grid[2]
+        if leading < 0:
             raise ValueError(f"the latent grid {grid} has {grid[0] * grid[1] * grid[2]} tokens but the attention "
                              f"sees {layout.video_len} video tokens")
         orders = context.values.token_orders
-        if wanted not in orders:
-            orders[wanted] = relative_order(context.order, None if wanted is None else tile_order(grid, wanted, device))
-        return orders[wanted]
+        if (wanted, leading) not in orders:
+            order = relative_order(context.order, None if wanted is None else tile_order(grid, wanted, device))
+            orders[wanted, leading] = with_leading_tokens(order, leading)
+        return orders[wanted, leading]
 
     def _key_sets(self, attn_mask, layout: TokenLayout, batch: int):
         """The valid text keys per batch entry (read once per forward and attention mask)."""

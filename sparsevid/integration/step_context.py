@@ -61,7 +61,8 @@ class ForwardValues:
     """Values the sparse layers of one forward share, computed by the first layer that needs them.
 
     Attributes:
-        token_orders: {tile: TokenOrder or None}, the reordering from the forward's token order to a tile's.
+        token_orders: {(tile, leading tokens): TokenOrder or None}, the reordering from the forward's token order to
+            a tile's.
         key_sets: (the attention mask, its valid text keys per batch entry) or None.
     """
 

@@ -60,6 +60,14 @@ def relative_order(current: TokenOrder | None, wanted: TokenOrder | None) -> Tok
     return TokenOrder(current.inverse[wanted.perm], wanted.inverse[current.perm])
 
 
+def with_leading_tokens(order: TokenOrder | None, leading: int) -> TokenOrder | None:
+    """``order`` extended to a sequence with ``leading`` more tokens before its own, which keep their place."""
+    if order is None or leading == 0:
+        return order
+    head = torch.arange(leading, device=order.perm.device)
+    return TokenOrder(torch.cat([head, order.perm + leading]), torch.cat([head, order.inverse + leading]))
+
+
 def reorder_tokens(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     """x with its last ``len(index)`` entries along ``dim`` taken in the order ``index`` (a new tensor).
 
