@@ -21,7 +21,7 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
-def test_linear_and_factorised_attention_families_are_refused_with_the_reason():
+def test_families_sparse_attention_cannot_serve_are_refused_with_the_reason():
     sana = diffusers.SanaVideoTransformer3DModel(
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
         num_cross_attention_heads=2, cross_attention_head_dim=8, cross_attention_dim=16, caption_channels=16,
@@ -38,6 +38,11 @@ def test_linear_and_factorised_attention_families_are_refused_with_the_reason():
         num_heads=2, num_layers=1)
     with pytest.raises(TypeError, match="BlockMask"):
         sv.apply_sparse_attention(animate2)
+    mochi = diffusers.MochiTransformer3DModel(
+        patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=1, pooled_projection_dim=16,
+        in_channels=4, text_embed_dim=16, time_embed_dim=4)
+    with pytest.raises(TypeError, match="each batch entry separately"):
+        sv.apply_sparse_attention(mochi)
 
 
 def test_ltx_without_the_token_grid_runs_sparse_in_raster_order():

@@ -236,6 +236,9 @@ UNSUPPORTED = {
     "WanAnimate2Transformer3DModel": "its self-attention already runs a structured flex BlockMask over a packed "
                                      "[generation | cached reference] buffer (frame-aligned reference keys from a KV "
                                      "cache), not a softmax over the video tokens that tiles could restrict",
+    "MochiTransformer3DModel": "its attention processor attends each batch entry separately (one attention call per "
+                               "sample, over that sample's valid text tokens), while a sparse layer decides and "
+                               "keeps one mask per call of the layer; not supported yet",
     "LatteTransformer3DModel": "its attention is factorised into per-frame spatial and per-position temporal "
                                "attentions (each a short sequence): there is no space-time self-attention to tile",
 }
