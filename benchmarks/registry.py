@@ -31,6 +31,10 @@ BENCHMARKS = {
         "Wan 14B 720p attention forward at 95%, 128x128 and 128x64 blocks, against the same baselines",
         ("--shapes", "wan14b-720p", "--blocks", "128x128,128x64", "--sparsities", "0.95",
          "--backward-shapes", "none")),
+    "attention_fp8": Benchmark(
+        "benchmarks.bench_attention_fp8",
+        "FP8 vs bf16 block-sparse forward, 128x64, 95/90/50%/full, Wan 1.3B and 14B: ms, quantization ms, accuracy",
+        ("--shapes", "wan1.3b-480p,wan14b-720p", "--sparsities", "0.95,0.9,0.5,0")),
     "attention_cpu": Benchmark(
         "benchmarks.bench_attention_cpu",
         "CPU attention at the built-in demo's shape: the gather backend vs dense SDPA and the reference backend"),

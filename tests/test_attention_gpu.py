@@ -79,3 +79,67 @@ def test_every_output_element_is_written(monkeypatch):
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
     assert all(torch.isfinite(t).all() for t in (out, *grads))
     assert torch.equal(out[:, :, 7 * 128:8 * 128], torch.zeros_like(out[:, :, 7 * 128:8 * 128]))
+
+
+# --------------------------------------------------------------------------- precision="fp8" (Hopper, Ada)
+
+FP8_CASES = [
+    pytest.param((1, 2, 32760, 32760, 128, 128, 64, 0.95), id="wan480p-N32760-d128-128x64-95"),
+    pytest.param((1, 2, 32760, 32760, 128, 128, 64, 0.0), id="wan480p-N32760-d128-128x64-full"),
+    pytest.param((2, 3, 4133, 2900, 64, 128, 64, 0.5), id="B2-N4133-M2900-d64-128x64"),
+    pytest.param((1, 4, 333, 200, 64, 64, 128, 0.5), id="N333-M200-d64-64x128"),
+    pytest.param((1, 2, 100, 100, 128, 128, 128, 0.0), id="N-below-block-full"),
+]
+
+
+@pytest.mark.parametrize("inputs", ["gaussian", "video-like", "outlier"])
+@pytest.mark.parametrize("case", FP8_CASES)
+def test_fp8_kernel_against_emulation(case, inputs, nan_poisoned_outputs):
+    """The quantizer matches the PyTorch one bit for bit; the kernel's lse matches the emulation's (same
+    logits, fp32 against float64), its output is within 1.25x of the emulation's error vs float64 (the kernel
+    rounds P against a running max, the emulation against the final one); rows with no kept tile give zeros and
+    lse -inf. On video-like inputs the issue's targets hold against the bf16 kernel: cosine >= 0.999 and
+    relative L1 <= 0.03 (on Gaussian noise, where nothing averages out, fp8's ~2.6% rounding per operand
+    gives about 0.05: tests/test_fp8_attention.py)."""
+    from benchmarks.bench_attention_fp8 import TARGET_COSINE, TARGET_REL_L1, output_metrics, video_like_inputs
+    from sparsevid.ops import fp8_reference, triton_fp8_attention
+
+    b, h, n, m, d, block_q, block_k, sparsity = case
+    mask = sv.random_block_mask(b, h, n, m, sparsity, block_q, block_k, device="cuda")
+    keep = mask.keep.expand(b, h, -1, -1).clone()
+    if keep.shape[2] > 2:
+        keep[:, :, 1] = False  # an empty row of blocks
+    mask = sv.SparseMask.from_dense(keep, n, m, block_q, block_k)
+    if inputs == "gaussian":
+        q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16) for t in (n, m, m))
+    else:
+        q, k, v = video_like_inputs(b, h, n, m, d, outlier=inputs == "outlier")
+    scale = d ** -0.5
+    with torch.no_grad():
+        x = triton_fp8_attention.quantize(q, k, v, block_q, block_k)
+        x_ref = fp8_reference.quantize_fp8(q, k, v, block_q, block_k)
+        for name, fast, slow in zip(x._fields, x, x_ref):
+            assert torch.equal(fast.float(), slow.float()), name
+        out, lse = sv.block_sparse_attention(q, k, v, mask, return_lse=True, precision="fp8")
+        emu, emu_lse = fp8_reference.emulate_fp8_attention(x, mask, scale)
+        ref = sv.block_sparse_attention(q.double(), k.double(), v.double(), mask, backend="reference")
+        native = sv.block_sparse_attention(q, k, v, mask)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert rel_err(lse, emu_lse) < 1e-4
+    assert rel_err(out, ref) <= 1.25 * rel_err(emu, ref)
+    empty = ~keep.any(-1).repeat_interleave(block_q, -1)[..., :n]
+    assert torch.equal(out[empty], torch.zeros_like(out[empty])) and (lse[empty] == float("-inf")).all()
+    metrics = output_metrics(out, native)
+    if inputs != "gaussian":
+        assert metrics["cosine"] >= TARGET_COSINE and metrics["rel_l1"] <= TARGET_REL_L1, metrics
+
+
+def test_fp8_every_output_element_is_written(nan_poisoned_outputs):
+    b, h, n, d = 1, 3, 5000, 128
+    keep = torch.rand(b, h, 40, 79, device="cuda") < 0.1
+    keep[:, :, 7] = False
+    mask = sv.SparseMask.from_dense(keep, n, n, 128, 64)
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = sv.block_sparse_attention(q, k, v, mask, return_lse=True, precision="fp8")
+    assert torch.isfinite(out).all() and not torch.isnan(lse).any()
+    assert torch.equal(out[:, :, 7 * 128:8 * 128], torch.zeros_like(out[:, :, 7 * 128:8 * 128]))

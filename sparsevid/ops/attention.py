@@ -14,6 +14,8 @@ import functools
 
 import torch
 
+from .fp8 import check_fp8_device, check_fp8_head_dim
+from .fp8_reference import fp8_reference_attention
 from .gather_attention import gather_block_sparse_attention
 from .mask import SparseMask
 from .reference import reference_block_sparse_attention
@@ -21,6 +23,10 @@ from .validation import (check_backend, check_head_tensors, check_scale, check_t
                          resolve_auto)
 
 BACKENDS = ("auto", "triton", "flex", "gather", "reference")
+# "native": products in the inputs' dtype (tensor cores for half types); "fp8": e4m3 products (forward only,
+# :mod:`sparsevid.ops.fp8`), on the "triton" (GPUs of compute capability >= 8.9) and "reference" backends.
+PRECISIONS = ("native", "fp8")
+FP8_BACKENDS = ("auto", "triton", "reference")
 TILE_MASS_BACKENDS = ("triton", "gather", "reference")  # those that can emit exact tile masses
 
 
@@ -116,6 +122,32 @@ def _triton_backend(q, k, v, mask: SparseMask, scale: float, return_tile_mass: b
     return _triton_attn(q, k, v, mask.kv_count, mask.kv_index, q_count, q_index, mask.block_q, mask.block_k, scale)
 
 
+@torch.library.custom_op("sparsevid::block_sparse_attn_fp8", mutates_args=())
+def _triton_attn_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
+                     kv_index: torch.Tensor, block_q: int, block_k: int,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 forward (quantization included); no backward."""
+    from .triton_fp8_attention import triton_fp8_attention
+
+    return triton_fp8_attention(q, k, v, kv_count, kv_index, block_q, block_k, scale)
+
+
+@_triton_attn_fp8.register_fake
+def _(q, k, v, kv_count, kv_index, block_q, block_k, scale):
+    b, h, n, _ = q.shape
+    return torch.empty_like(q), q.new_empty((b, h, n), dtype=torch.float32)
+
+
+def _fp8_backend(q, k, v, mask: SparseMask, scale: float, backend: str):
+    if backend == "reference":
+        return fp8_reference_attention(q, k, v, mask, scale)
+    if torch.compiler.is_compiling():
+        return _triton_attn_fp8(q, k, v, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k, scale)
+    from .triton_fp8_attention import triton_fp8_attention
+
+    return triton_fp8_attention(q, k, v, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k, scale)
+
+
 # --------------------------------------------------------------------------- flex backend
 
 @functools.lru_cache(maxsize=None)
@@ -188,6 +220,29 @@ def resolve_backend(backend: str, q: torch.Tensor) -> str:
     return resolve_auto(backend, q, "gather")
 
 
+def _check_precision(precision, backend: str, q, k, v, return_tile_mass: bool) -> None:
+    """Clear errors for what precision='fp8' cannot do, before anything runs (backend already resolved)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "native":
+        return
+    if backend not in FP8_BACKENDS:
+        raise ValueError(f"precision='fp8' runs on the backends {FP8_BACKENDS[1:]} (or 'auto'), got {backend!r}")
+    if grad_requested(q, k, v):
+        raise ValueError("precision='fp8' is a forward for inference (no backward): call it under torch.no_grad() "
+                         "or with inputs that do not require grad, or use precision='native' for training")
+    if return_tile_mass:
+        raise ValueError("return_tile_mass=True needs precision='native'")
+    check_fp8_head_dim(q.shape[-1])
+    if backend == "triton":
+        check_fp8_device(q)
+
+
+def resolve_fp8_backend(backend: str, q: torch.Tensor) -> str:
+    """The backend "auto" stands for with precision='fp8': "triton" on CUDA, "reference" elsewhere."""
+    return ("triton" if q.is_cuda else "reference") if backend == "auto" else backend
+
+
 def _check_flags(return_lse, return_tile_mass) -> None:
     for name, flag in (("return_lse", return_lse), ("return_tile_mass", return_tile_mass)):
         if not isinstance(flag, bool):
@@ -207,7 +262,7 @@ def _check_tile_mass_request(return_tile_mass: bool, backend: str, q, k, v) -> N
 
 def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask,
                            scale: float | None = None, return_lse: bool = False, backend: str = "auto",
-                           return_tile_mass: bool = False):
+                           return_tile_mass: bool = False, precision: str = "native"):
     """softmax(scale * q k^T restricted to the mask's kept tiles) @ v.
 
     Args:
@@ -223,6 +278,12 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
             inference only (ValueError if gradients are requested). The Triton variant is a separate custom op
             (``torch.ops.sparsevid.block_sparse_attn_tile_mass``) that sizes its scratch by ``mask.max_kept_blocks``
             (read from the device once per mask).
+        precision: "native" (products in the inputs' dtype) or "fp8": e4m3 products with fp32 accumulation,
+            K smoothed by its token mean, per-block scales for Q and K, per-channel scales for V
+            (:mod:`sparsevid.ops.fp8`). Forward only (ValueError when gradients are requested), backends
+            "triton" (a GPU of compute capability >= 8.9; ValueError on older ones) and "reference" (a PyTorch
+            emulation of the same quantization; "auto" picks it off CUDA), head dims multiples of 16, >= 32.
+            A non-finite key or value spreads over its head (it enters K's mean and V's channel scales).
 
     Returns:
         out [B, H, N, D] in q's dtype, then lse when ``return_lse``, then the tile masses when
@@ -234,9 +295,15 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     "gather" and "reference" (any device) differentiate everywhere; "flex" only on CUDA and only for 128x128 blocks
     (ValueError otherwise, before any kernel runs).
     """
-    _check_inputs(q, k, v, mask, scale, backend)
+    _check_inputs(q, k, v, mask, scale, backend if precision == "native" else "auto")
     _check_flags(return_lse, return_tile_mass)
     scale = float(scale) if scale is not None else q.shape[-1] ** -0.5
+    if precision == "fp8":
+        backend = resolve_fp8_backend(backend, q)
+        _check_precision(precision, backend, q, k, v, return_tile_mass)
+        out, lse = _fp8_backend(q, k, v, mask, scale, backend)
+        return (out, lse) if return_lse else out
+    _check_precision(precision, backend, q, k, v, return_tile_mass)
     backend = resolve_backend(backend, q)
     _check_tile_mass_request(return_tile_mass, backend, q, k, v)
     if backend == "triton":

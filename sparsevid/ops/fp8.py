@@ -1,0 +1,74 @@
+"""FP8 (e4m3) attention inputs: the quantized tensors and their scales, the scaling rules both the Triton path
+and the PyTorch emulation follow, and the device requirement.
+
+Scaling (SageAttention-style, per head):
+    K is smoothed: k - mean over tokens (exact for softmax, which ignores a per-row constant q . mean; the row
+        log-sum-exp adds it back), which removes the channel offsets that dominate K's range in video DiTs;
+    Q and smoothed K have one scale per block of block_q / block_k tokens: amax / 448;
+    V has one scale per channel (over all tokens): amax / 448;
+    P (in [0, 1] after max subtraction) is multiplied by ``P_SCALE`` before its cast, undone at the end.
+A scale is 1 where its amax is 0 (the block quantizes to zeros).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite e4m3fn value
+P_SCALE = 448.0  # P in [0, 1] is cast as P * P_SCALE: its largest entry (1) lands on the top of the range
+# Compute capability with FP8 tensor-core instructions (Ada sm89, Hopper sm90 and newer).
+FP8_MIN_CAPABILITY = (8, 9)
+MIN_FP8_HEAD_DIM = 32  # an fp8 tensor-core product reduces over at least 32 elements
+
+
+class Fp8Inputs(NamedTuple):
+    """Quantized attention inputs. q8: fp8 [B, H, N, D]; k8: fp8 [B, H, M, D] (smoothed K); v8: fp8
+    [B, H, M, D] (the Triton prep returns a view of a [B, H, D, M'] buffer: tokens contiguous);
+    q_scale: float32 [B, H, ceil(N / block_q)]; k_scale: float32 [B, H, ceil(M / block_k)];
+    v_scale: float32 [B, H, D]; k_mean: float32 [B, H, D]. Dequantized: q8 * q_scale (per query block),
+    k8 * k_scale + k_mean (per key block), v8 * v_scale (per channel)."""
+    q8: torch.Tensor
+    k8: torch.Tensor
+    v8: torch.Tensor
+    q_scale: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    k_mean: torch.Tensor
+
+
+def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """float32 scales amax / FP8_MAX, 1 where amax is 0 (NaN stays NaN)."""
+    amax = amax.float()
+    return torch.where(amax == 0, torch.ones_like(amax), amax / FP8_MAX)
+
+
+def value_stats(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-head statistics over tokens: k_mean float32 [B, H, D] and v_scale float32 [B, H, D]."""
+    k_mean = k.mean(dim=2, dtype=torch.float32)
+    v_min, v_max = torch.aminmax(v, dim=2)
+    return k_mean, scale_from_amax(torch.maximum(-v_min, v_max))
+
+
+def check_fp8_device(t: torch.Tensor) -> None:
+    """Raise a clear error unless the Triton FP8 kernel can run on t's device (a CUDA GPU of compute
+    capability >= 8.9, or the CPU under ``TRITON_INTERPRET=1``)."""
+    from .validation import triton_runs_on
+
+    if not triton_runs_on(t):
+        raise ValueError(f"precision='fp8' with backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the "
+                         f"CPU); q is on {t.device}")
+    if t.is_cuda:
+        capability = torch.cuda.get_device_capability(t.device)
+        if capability < FP8_MIN_CAPABILITY:
+            name = torch.cuda.get_device_name(t.device)
+            raise ValueError(f"precision='fp8' needs a GPU with FP8 tensor cores (compute capability >= "
+                             f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}: Ada, Hopper or newer); {name} has "
+                             f"{capability[0]}.{capability[1]}; use precision='native'")
+
+
+def check_fp8_head_dim(d: int) -> None:
+    if d < MIN_FP8_HEAD_DIM or d % 16:
+        raise ValueError(f"precision='fp8' needs a head dim that is a multiple of 16 and >= {MIN_FP8_HEAD_DIM}, "
+                         f"got {d}")

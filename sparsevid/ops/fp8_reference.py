@@ -1,0 +1,88 @@
+"""FP8 block-sparse attention emulated in plain PyTorch: the same quantization as the Triton path
+(:mod:`sparsevid.ops.fp8`), then exact (float64) arithmetic on the quantized values except the one rounding the
+kernel adds inside the loop, P cast to fp8. The oracle of the FP8 kernel and ``precision="fp8"`` on the
+"reference" backend (any device).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .fp8 import FP8_DTYPE, FP8_MAX, P_SCALE, Fp8Inputs, scale_from_amax, value_stats
+from .mask import SparseMask
+
+_MAX_CHUNK_ELEMENTS = 1 << 25  # score elements (float64) materialised at once
+
+
+def _to_fp8(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 x (already scaled into range) to e4m3, saturating at +-FP8_MAX (NaN stays NaN)."""
+    return x.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def _quantize_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-block quantization of float32 x [B, H, T, D] over blocks of ``block`` tokens: (fp8 [B, H, T, D],
+    float32 scales [B, H, ceil(T / block)])."""
+    t = x.shape[2]
+    nb = -(-t // block)
+    padded = F.pad(x, (0, 0, 0, nb * block - t)).unflatten(2, (nb, block))
+    scale = scale_from_amax(padded.abs().amax(dim=(-2, -1)))
+    x8 = _to_fp8(padded / scale[..., None, None]).flatten(2, 3)[:, :, :t]
+    return x8, scale
+
+
+def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int) -> Fp8Inputs:
+    """The quantized inputs of FP8 attention by the rules of :mod:`sparsevid.ops.fp8`, in PyTorch.
+    q: [B, H, N, D], k, v: [B, H, M, D] of any floating dtype."""
+    k_mean, v_scale = value_stats(k, v)
+    q8, q_scale = _quantize_blocks(q.float(), block_q)
+    k8, k_scale = _quantize_blocks(k.float() - k_mean[:, :, None], block_k)
+    v8 = _to_fp8(v.float() / v_scale[:, :, None])
+    return Fp8Inputs(q8, k8, v8, q_scale, k_scale, v_scale, k_mean)
+
+
+def dequantize_fp8(x: Fp8Inputs, block_q: int, block_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, smoothed k and v in float64 from their fp8 values and the scales of blocks of block_q / block_k
+    tokens: [B, H, N, D], [B, H, M, D] twice."""
+    n, m = x.q8.shape[2], x.k8.shape[2]
+    q = x.q8.double() * x.q_scale.double().repeat_interleave(block_q, dim=2)[:, :, :n, None]
+    k = x.k8.double() * x.k_scale.double().repeat_interleave(block_k, dim=2)[:, :, :m, None]
+    v = x.v8.double() * x.v_scale.double()[:, :, None]
+    return q, k, v
+
+
+def emulate_fp8_attention(x: Fp8Inputs, mask: SparseMask, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-sparse attention over quantized inputs, as the FP8 kernel computes it: scores of the dequantized
+    q and smoothed k, P = exp(s - row max) rounded to fp8 as P * P_SCALE for the product with v, the row sum
+    over the unrounded P. (The kernel subtracts a running max, which changes which values P's rounding sees;
+    its error stays of the same size.)
+
+    Returns out float64 [B, H, N, D] and lse float64 [B, H, N] (natural log, with scale * q . k_mean added
+    back); a row with no kept tile gives zeros and lse -inf."""
+    q, k, v = dequantize_fp8(x, mask.block_q, mask.block_k)
+    n, m = q.shape[2], k.shape[2]
+    keep = mask.keep
+    row_shift = scale * (q @ x.k_mean.double()[..., None]).squeeze(-1)  # the softmax-exact part K lost
+    rows_per_chunk = max(mask.block_q, _MAX_CHUNK_ELEMENTS // max(1, q.shape[0] * q.shape[1] * m)
+                         // mask.block_q * mask.block_q)
+    outs, lses = [], []
+    for start in range(0, n, rows_per_chunk):
+        stop = min(start + rows_per_chunk, n)
+        rows = keep[:, :, start // mask.block_q:-(-stop // mask.block_q)].repeat_interleave(mask.block_q, dim=2)
+        allowed = rows.repeat_interleave(mask.block_k, dim=3)[:, :, :stop - start, :m]
+        scores = (q[:, :, start:stop] @ k.transpose(-1, -2) * scale).masked_fill(~allowed, float("-inf"))
+        empty = ~allowed.any(dim=-1)
+        row_max = scores.amax(dim=-1, keepdim=True).masked_fill(empty[..., None], 0.0)
+        p = torch.exp(scores - row_max)
+        total = p.sum(dim=-1)
+        p8 = _to_fp8((p * P_SCALE).float()).double() / P_SCALE
+        outs.append((p8 @ v) / torch.where(empty, 1.0, total)[..., None])
+        lses.append(torch.where(empty, float("-inf"), row_max.squeeze(-1) + torch.log(total)))
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2) + row_shift
+
+
+def fp8_reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask,
+                            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``precision="fp8"`` on the reference backend: :func:`quantize_fp8` then :func:`emulate_fp8_attention`.
+    Returns out [B, H, N, D] in q's dtype and lse float32 [B, H, N]."""
+    out, lse = emulate_fp8_attention(quantize_fp8(q, k, v, mask.block_q, mask.block_k), mask, scale)
+    return out.to(q.dtype), lse.float()

@@ -1,0 +1,246 @@
+"""FP8 (e4m3) block-sparse attention forward in Triton, for GPUs with FP8 tensor cores (sm89, sm90+).
+
+Two steps: :func:`quantize` (K's mean and V's channel ranges by two PyTorch reductions, then one Triton launch
+per tensor that scales, casts and stores; V is stored with tokens contiguous, the layout an FP8 tensor-core
+product needs for its right operand) and :func:`fp8_forward`, the bf16 forward's online softmax with both
+products on fp8 operands and fp32 accumulation. The scaling rules are in :mod:`sparsevid.ops.fp8`; the
+PyTorch oracle is :mod:`sparsevid.ops.fp8_reference`. Forward only (inference).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from . import triton_attention as bf16
+from .fp8 import FP8_DTYPE, FP8_MAX, P_SCALE, Fp8Inputs, value_stats
+from .triton_attention import LOG2E, _configs, _load_rows, _prune, _rows_source, _tile_schedule
+from .triton_launch import launch_tuned
+
+_FP8_MAX = tl.constexpr(FP8_MAX)
+_P_SCALE = tl.constexpr(P_SCALE)
+_LN2 = tl.constexpr(0.6931471805599453)
+
+
+# --------------------------------------------------------------------------- quantization
+
+
+@triton.jit
+def _fp8_quant_kernel(X, Out, Scale, Mean, stride_xb, stride_xh, stride_xn, stride_xd,
+                      stride_ob, stride_oh, stride_on, stride_od, H, T, NUM_BLOCKS,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
+                      PER_CHANNEL: tl.constexpr, HAS_MEAN: tl.constexpr):
+    """Tokens [pid*BLOCK, +BLOCK) of one head of X [B, H, T, D] (any float dtype) to fp8 in Out (any strides).
+    HAS_MEAN: subtract Mean float32 [B*H, D] first. PER_CHANNEL: divide by Scale float32 [B*H, D]; else
+    compute the block's scale amax / FP8_MAX (1 for an all-zero block) into Scale [B*H, NUM_BLOCKS]."""
+    pid_t = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
+    o_t = pid_t * BLOCK + tl.arange(0, BLOCK)
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    m_tile = (o_t < T)[:, None] & m_d[None, :]
+    o_rows = o_t[:, None].to(tl.int64)
+    b_x = tl.load(X + i_b * stride_xb + i_h * stride_xh + o_rows * stride_xn + o_d[None, :] * stride_xd,
+                  mask=m_tile, other=0.0).to(tl.float32)
+    if HAS_MEAN:
+        b_mean = tl.load(Mean + pid_bh * HEAD_DIM + o_d, mask=m_d, other=0.0)
+        b_x = tl.where(m_tile, b_x - b_mean[None, :], 0.0)
+    if PER_CHANNEL:
+        b_scale = tl.load(Scale + pid_bh * HEAD_DIM + o_d, mask=m_d, other=1.0)
+        b_y = tl.math.div_rn(b_x, b_scale[None, :])
+    else:
+        amax = tl.max(tl.max(tl.abs(b_x), 1), 0)
+        scale = tl.where(amax == 0, 1.0, tl.math.div_rn(amax, _FP8_MAX))
+        tl.store(Scale + pid_bh * NUM_BLOCKS + pid_t, scale)
+        b_y = tl.math.div_rn(b_x, scale)
+    b_y = tl.clamp(b_y, -_FP8_MAX, _FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    tl.store(Out + i_b * stride_ob + i_h * stride_oh + o_rows * stride_on + o_d[None, :] * stride_od,
+             b_y.to(tl.float8e4nv), mask=m_tile)
+
+
+def _quantize_one(x: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor | None,
+                  block: int, per_channel: bool) -> None:
+    b, h, t, d = x.shape
+    _fp8_quant_kernel[(triton.cdiv(t, block), b * h)](
+        x, out, scale, mean if mean is not None else scale, *x.stride(), *out.stride(), h, t, triton.cdiv(t, block),
+        HEAD_DIM=d, BLOCK_D=bf16.padded_pow2(d), BLOCK=block, PER_CHANNEL=per_channel, HAS_MEAN=mean is not None,
+        num_warps=8 if block * d >= 128 * 128 else 4,
+    )
+
+
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int) -> Fp8Inputs:
+    """The FP8 inputs (:class:`Fp8Inputs`) of q [B, H, N, D], k, v [B, H, M, D] (any strides, float dtypes).
+    v8 is a [B, H, M, D] view of a [B, H, D, M'] buffer (M' = M rounded up to 16; its padding is never
+    written), so that the kernel reads V with tokens contiguous."""
+    b, h, n, d = q.shape
+    m = k.shape[2]
+    k_mean, v_scale = (t.contiguous() for t in value_stats(k, v))
+    q8 = bf16._alloc(q, (b, h, n, d), FP8_DTYPE)
+    k8 = bf16._alloc(q, (b, h, m, d), FP8_DTYPE)
+    v8 = bf16._alloc(q, (b, h, d, triton.cdiv(m, 16) * 16), FP8_DTYPE)[..., :m].transpose(-1, -2)
+    q_scale = bf16._alloc(q, (b, h, triton.cdiv(n, block_q)), torch.float32)
+    k_scale = bf16._alloc(q, (b, h, triton.cdiv(m, block_k)), torch.float32)
+    _quantize_one(q, q8, q_scale, None, block_q, per_channel=False)
+    _quantize_one(k, k8, k_scale, k_mean, block_k, per_channel=False)
+    _quantize_one(v, v8, v_scale, None, 64, per_channel=True)
+    return Fp8Inputs(q8, k8, v8, q_scale, k_scale, v_scale, k_mean)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def _box_hook(args: dict) -> None:
+    """Autotuning pre-hook: with tensor descriptors, K's box becomes [1, 1, SUB_N, D] and V's (over the
+    [B, H, D, M] layout) [1, 1, D, SUB_N]."""
+    if isinstance(args["K"], TensorDescriptor):
+        sub = args["SUB_N"]
+        args["K"].block_shape = [1, 1, sub, args["K"].block_shape[-1]]
+        args["V"].block_shape = [1, 1, args["V"].block_shape[-2], sub]
+
+
+@triton.jit
+def _load_v(source, start, stride_vd, o_d, M, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB: tl.constexpr,
+            MASK_COLS: tl.constexpr, USE_TMA: tl.constexpr, i_b, i_h):
+    """Keys [start, start + SUB) of V as [SUB, BLOCK_D], read from V's tokens-contiguous layout (a descriptor
+    over [B, H, D, M], or pointers with unit token stride) and transposed in shared memory; keys past M and
+    channels past HEAD_DIM read as zero."""
+    if USE_TMA:
+        b_vt = source.load([i_b.to(tl.int32), i_h.to(tl.int32), 0, start]).reshape(HEAD_DIM, SUB)
+    else:
+        o_n = start + tl.arange(0, SUB)
+        ptrs = source + o_d[:, None].to(tl.int64) * stride_vd + o_n[None, :]
+        m_d = (o_d < HEAD_DIM)[:, None]
+        if MASK_COLS:
+            b_vt = tl.load(ptrs, mask=m_d & (o_n < M)[None, :], other=0.0)
+        elif HEAD_DIM != BLOCK_D:
+            b_vt = tl.load(ptrs, mask=m_d, other=0.0)
+        else:
+            b_vt = tl.load(ptrs)
+    return tl.trans(b_vt)
+
+
+@triton.jit
+def _fp8_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, tile_scale, stride_kn, stride_vd, o_d, M, i_b, i_h,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr,
+              USE_TMA: tl.constexpr):
+    """SUB_N keys of a kept tile. tile_scale = q_scale * k_scale * softmax scale * log2(e) turns the fp8
+    product into base-2 logits; P goes to fp8 as P * P_SCALE (undone in the epilogue)."""
+    b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA,
+                      i_b, i_h)
+    b_v = _load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, USE_TMA, i_b, i_h)
+    b_s = tl.dot(b_q, b_kt) * tile_scale
+    if MASK_COLS:
+        b_s = tl.where((start_n + tl.arange(0, SUB_N) < M)[None, :], b_s, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+    b_p = tl.math.exp2(b_s - b_m_new[:, None])
+    b_alpha = tl.math.exp2(b_m - b_m_new)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_acc = b_acc * b_alpha[:, None]
+    b_acc = tl.dot((b_p * _P_SCALE).to(tl.float8e4nv), b_v, b_acc)
+    return b_acc, b_m_new, b_l
+
+
+@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 4, 4),
+                                                   (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
+                                                   (64, 64, 4, 3), (64, 64, 4, 4)), _box_hook),
+                 key=["HEAD_DIM", "BLOCK_M", "BLOCK_N", "N", "M", "USE_TMA"],
+                 prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N"))
+@triton.jit
+def _bsa_fp8_fwd_kernel(Q, K, V, QScale, KScale, VScale, KMean, Out, Lse, KvCount, KvIndex,
+                        stride_qb, stride_qh, stride_qn,
+                        stride_kb, stride_kh, stride_kn,
+                        stride_vb, stride_vh, stride_vd,
+                        stride_ob, stride_oh, stride_on, stride_od,
+                        stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
+                        H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr, USE_TMA: tl.constexpr):
+    """Forward over the kept tiles of ROWS query rows (inside one query block, hence one q scale)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
+    q_block = (pid_m * ROWS) // BLOCK_M
+    o_m = pid_m * ROWS + tl.arange(0, ROWS)
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    m_tile = (o_m < N)[:, None] & m_d[None, :]
+
+    b_q = tl.load(Q + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :],
+                  mask=m_tile, other=0.0)
+    q_scale = tl.load(QScale + pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block)
+    qk_scale = q_scale * scale_log2
+    p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
+    k_src = _rows_source(K, i_b, i_h, stride_kb, stride_kh, USE_TMA)
+    v_src = _rows_source(V, i_b, i_h, stride_vb, stride_vh, USE_TMA)
+
+    count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + q_block)
+    p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + q_block * stride_ir
+    num_full, ragged_tail, last_block = _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N)
+
+    SUBS: tl.constexpr = BLOCK_N // SUB_N
+    b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([ROWS], dtype=tl.float32)
+    b_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    for it in range(0, num_full * SUBS):
+        kv_block = tl.load(p_index + it // SUBS)
+        b_acc, b_m, b_l = _fp8_tile(b_acc, b_m, b_l, b_q, k_src, v_src, kv_block * BLOCK_N + (it % SUBS) * SUB_N,
+                                    tl.load(p_kscale + kv_block) * qk_scale, stride_kn, stride_vd, o_d, M, i_b,
+                                    i_h, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA)
+    if ragged_tail:
+        tile_scale = tl.load(p_kscale + last_block) * qk_scale
+        for sub in range(0, SUBS):
+            start_n = last_block * BLOCK_N + sub * SUB_N
+            if start_n < M:
+                b_acc, b_m, b_l = _fp8_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, tile_scale, stride_kn,
+                                            stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, True, USE_TMA)
+
+    has_keys = b_l != 0.0  # NaN too (a non-finite input): the row gives NaN, as dense attention does
+    b_vscale = tl.load(VScale + pid_bh * HEAD_DIM + o_d, mask=m_d, other=0.0)
+    b_out = b_acc * (b_vscale / _P_SCALE)[None, :] / tl.where(has_keys, b_l, 1.0)[:, None]
+    p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :] * stride_od
+    tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_tile)
+    # Smoothing took q . k_mean off every logit of a row: the log-sum-exp gets it back.
+    b_mean = tl.load(KMean + pid_bh * HEAD_DIM + o_d, mask=m_d, other=0.0)
+    b_shift = tl.sum(b_q.to(tl.float32) * b_mean[None, :], 1) * qk_scale
+    b_lse = tl.where(has_keys, (b_m + tl.math.log2(tl.where(has_keys, b_l, 1.0)) + b_shift) * _LN2,
+                     float("-inf"))
+    tl.store(Lse + pid_bh.to(tl.int64) * N + o_m, b_lse, mask=o_m < N)
+
+
+def fp8_forward(x: Fp8Inputs, kv_count: torch.Tensor, kv_index: torch.Tensor, block_q: int, block_k: int,
+                scale: float, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 forward over quantized inputs ``x`` (from :func:`quantize`, or any :class:`Fp8Inputs` whose
+    v8 has unit token stride). Returns out (``like``'s dtype and layout, [B, H, N, D]) and lse float32
+    [B, H, N] (natural log)."""
+    if x.v8.stride(2) != 1 or x.q8.stride(-1) != 1 or x.k8.stride(-1) != 1:
+        raise ValueError("fp8_forward needs q8, k8 with unit head-dim stride and v8 with unit token stride "
+                         "(as made by quantize)")
+    b, h, n, d = x.q8.shape
+    m = x.k8.shape[2]
+    out = bf16._alloc(like)
+    lse = bf16._alloc(like, (b, h, n), torch.float32)
+    vt = x.v8.transpose(-1, -2)  # [B, H, D, M], tokens contiguous
+    use_tma = bf16._use_tma("fwd", x.k8, vt)
+    k_src, v_src = ((TensorDescriptor.from_tensor(x.k8, [1, 1, 16, d]), TensorDescriptor.from_tensor(vt, [1, 1, d, 16]))
+                    if use_tma else (x.k8, vt))
+    launch_tuned(
+        _bsa_fp8_fwd_kernel, lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h), (n, m, like.dtype, like.device),
+        x.q8, k_src, v_src, x.q_scale, x.k_scale, x.v_scale, x.k_mean, out, lse, kv_count, kv_index,
+        *x.q8.stride()[:3], *x.k8.stride()[:3], *vt.stride()[:3], *out.stride(),
+        *bf16._table_strides(kv_count, kv_index, b, h),
+        h, n, m, x.q_scale.shape[2], x.k_scale.shape[2], scale * LOG2E,
+        HEAD_DIM=d, BLOCK_D=bf16.padded_pow2(d), BLOCK_M=block_q, BLOCK_N=block_k, USE_TMA=use_tma,
+    )
+    return out, lse
+
+
+def triton_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
+                         kv_index: torch.Tensor, block_q: int, block_k: int,
+                         scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize` then :func:`fp8_forward`. q: [B, H, N, D], k, v: [B, H, M, D]; returns out [B, H, N, D]
+    (q's dtype) and lse float32 [B, H, N]."""
+    return fp8_forward(quantize(q, k, v, block_q, block_k), kv_count, kv_index, block_q, block_k, scale, q)
