@@ -335,3 +335,15 @@ def test_the_command_calibrates_from_prompts_through_the_pipeline(tmp_path):
     calibration = Calibration.load(tmp_path / "pipeline" / "sparse_calibration.json")
     assert calibration.inputs["prompts"] == ["a red cat runs", "blue ball rolls"]
     assert calibration.inputs["calls_per_layer"] == [4, 4]  # 2 prompts x 2 steps, no guidance pass
+
+
+def test_the_table_lists_heads_or_counts_them(calibration):
+    from sparsevid.eval.calibrate import calibration_table
+
+    calibration.choose(target_sparsity=0.5)
+    labels = calibration.summary()["labels"]
+    full, short = calibration_table(calibration).splitlines(), calibration_table(calibration, max_heads=1).splitlines()
+    assert len(full) == len(short) == 3 + 2  # header, 3 layers, overall
+    assert all(label in full[1] for label in labels[0])
+    counts = [int(part.split()[0]) for part in short[1].split("  ")[-1].split(";")[0].split(", ")]
+    assert sum(counts) == 2 and "sparsity" in short[1]

@@ -13,6 +13,7 @@ those measurements and makes the per-head ``SparseConfig``.
 """
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -215,13 +216,19 @@ def calibrate_heads(transformer: torch.nn.Module, forwards: Iterable[Callable[[]
                        inputs={**(inputs or {}), "calls_per_layer": list(meter.calls)})
 
 
-def calibration_table(calibration) -> str:
-    """A text table of a calibration's choice: per layer, each head's setting with its sparsity and error, the
-    layer's mean sparsity and error; the overall means last."""
+def calibration_table(calibration, max_heads: int = 8) -> str:
+    """A text table of a calibration's choice: per layer its mean sparsity and error, then each head's setting with
+    its sparsity and error (layers of more than ``max_heads`` heads: how many heads took each kind of setting and
+    their sparsity range); the overall means last."""
     summary = calibration.summary()
     lines = [f"{'layer':>5}  {'sparsity':>8}  {'error':>7}  heads (setting: sparsity / output error)"]
     for layer, (labels, sparsity, error) in enumerate(zip(summary["labels"], summary["sparsity"], summary["error"])):
-        heads = ", ".join(f"{label}: {s:.0%}/{e:.3f}" for label, s, e in zip(labels, sparsity, error))
+        if len(labels) <= max_heads:
+            heads = ", ".join(f"{label}: {s:.0%}/{e:.3f}" for label, s, e in zip(labels, sparsity, error))
+        else:
+            kinds = collections.Counter(label.split(" ")[0] for label in labels)
+            heads = (", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
+                     + f"; sparsity {min(sparsity):.0%}..{max(sparsity):.0%}")
         lines.append(f"{layer:>5}  {sum(sparsity) / len(sparsity):>8.1%}  {sum(error) / len(error):>7.4f}  {heads}")
     lines.append(f"{'all':>5}  {summary['mean_sparsity']:>8.1%}  {summary['mean_error']:>7.4f}  "
                  f"(mean exact attention mass kept {summary['mean_recall']:.3f})")

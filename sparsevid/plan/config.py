@@ -295,7 +295,8 @@ class SparseConfig:
 
     Args:
         rule, topk, topp: mask-prediction rule ("topk" | "topp" | "hybrid"); topk a fraction of key blocks
-            per query block (float in (0, 1]) or a count (int); topp a cumulative pooled-attention mass.
+            per query block (float in (0, 1]) or a count (int); topp a cumulative pooled-attention mass. Either
+            may be a list with one value per head (a constant budget; ``from_calibration`` makes such lists).
         block_q, block_k: tile sizes in tokens (64 or 128).
         backend: block-sparse attention backend ("auto" | "triton" | "flex" | "gather" | "reference").
         keep_sink, keep_diagonal, similarity_threshold, min_blocks: passed to ``predict_mask``.
@@ -316,6 +317,8 @@ class SparseConfig:
         num_train_timesteps: the timestep of pure noise ("snr"; 1000 for diffusers' flow-matching schedulers).
         refresh_interval: a layer's mask is predicted at one step and reused for the next
             ``refresh_interval - 1`` steps (1: a new mask every step).
+        calibrated_for: None, or {"family": adapter name, "heads": [heads of each self-attention layer]} of the
+            model a calibration was made for; ``apply_sparse_attention`` refuses another model (``check_model``).
         refresh_search: how a due refresh searches: "full" (predict over all tiles), "within" (only the tiles
             of the previous mask are candidates, ``predict_mask(within=...)``) or "exact" (choose among the
             previous mask's tiles by the exact tile masses its attention produced on the step before the
