@@ -347,3 +347,14 @@ def test_the_table_lists_heads_or_counts_them(calibration):
     assert all(label in full[1] for label in labels[0])
     counts = [int(part.split()[0]) for part in short[1].split("  ")[-1].split(";")[0].split(", ")]
     assert sum(counts) == 2 and "sparsity" in short[1]
+
+
+def test_a_calibration_file_is_a_config_spec_for_the_commands(calibration, tmp_path):
+    from sparsevid.plan import parse_config
+
+    calibration.choose(target_sparsity=0.5)
+    path = calibration.save(tmp_path / "sparse_calibration.json")
+    assert parse_config(str(path)) == calibration.config()
+    plain = tmp_path / "plain.json"
+    plain.write_text(sv.SparseConfig(topk=0.2).to_json())
+    assert parse_config(str(plain)) == sv.SparseConfig(topk=0.2)

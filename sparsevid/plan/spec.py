@@ -4,16 +4,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .calibration import FORMAT as CALIBRATION_FORMAT
 from .config import SparseConfig
 
 
 def parse_config(spec: str):
     """A SparseConfig from ``"rule=hybrid,topk=0.05,topp=0.9"`` (values parsed as JSON where possible,
-    e.g. ``dense_layers=[0,5]``) or from the path of a JSON file written by ``SparseConfig.to_json``."""
+    e.g. ``dense_layers=[0,5]``), from the path of a JSON file written by ``SparseConfig.to_json``, or from a
+    calibration file written by ``sparsevid calibrate`` (its saved choice, ``SparseConfig.from_calibration``)."""
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"config spec must be a non-empty string, got {spec!r}")
     if spec.endswith(".json"):
-        return SparseConfig.from_json(Path(spec).read_text())
+        data = json.loads(Path(spec).read_text())
+        if isinstance(data, dict) and data.get("format") == CALIBRATION_FORMAT:
+            return SparseConfig.from_calibration(spec)
+        return SparseConfig.from_dict(data)
     values = {}
     for item in _split_top_level(spec):
         if "=" not in item:
