@@ -358,3 +358,15 @@ def test_a_calibration_file_is_a_config_spec_for_the_commands(calibration, tmp_p
     plain = tmp_path / "plain.json"
     plain.write_text(sv.SparseConfig(topk=0.2).to_json())
     assert parse_config(str(plain)) == sv.SparseConfig(topk=0.2)
+
+
+def test_the_config_of_a_choice_per_layer(calibration):
+    topk = calibration.candidates.index(Candidate("topk", 0.5))
+    topp = calibration.candidates.index(Candidate("topp", 0.9))
+    calibration.choice = [[topk, topk], [0, 0], [topk, topp]]
+    overrides = calibration.config().layer_overrides
+    assert overrides[0] == {"rule": "hybrid", "topk": 0.5, "topp": 1e-6}  # one setting: scalars
+    assert overrides[1] == {"dense": True}
+    assert overrides[2] == {"rule": "hybrid", "topk": (0.5, 1e-6), "topp": (1e-6, 0.9)}
+    with pytest.raises(ValueError, match="come from the calibration"):
+        calibration.config(dense_layers=(1,))

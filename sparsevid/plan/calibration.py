@@ -15,7 +15,8 @@ the allocation is exact on the measured calls:
 
 Candidates are "dense", "topk" (a fraction of key blocks) and "topp" (a pooled mass); every head of a layer
 runs the "hybrid" rule with per-head ``topk`` and ``topp``, the part a candidate does not use set to
-:data:`OFF` (which keeps only a row's heaviest tile, kept by the other part anyway).
+:data:`OFF` (which keeps only a row's heaviest tile and its ties, kept by the other part anyway but for ties).
+What is measured is what the configuration applies.
 
 The file (JSON) is written beside the model: see ``docs/calibration.md`` for its fields.
 """
@@ -210,8 +211,8 @@ class Calibration:
     def config(self, target_sparsity: float | None = None, max_error: float | None = None,
                **fields) -> SparseConfig:
         """The SparseConfig of the stored choice (or of a new one for ``target_sparsity`` / ``max_error``):
-        per layer the hybrid rule with per-head ``topk`` and ``topp``, or dense where every head is; ``fields``:
-        further SparseConfig fields (not the per-layer ones)."""
+        per layer the hybrid rule with per-head ``topk`` and ``topp`` (scalars where every head took the same
+        setting), or dense where every head is; ``fields``: further SparseConfig fields (not the per-layer ones)."""
         choice = self._require(None) if target_sparsity is None and max_error is None else self.allocate(
             target_sparsity, max_error)
         taken = sorted(set(fields) & {"layer_overrides", "dense_layers", "calibrated_for"})
@@ -222,6 +223,9 @@ class Calibration:
             chosen = [self.candidates[c] for c in picks]
             if all(c.rule == "dense" for c in chosen):
                 overrides[layer] = {"dense": True}
+            elif len(set(chosen)) == 1:  # one setting for every head: scalar budgets (the scalar predictor path)
+                topk, topp = chosen[0].budgets
+                overrides[layer] = {"rule": "hybrid", "topk": topk, "topp": topp}
             else:
                 topk, topp = zip(*(c.budgets for c in chosen))
                 overrides[layer] = {"rule": "hybrid", "topk": list(topk), "topp": list(topp)}
