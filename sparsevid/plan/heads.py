@@ -2,8 +2,9 @@
 
 A plan's per-head budgets are CPU tensors [H] (``LayerPlan.predict_settings``); a call sees H' <= H heads (all of
 them, or under Ulysses context parallelism the slice ``heads`` of its rank) and predicts with that slice
-(``sparsevid.plan.reuse.predict_plan_mask``). Under torch.compile :func:`predict_heads_traced` is traced by ``torch.compile`` as the custom op ``sparsevid::predict_mask_per_head``, whose
-budgets are tensor arguments (the scalar op, ``torch.ops.sparsevid.predict_mask``, takes numbers only).
+(``sparsevid.plan.reuse.predict_plan_mask``). Under torch.compile the prediction is the custom op
+``sparsevid::predict_mask_per_head`` (:func:`predict_heads_traced`), whose budgets are tensor arguments (the
+scalar op, ``torch.ops.sparsevid.predict_mask``, takes numbers only).
 """
 from __future__ import annotations
 
