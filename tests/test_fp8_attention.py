@@ -110,14 +110,16 @@ def test_full_mask_emulation_against_dense():
     assert rel_err(out, dense) <= 0.08
 
 
+@pytest.mark.parametrize("tma", ["all", "none"])
 @pytest.mark.parametrize("shape", FP8_SHAPES[:3])
-def test_triton_kernel_interpreted_against_emulation(shape, nan_poisoned_outputs):
+def test_triton_kernel_interpreted_against_emulation(shape, tma, nan_poisoned_outputs, monkeypatch):
     """The kernel on quantized inputs from the PyTorch quantizer (V moved to the tokens-contiguous layout):
     its lse depends on the logits only, which match the emulation's up to fp32 rounding. Its output also
     rounds P to fp8, which the interpreter does wrongly (a value rounding up to a power of two loses the carry,
     127.2 -> 64): within 2x of the emulation's error there, exact on the GPU (test_attention_gpu.py)."""
-    from sparsevid.ops import triton_fp8_attention
+    from sparsevid.ops import triton_attention, triton_fp8_attention
 
+    monkeypatch.setattr(triton_attention, "TMA", triton_attention.tma_kernels(tma))  # descriptors or pointers
     b, h, n, m, d, block_q, block_k = shape
     q, k, v = _inputs(b, h, n, m, d)
     mask = _mask(b, h, n, m, block_q, block_k)

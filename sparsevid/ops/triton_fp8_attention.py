@@ -173,6 +173,9 @@ def _bsa_fp8_fwd_kernel(Q, K, V, QScale, KScale, VScale, KMean, Out, Lse, KvCoun
                   mask=m_tile, other=0.0)
     q_scale = tl.load(QScale + pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block)
     qk_scale = q_scale * scale_log2
+    # Smoothing takes q . k_mean off every logit of a row (base 2 here): the log-sum-exp gets it back.
+    b_mean = tl.load(KMean + pid_bh * HEAD_DIM + o_d, mask=m_d, other=0.0)
+    b_shift = tl.sum(b_q.to(tl.float32) * b_mean[None, :], 1) * qk_scale
     p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
     k_src = _rows_source(K, i_b, i_h, stride_kb, stride_kh, USE_TMA)
     v_src = _rows_source(V, i_b, i_h, stride_vb, stride_vh, USE_TMA)
@@ -203,9 +206,6 @@ def _bsa_fp8_fwd_kernel(Q, K, V, QScale, KScale, VScale, KMean, Out, Lse, KvCoun
     b_out = b_acc * (b_vscale / _P_SCALE)[None, :] / tl.where(has_keys, b_l, 1.0)[:, None]
     p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :] * stride_od
     tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_tile)
-    # Smoothing took q . k_mean off every logit of a row: the log-sum-exp gets it back.
-    b_mean = tl.load(KMean + pid_bh * HEAD_DIM + o_d, mask=m_d, other=0.0)
-    b_shift = tl.sum(b_q.to(tl.float32) * b_mean[None, :], 1) * qk_scale
     b_lse = tl.where(has_keys, (b_m + tl.math.log2(tl.where(has_keys, b_l, 1.0)) + b_shift) * _LN2,
                      float("-inf"))
     tl.store(Lse + pid_bh.to(tl.int64) * N + o_m, b_lse, mask=o_m < N)
