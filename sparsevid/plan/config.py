@@ -317,12 +317,12 @@ class SparseConfig:
         num_train_timesteps: the timestep of pure noise ("snr"; 1000 for diffusers' flow-matching schedulers).
         refresh_interval: a layer's mask is predicted at one step and reused for the next
             ``refresh_interval - 1`` steps (1: a new mask every step).
-        calibrated_for: None, or {"family": adapter name, "heads": [heads of each self-attention layer]} of the
-            model a calibration was made for; ``apply_sparse_attention`` refuses another model (``check_model``).
         refresh_search: how a due refresh searches: "full" (predict over all tiles), "within" (only the tiles
             of the previous mask are candidates, ``predict_mask(within=...)``) or "exact" (choose among the
             previous mask's tiles by the exact tile masses its attention produced on the step before the
             refresh; Triton / gather / reference backends, inference only; otherwise as "within").
+        calibrated_for: None, or {"family": adapter name, "heads": [heads of each self-attention layer]} of the
+            model a calibration was made for; ``apply_sparse_attention`` refuses another model (``check_model``).
 
     The mask settings (``rule`` ... ``refresh_search``, the first fields) are declared once, in
     ``MASK_SETTINGS``; the rest say where and when they apply.
@@ -458,8 +458,8 @@ class SparseConfig:
         calibrated for (``calibrated_for``), or per-head budgets of another length than their layer's heads."""
         made = self.calibrated_for
         if made is not None:
-            where = f"this configuration was calibrated for a {made['family']} transformer with {len(made['heads'])} " \
-                    f"self-attention layers"
+            where = (f"this configuration was calibrated for a {made['family']} transformer with "
+                     f"{len(made['heads'])} self-attention layers")
             if made["family"] != family:
                 raise ValueError(f"{where}, not for a {family} transformer")
             if len(made["heads"]) != len(heads):
