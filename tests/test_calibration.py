@@ -374,3 +374,10 @@ def test_the_config_of_a_choice_per_layer(calibration):
     assert overrides[2] == {"rule": "hybrid", "topk": (0.5, 1e-6), "topp": (1e-6, 0.9)}
     with pytest.raises(ValueError, match="come from the calibration"):
         calibration.config(dense_layers=(1,))
+
+
+def test_joint_text_video_attention_is_refused_when_calibrating():
+    model, inputs = build("hunyuan_video")
+    with pytest.raises(ValueError, match="video-only self-attention"):
+        calibrate_heads(model, [lambda: model(**inputs)], backend="reference", **BLOCKS)
+    assert not any(hook for hook in model._forward_pre_hooks.values())  # the recorder's hooks are gone
