@@ -30,16 +30,16 @@ from .run_info import run_metadata
 TARGET_COSINE, TARGET_REL_L1 = 0.999, 0.03
 
 
-def video_like_inputs(b, h, n, m, d, outlier: bool = False, generator=None):
-    """q [B, H, N, D], k, v [B, H, M, D] in bf16 on CUDA, made like a video DiT's: a smooth latent sequence
+def video_like_inputs(b, h, n, m, d, outlier: bool = False, generator=None, device="cuda"):
+    """q [B, H, N, D], k, v [B, H, M, D] in bf16 on ``device``, made like a video DiT's: a smooth latent sequence
     (64 channels, a running mean over 9 tokens) through random projections, plus noise; with ``outlier`` a large
     token-shared offset on three K channels and one V channel 30x wider."""
     def latent(t):
-        x = torch.randn(b * 64, 1, t + 8, device="cuda", generator=generator)
+        x = torch.randn(b * 64, 1, t + 8, device=device, generator=generator)
         return torch.nn.functional.avg_pool1d(x, 9, 1).view(b, 1, 64, t).transpose(-1, -2) * 3
     xq, xkv = latent(n), latent(m)
-    w = [torch.randn(64, d, device="cuda", generator=generator) / 8 for _ in range(3)]
-    noise = [torch.randn(b, h, t, d, device="cuda", generator=generator) * 0.3 for t in (n, m, m)]
+    w = [torch.randn(64, d, device=device, generator=generator) / 8 for _ in range(3)]
+    noise = [torch.randn(b, h, t, d, device=device, generator=generator) * 0.3 for t in (n, m, m)]
     q, k, v = xq @ w[0] + noise[0], xkv @ w[1] + noise[1], xkv @ w[2] + noise[2]
     if outlier:
         k[..., :3] += 20.0
