@@ -1,0 +1,77 @@
+"""The FP8 kernels compile for a Hopper GPU (sm_90) on any machine, and their products are e4m3 tensor-core
+instructions (wgmma). The interpreter (the CPU tests) runs the Python body and accepts what the GPU compiler may
+reject, so each variant is compiled for the real target in a subprocess with the interpreter off: every
+autotuning config of the forward for a 128x64 mask, with and without tensor descriptors, and the quantizer's
+three modes.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+
+QUANT_MODES = ({"PER_CHANNEL": False, "HAS_MEAN": False, "BLOCK": 128},   # q
+               {"PER_CHANNEL": False, "HAS_MEAN": True, "BLOCK": 64},     # k
+               {"PER_CHANNEL": True, "HAS_MEAN": False, "BLOCK": 64})     # v
+
+
+def _type(name: str, constexprs: dict, sub: int, use_tma: bool, out: str) -> str:
+    """The argument types of the FP8 kernels: fp8 Q/K/V (V as a [B, H, D, M] descriptor), bf16 X, ``out`` for
+    Out, fp32 scales and statistics, int32 tables and sizes."""
+    if name == "Out":
+        return out
+    if name in constexprs:
+        return "constexpr"
+    if name in ("K", "V") and use_tma:
+        box = [1, 1, sub, 128] if name == "K" else [1, 1, 128, sub]
+        return f"tensordesc<fp8e4nv{box}>"
+    types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "X": "*bf16", "KvCount": "*i32",
+             "KvIndex": "*i32", "scale_log2": "fp32"}
+    if name in types:
+        return types[name]
+    return "*fp32" if name[0].isupper() and name not in ("H", "N", "M", "T") and not name.startswith("NUM") else "i32"
+
+
+def compile_all() -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from sparsevid.ops import triton_fp8_attention as t8
+
+    def build(fn, constexprs, out, sub=0, use_tma=False, num_warps=4, num_stages=2):
+        names = inspect.signature(fn.fn).parameters
+        signature = {name: _type(name, constexprs, sub, use_tma, out) for name in names}
+        return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
+                                                                         "num_stages": num_stages})
+
+    for mode in QUANT_MODES:
+        build(t8._fp8_quant_kernel, {"HEAD_DIM": 128, "BLOCK_D": 128, **mode}, "*fp8e4nv", num_warps=8)
+        print("compiled quant", mode)
+    fwd = t8._bsa_fp8_fwd_kernel
+    for config in fwd.configs:
+        if config.kwargs["SUB_N"] > 64:
+            continue  # pruned for 64-key blocks
+        for use_tma in (False, True):
+            constexprs = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 64, "USE_TMA": use_tma,
+                          **config.kwargs}
+            kernel = build(fwd.fn, constexprs, "*bf16", config.kwargs["SUB_N"], use_tma, config.num_warps,
+                           config.num_stages)
+            ptx = kernel.asm["ptx"]
+            print("compiled fwd", config.kwargs, config.num_warps, config.num_stages, use_tma,
+                  "e4m3-wgmma" if "f32.e4m3.e4m3" in ptx and "wgmma.mma_async" in ptx else "no-e4m3-wgmma")
+
+
+def test_fp8_kernels_compile_for_sm90_with_e4m3_wgmma():
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SPARSEVID_AUTOTUNE")}
+    done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("compiled quant") == len(QUANT_MODES), done.stdout
+    forwards = [line for line in done.stdout.splitlines() if line.startswith("compiled fwd")]
+    assert len(forwards) >= 8 and all(line.endswith("e4m3-wgmma") for line in forwards), done.stdout
+
+
+if __name__ == "__main__":
+    compile_all()
