@@ -83,3 +83,12 @@ def test_families_that_tile_per_layer_keep_the_forward_in_raster_order(name):
     _run(model, inputs)
     assert sv.forward_stats(model)["tile"] is None
     assert all(0.3 < s["sparsity"] and s["reorder_ms"] > 0 for s in sv.attention_stats(model))
+
+
+@pytest.mark.parametrize("name, objective", [("consisid", "v_prediction"), ("cosmos", "edm"), ("allegro", "ddpm")])
+def test_training_refuses_families_not_trained_by_flow_matching(name, objective):
+    from sparsevid.training.velocity import check_flow_family
+
+    model, _ = build(name)
+    with pytest.raises(TypeError, match=objective):
+        check_flow_family(model)

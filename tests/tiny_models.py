@@ -294,18 +294,16 @@ def hunyuan_video_framepack(**config):
     return model, inputs
 
 
-MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox, "chronoedit": chronoedit,
-          "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx,
-          "hunyuan_video15": hunyuan_video15, "wan_animate": wan_animate,
-          "consisid": consisid, "easyanimate": easyanimate,
-          "cosmos": cosmos, "motif_video": motif_video, "kandinsky5": kandinsky5,
+MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox,
+          "chronoedit": chronoedit, "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx,
+          "hunyuan_video15": hunyuan_video15, "wan_animate": wan_animate, "consisid": consisid,
+          "easyanimate": easyanimate, "cosmos": cosmos, "motif_video": motif_video, "kandinsky5": kandinsky5,
           "allegro": allegro, "ltx2": ltx2, "kandinsky6": kandinsky6,
           "hunyuan_video_framepack": hunyuan_video_framepack}
-VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10, "chronoedit": 4 * 8 * 10,
-                "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10,
-                "hunyuan_video15": 3 * 10 * 10, "wan_animate": 4 * 8 * 10,
-                "consisid": 4 * 8 * 10, "easyanimate": 4 * 8 * 10,
-                "cosmos": 4 * 8 * 10, "motif_video": 3 * 10 * 10, "kandinsky5": 4 * 8 * 10,
+VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10,
+                "chronoedit": 4 * 8 * 10, "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10,
+                "hunyuan_video15": 3 * 10 * 10, "wan_animate": 4 * 8 * 10, "consisid": 4 * 8 * 10,
+                "easyanimate": 4 * 8 * 10, "cosmos": 4 * 8 * 10, "motif_video": 3 * 10 * 10, "kandinsky5": 4 * 8 * 10,
                 "allegro": 4 * 8 * 10, "ltx2": 4 * 8 * 10, "kandinsky6": 4 * 8 * 10,
                 "hunyuan_video_framepack": 228 + 3 * 8 * 12}
 

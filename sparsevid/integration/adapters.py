@@ -174,9 +174,9 @@ ADAPTERS = (
     # video tokens [B, N, C]), so every sparse layer tiles its own q, k, v.
     ModelAdapter("easyanimate", "EasyAnimateTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
                  text_first=True, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never),
-    # Cosmos (Predict 1 and 2): its patch embedding is channels-last [B, T, H, W, C] and video-to-world passes a per-frame
-    # timestep [B, 1, T, 1, 1] that the forward expands per token: every sparse layer tiles its own q, k, v. Predict 1
-    # was trained with EDM preconditioning (sparsevid's training path takes flow families only).
+    # Cosmos (Predict 1 and 2): its patch embedding is channels-last [B, T, H, W, C] and video-to-world passes a
+    # per-frame timestep [B, 1, T, 1, 1] that the forward expands per token: every sparse layer tiles its own q, k, v.
+    # Predict 1 was trained with EDM preconditioning (sparsevid's training path takes flow families only).
     ModelAdapter("cosmos", "CosmosTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
                  text_first=False, patch_sizes=_wan_patch, token_sites=(), reorders_forward=_never, objective="edm"),
     # Kandinsky 5: channels-last latents [B, T, H, W, C], flattened inside the forward (in raster order, or in 8x8
@@ -192,7 +192,8 @@ ADAPTERS = (
                  objective="ddpm"),
     # LTX-2 (audio and video): its video self-attentions become sparse (audio, text and audio-video attentions stay
     # dense). Tokens [B, N, C] with the grid as arguments as LTX; per-token inputs (timestep, keyframe marks, a video
-    # self-attention mask) and the audio-video attention's video RoPE are many: every sparse layer tiles its own q, k, v.
+    # self-attention mask) and the audio-video attention's video RoPE are many: every sparse layer tiles its own
+    # q, k, v.
     ModelAdapter("ltx2", "LTX2VideoTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
                  text_first=False, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never,
                  grid_arguments=("num_frames", "height", "width")),
@@ -242,6 +243,11 @@ UNSUPPORTED = {
     "LatteTransformer3DModel": "its attention is factorised into per-frame spatial and per-position temporal "
                                "attentions (each a short sequence): there is no space-time self-attention to tile",
 }
+
+
+def latent_families() -> set[str]:
+    """The names of the latent spaces (VAE and text encoder) of the supported families' pipelines."""
+    return {adapter.latents or adapter.name for adapter in ADAPTERS}
 
 
 def adapter_for(transformer) -> ModelAdapter:
