@@ -19,8 +19,8 @@ from .fp8_reference import fp8_reference_attention
 from .gather_attention import gather_block_sparse_attention
 from .mask import SparseMask
 from .reference import reference_block_sparse_attention
-from .validation import (check_backend, check_head_tensors, check_scale, check_triton_inputs, grad_requested,
-                         resolve_auto)
+from .validation import (check_backend, check_choice, check_head_tensors, check_scale, check_triton_inputs,
+                         grad_requested, resolve_auto)
 
 BACKENDS = ("auto", "triton", "flex", "gather", "reference")
 # "native": products in the inputs' dtype (tensor cores for half types); "fp8": e4m3 products (forward only,
@@ -220,12 +220,8 @@ def resolve_backend(backend: str, q: torch.Tensor) -> str:
     return resolve_auto(backend, q, "gather")
 
 
-def _check_precision(precision, backend: str, q, k, v, return_tile_mass: bool) -> None:
+def _check_fp8_request(backend: str, q, k, v, return_tile_mass: bool) -> None:
     """Clear errors for what precision='fp8' cannot do, before anything runs (backend already resolved)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "native":
-        return
     if backend not in FP8_BACKENDS:
         raise ValueError(f"precision='fp8' runs on the backends {FP8_BACKENDS[1:]} (or 'auto'), got {backend!r}")
     if grad_requested(q, k, v):
@@ -295,15 +291,16 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     "gather" and "reference" (any device) differentiate everywhere; "flex" only on CUDA and only for 128x128 blocks
     (ValueError otherwise, before any kernel runs).
     """
+    check_choice("precision", precision, PRECISIONS)
+    # With fp8 the backend is checked against the fp8 backends below (the native checks would not apply).
     _check_inputs(q, k, v, mask, scale, backend if precision == "native" else "auto")
     _check_flags(return_lse, return_tile_mass)
     scale = float(scale) if scale is not None else q.shape[-1] ** -0.5
     if precision == "fp8":
         backend = resolve_fp8_backend(backend, q)
-        _check_precision(precision, backend, q, k, v, return_tile_mass)
+        _check_fp8_request(backend, q, k, v, return_tile_mass)
         out, lse = _fp8_backend(q, k, v, mask, scale, backend)
         return (out, lse) if return_lse else out
-    _check_precision(precision, backend, q, k, v, return_tile_mass)
     backend = resolve_backend(backend, q)
     _check_tile_mass_request(return_tile_mass, backend, q, k, v)
     if backend == "triton":
