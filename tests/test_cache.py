@@ -193,6 +193,15 @@ def test_synthetic_clips_are_the_pipelines_own_samples(pipeline_dir, tmp_path, c
                     guidance_scale=5.0, output_type="latent", generator=sample_generator(0, 2, STREAM_TEACHER)).frames
     row = next(i for i in range(3) if data.sample(i) == 2)
     assert torch.allclose(data.batch([row]).latents, expected, atol=1e-6)
+    # Two clips per pipeline call: the same clips (each keeps its own generator), up to float32 batch arithmetic.
+    assert main(["cache", "--pipeline", str(pipeline_dir), "--synthetic", "3", "--prompts", str(prompts),
+                 "--out", str(tmp_path / "batched"), "--height", "32", "--width", "32", "--frames", "5", "--steps", "2",
+                 "--batch-size", "2", "--device", "cpu"]) == 0
+    batched = LatentDirectory(tmp_path / "batched")
+    assert json.loads((tmp_path / "batched" / "index.json").read_text())["samples"] == index["samples"]
+    for sample in range(3):
+        rows = [next(i for i in range(3) if folder.sample(i) == sample) for folder in (data, batched)]
+        assert torch.allclose(batched.batch([rows[1]]).latents, data.batch([rows[0]]).latents, atol=1e-5)
     assert main(["cache", "--pipeline", str(pipeline_dir), "--synthetic", "3", "--out", str(out), "--device",
                  "cpu"]) == 2
     assert main(["cache", "--pipeline", str(tmp_path / "nothing"), "--synthetic", "3", "--prompts", str(prompts),

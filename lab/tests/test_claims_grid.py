@@ -237,3 +237,33 @@ def test_students_train_at_the_teachers_shift_unless_told(tmp_path):
     assert "time shift" not in grid_markdown(report)
     report["settings"]["train_shift"] = 5.0
     assert "noise levels drawn at time shift 5.0. Judged on" in grid_markdown(report)
+
+
+def test_synthetic_arm_trains_on_the_teachers_own_samples_cached_by_the_library(tmp_path):
+    """--fine-tune-on synthetic: --part cache writes the teacher's dense samples of the slice's captions through
+    sparsevid.data.cache_synthetic (a latent shard folder with the caption states), and the students train on it."""
+    import torch
+
+    from sparsevid.training import STREAM_TEACHER, LatentDirectory, sample_generator
+    from sparsevid_lab.data.sources import ProceduralSource
+    from sparsevid_lab.model.pipeline import builtin_encoder
+
+    args = ["--out", str(tmp_path), "--fine-tune-on", "synthetic", "--cache-batch", "2", "--objectives", "distill",
+            *TINY]
+    assert claims_grid.main([*args, "--part", "calibrate", "cache", "train"]) == 0
+    grid = claims_grid.Grid(claims_grid.parse_args([*args, "--part", "plan"]))
+    teacher = grid.teacher()
+    data = LatentDirectory(tmp_path / "synthetic", seed=1)  # the data seed orders the folder as it did the clips
+    index = json.loads((tmp_path / "synthetic" / "index.json").read_text())
+    captions = ProceduralSource(grid.data_slice(teacher), seed=1, clips=2).captions(range(2))
+    assert [s["caption"] for s in index["samples"]] == captions and index["settings"]["family"] == "builtin"
+    assert data.latent_shape == teacher.clip_shape and data.text_shape[-1] == teacher.config["caption_encoder"]["dim"]
+    encoder = builtin_encoder(teacher)
+    alone = encoder.pipe(prompt=captions[1:], height=teacher.clip_shape[2], width=teacher.clip_shape[3],
+                         num_frames=teacher.clip_shape[1], num_inference_steps=2,
+                         guidance_scale=teacher.config["sampling"]["guidance"], output_type="latent",
+                         generator=[sample_generator(1, 1, STREAM_TEACHER)]).frames
+    row = next(i for i in range(2) if data.sample(i) == 1)
+    assert torch.allclose(data.batch([row]).latents, alone, atol=1e-4)  # batch of 2 vs alone: float32 arithmetic
+    trained = json.loads((tmp_path / "students" / "distill_hybrid_75" / "eval.json").read_text())["training"]
+    assert trained["data"] == data.describe()  # the students read the shard folder

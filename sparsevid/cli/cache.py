@@ -33,6 +33,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--steps", type=positive_int_arg, default=50, help="with --synthetic: sampling steps")
     p.add_argument("--guidance", type=float, default=5.0, help="with --synthetic: classifier-free guidance scale")
     p.add_argument("--seed", type=int, default=0, help="with --synthetic: seed of the clips' noise")
+    p.add_argument("--batch-size", type=positive_int_arg, default=1,
+                   help="with --synthetic: clips sampled per pipeline call (the clips do not depend on it)")
     p.add_argument("--shard-size", type=positive_int_arg, default=16, help="samples per shard file")
     p.add_argument("--device", type=device_arg, default=default_device(), help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", choices=DTYPES, default=None,
@@ -59,7 +61,8 @@ def run(args) -> int:
                                transformer=args.synthetic is not None)
         if args.synthetic is not None:
             report = cache_synthetic(encoder, prompts, args.synthetic, args.out, args.height, args.width, args.frames,
-                                     args.steps, args.guidance, args.seed, args.shard_size)
+                                     args.steps, args.guidance, args.seed, args.shard_size,
+                                     batch_size=args.batch_size)
         else:
             report = cache_videos(encoder, items, args.out, args.height, args.width, args.frames, args.fps,
                                   args.shard_size)

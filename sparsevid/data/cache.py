@@ -25,12 +25,13 @@ class Encoder:
     """A diffusers video pipeline with its family: videos and prompts to the inputs of its transformer.
 
     ``spatial``: input pixels per token side (the VAE's spatial factor times the transformer's patch);
-    ``temporal``: the VAE's frame compression (a clip has ``k * temporal + 1`` frames).
+    ``temporal``: the VAE's frame compression (a clip has ``k * temporal + 1`` frames). A pipeline of a model that
+    works in pixel space says so with both VAE factors 1.
     """
 
     def __init__(self, pipe, family: Family, transformer_config: dict, source: str):
         self.pipe, self.family, self.source = pipe, family, source
-        self.device = torch.device(pipe.device)
+        self.device, self.dtype = torch.device(pipe.device), pipe.dtype
         self.temporal = int(pipe.vae_scale_factor_temporal)
         self.spatial = int(pipe.vae_scale_factor_spatial) * family.patch(transformer_config)
 
@@ -136,47 +137,59 @@ def cache_videos(encoder: Encoder, items: list[VideoItem], out: str | Path, heig
         return {"latents": encoder.latents(fit(clip.frames[:length], *size)), "text": text, "text_mask": mask,
                 "metadata": metadata}
 
-    jobs = [(item.source, lambda item=item: sample(item)) for item in items]
-    return _fill(encoder, out, settings, jobs, shard_size, progress, log)
+    by_source = {item.source: item for item in items}
+    return _fill(encoder, out, settings, list(by_source), lambda sources: [sample(by_source[sources[0]])], 1,
+                 shard_size, progress, log)
 
 
 def cache_synthetic(encoder: Encoder, prompts: list[str], count: int, out: str | Path, height: int, width: int,
                     frames: int, steps: int = 50, guidance: float = 5.0, seed: int = 0, shard_size: int = 16,
-                    progress: bool = True, log: Callable[[str], None] | None = None) -> CacheReport:
+                    progress: bool = True, log: Callable[[str], None] | None = None,
+                    batch_size: int = 1) -> CacheReport:
     """Sample ``count`` clips from the pipeline itself (its own distribution, the dense teacher's) into ``out``:
     clip ``i`` has prompt ``prompts[i % len(prompts)]`` and noise seeded by (``seed``, ``i``), ``steps`` sampling
-    steps at guidance ``guidance``; the latents are what the sampler ends with (``output_type="latent"``)."""
+    steps at guidance ``guidance``; the latents are what the sampler ends with (``output_type="latent"``).
+    ``batch_size`` clips are sampled per pipeline call (each from its own generator: the clips do not depend on it)."""
     if not prompts:
         raise ValueError("--prompts: no prompts (one per line)")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if getattr(encoder.pipe, "transformer", None) is None:
         raise ValueError("sampling needs the pipeline's transformer: load_encoder(..., transformer=True)")
     encoder.check(height, width, frames)
     settings = _settings(encoder, "synthetic", height=height, width=width, frames=frames, steps=steps,
                          guidance=guidance, seed=seed)
 
-    def sample(index: int) -> dict:
-        prompt = prompts[index % len(prompts)]
-        result = encoder.pipe(prompt=prompt, height=height, width=width, num_frames=frames,
+    def samples(sources: list[str]) -> list[dict]:
+        indices = [int(source.split(":")[1]) for source in sources]
+        texts = [prompts[i % len(prompts)] for i in indices]
+        result = encoder.pipe(prompt=texts, height=height, width=width, num_frames=frames,
                               num_inference_steps=steps, guidance_scale=guidance, output_type="latent",
-                              generator=sample_generator(seed, index, STREAM_TEACHER))
-        text, mask, tokens = encoder.prompt(prompt)
-        metadata = {"source": f"synthetic:{index}", "caption": prompt, "height": height, "width": width,
-                    "frames": frames, "fps": None, "prompt_tokens": tokens}
-        return {"latents": result.frames[0].float().cpu(), "text": text, "text_mask": mask, "metadata": metadata}
+                              generator=[sample_generator(seed, i, STREAM_TEACHER) for i in indices])
+        made = []
+        for row, (source, prompt) in enumerate(zip(sources, texts)):
+            text, mask, tokens = encoder.prompt(prompt)
+            metadata = {"source": source, "caption": prompt, "height": height, "width": width, "frames": frames,
+                        "fps": None, "prompt_tokens": tokens}
+            made.append({"latents": result.frames[row].float().cpu(), "text": text, "text_mask": mask,
+                         "metadata": metadata})
+        return made
 
-    jobs = [(f"synthetic:{i}", lambda i=i: sample(i)) for i in range(count)]
-    return _fill(encoder, out, settings, jobs, shard_size, progress, log)
+    return _fill(encoder, out, settings, [f"synthetic:{i}" for i in range(count)], samples, batch_size, shard_size,
+                 progress, log)
 
 
 def _settings(encoder: Encoder, mode: str, **options) -> dict:
     """What the folder's samples are made with: a resumed run must use the same."""
     return {"pipeline": encoder.source, "family": encoder.family.name, "mode": mode,
-            "text_length": encoder.family.text_length, "dtype": str(encoder.pipe.vae.dtype), **options}
+            "text_length": encoder.family.text_length, "dtype": str(encoder.dtype), **options}
 
 
-def _fill(encoder: Encoder, out: str | Path, settings: dict, jobs: list[tuple[str, Callable[[], dict]]],
-          shard_size: int, progress: bool, log: Callable[[str], None] | None) -> CacheReport:
-    """Run the ``jobs`` ((source, make sample)) not yet in ``out``, skipping (and reporting) unusable items."""
+def _fill(encoder: Encoder, out: str | Path, settings: dict, sources: list[str],
+          make: Callable[[list[str]], list[dict]], batch_size: int, shard_size: int, progress: bool,
+          log: Callable[[str], None] | None) -> CacheReport:
+    """Make the samples of ``sources`` not yet in ``out``, ``batch_size`` at a time (``make(sources)`` -> one sample
+    per source), skipping and reporting an unusable item (``UnusableItem``; ``batch_size`` 1)."""
     from tqdm import tqdm
 
     start = time.perf_counter()
@@ -185,17 +198,21 @@ def _fill(encoder: Encoder, out: str | Path, settings: dict, jobs: list[tuple[st
         text, mask, _ = encoder.prompt("")
         write_null_text(out, text, mask)
     done = writer.done
-    todo = [(source, make) for source, make in jobs if source not in done]
+    todo = [source for source in sources if source not in done]
     log = log or tqdm.write
     written = 0
-    with writer, tqdm(total=len(jobs), initial=len(jobs) - len(todo), unit="clip", desc="cache",
+    with writer, tqdm(total=len(sources), initial=len(sources) - len(todo), unit="clip", desc="cache",
                       disable=not progress) as bar:
-        for source, make in todo:
+        for first in range(0, len(todo), batch_size):
+            batch = todo[first:first + batch_size]
             try:
-                writer.add(**make())
-                written += 1
+                made = make(batch)
             except UnusableItem as reason:
-                writer.skip(source, str(reason))
-                log(f"skipped {source}: {reason}")
-            bar.update()
+                writer.skip(batch[0], str(reason))
+                log(f"skipped {batch[0]}: {reason}")
+                made = []
+            for sample in made:
+                writer.add(**sample)
+                written += 1
+            bar.update(len(batch))
     return CacheReport(written, writer.count, list(writer.index["skipped"]), time.perf_counter() - start)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..integration import adapter_for, apply_sparse_attention, is_sparse, reset_denoising_step
+from ..integration.adapters import latent_families
 from ..plan import SparseConfig
 from .distributed import is_main_process, setup, wrap
 from .draws import STREAM_NOISE, sample_generator
@@ -155,12 +156,13 @@ class Draws:
 
 
 def check_source(transformer: torch.nn.Module, source) -> None:
-    """ValueError when ``source``'s samples do not fit ``transformer`` (the family whose pipeline cached them,
-    latent channels, text width)."""
+    """ValueError when ``source``'s samples do not fit ``transformer``: the family whose pipeline cached them (when it
+    is one sparsevid knows; a pipeline of one's own, such as a pixel-space model's, is judged by the shapes alone),
+    latent channels, text width."""
     adapter = adapter_for(transformer)
     made_by = getattr(source, "settings", {}).get("family")
     takes = adapter.latents or adapter.name
-    if made_by is not None and made_by != takes:
+    if made_by in latent_families() and made_by != takes:
         raise ValueError(f"the data were cached by a {made_by!r} pipeline, but the {type(transformer).__name__} "
                          f"takes {takes!r} latents and text states: data made for another model")
     config = transformer.config

@@ -152,6 +152,20 @@ class Grid:
         ``--fine-tune-on full``, the model's whole procedural distribution (data like pre-training)."""
         return model.data if self.args.fine_tune_on == "full" else self.data_slice(model)
 
+    def fine_tuning_source(self, model):
+        """The students' latent source: the procedural clips of :meth:`fine_tuning_data` (through the caption
+        encoder), or with ``--fine-tune-on synthetic`` the shard folder ``--part cache`` wrote (the teacher's own
+        samples of the slice's captions, made by ``sparsevid.data.cache_synthetic``)."""
+        from sparsevid.training import LatentDirectory
+
+        from ..data.sources import ProceduralSource
+        from ..model.builtin import CaptionedClips
+
+        a = self.args
+        if a.fine_tune_on == "synthetic":
+            return LatentDirectory(self.path("synthetic"), seed=a.data_seed)
+        return CaptionedClips(model, ProceduralSource(self.fine_tuning_data(model), seed=a.data_seed, clips=a.clips))
+
     def training_shift(self, teacher) -> float:
         """Time shift of the students' training noise levels: ``--train-shift``, else the teacher's pre-training
         one (the sampler's, 5 for the shipped model, puts most of its steps at higher noise levels)."""
@@ -313,8 +327,7 @@ def train_student(grid: Grid, student: dict, sparse) -> bool:
     from sparsevid import load_student, remove_sparse_attention
     from sparsevid.training import STUDENT_CONFIG, STUDENT_WEIGHTS, DistillConfig, LoopConfig, distill
 
-    from ..data.sources import ProceduralSource
-    from ..model.builtin import CaptionedClips, pretraining_noise
+    from ..model.builtin import pretraining_noise
 
     a, name = grid.args, student["name"]
     model = grid.teacher(torch.float32)
@@ -325,11 +338,11 @@ def train_student(grid: Grid, student: dict, sparse) -> bool:
     loop = LoopConfig(lr=a.lr, warmup_steps=a.warmup, ema_decay=None, max_steps=a.steps, weight_decay=0.0,
                       bf16=True, log_every=max(1, a.steps // 10), checkpoint_every=max(1, a.steps // 4),
                       stop_at=stop_at)
-    clips = ProceduralSource(grid.fine_tuning_data(model), seed=a.data_seed, clips=a.clips)
+    source = grid.fine_tuning_source(model)
     work = grid.path("work", name)
     done_before = _state_step(work)
-    result = distill(model.transformer, CaptionedClips(model, clips), config, loop, out=work, resume=True,
-                     device=grid.device, extra={"student": name})
+    result = distill(model.transformer, source, config, loop, out=work, resume=True, device=grid.device,
+                     extra={"student": name})
     if not result.finished:
         return False
     trained = result.steps - done_before
@@ -339,7 +352,7 @@ def train_student(grid: Grid, student: dict, sparse) -> bool:
     summary = {**student, "steps": result.steps, "batch": a.batch, "clips": a.clips, "lr": a.lr,
                "trainable": a.trainable, "seconds": round(result.seconds, 1),
                "first_loss": _mean([r["loss"] for r in rows[:10]]), "last_loss": _mean([r["loss"] for r in rows[-10:]]),
-               "data": clips.describe()}
+               "data": source.describe()}
     if sparse is not None:
         folder = grid.path("students", name)
         folder.mkdir(parents=True, exist_ok=True)
@@ -514,7 +527,30 @@ def part_plan(grid: Grid) -> None:
           f"~{entries * grid.eval_seconds() / 60:.1f} min")
 
 
-PARTS = {"plan": part_plan, "calibrate": part_calibrate, "train": part_train, "evaluate": part_evaluate,
+def part_cache(grid: Grid) -> None:
+    """``--fine-tune-on synthetic``: sample the teacher densely for the captions of the slice arm's ``--clips``
+    fine-tuning clips (same data seed) into OUT/synthetic, with ``sparsevid.data.cache_synthetic`` (resumable: a
+    call continues the clips the last one did not reach)."""
+    from sparsevid.data import cache_synthetic
+
+    from ..data.sources import ProceduralSource
+    from ..model.pipeline import builtin_encoder
+
+    a = grid.args
+    if a.fine_tune_on != "synthetic":
+        raise ValueError("--part cache makes the data of --fine-tune-on synthetic")
+    teacher = grid.teacher()
+    captions = ProceduralSource(grid.data_slice(teacher), seed=a.data_seed, clips=a.clips).captions(range(a.clips))
+    frames, height, width = teacher.clip_shape[1:]
+    sampling = teacher.config["sampling"]
+    report = cache_synthetic(builtin_encoder(teacher), captions, a.clips, grid.path("synthetic"), height, width,
+                             frames, steps=a.sample_steps or sampling["steps"], guidance=a.guidance or
+                             sampling["guidance"], seed=a.data_seed, batch_size=a.cache_batch)
+    print(f"cache: {report.written} clips sampled in {report.seconds:.0f} s ({report.clips_per_second:.2f} clips/s); "
+          f"{report.total} of {a.clips} in {grid.path('synthetic')}")
+
+
+PARTS = {"plan": part_plan, "cache": part_cache, "calibrate": part_calibrate, "train": part_train, "evaluate": part_evaluate,
          "report": write_grid, "ship": part_ship}
 
 
@@ -552,9 +588,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "shift; recorded in grid.json's settings as null then)")
     p.add_argument("--seed", type=int, default=0, help="noise seed of training")
     p.add_argument("--data-seed", type=int, default=1, help="seed of the fine-tuning clips")
-    p.add_argument("--fine-tune-on", choices=("slice", "full"), default="slice",
-                   help="the students' data: the slice below (unlike pre-training) or the model's whole "
-                        "distribution (like pre-training); the evaluation stays outside the slice either way")
+    p.add_argument("--fine-tune-on", choices=("slice", "full", "synthetic"), default="slice",
+                   help="the students' data: the slice below (unlike pre-training), the model's whole "
+                        "distribution (like pre-training), or the teacher's own samples of the slice's captions "
+                        "(made by --part cache); the evaluation stays outside the slice either way")
+    p.add_argument("--cache-batch", type=int, default=8, help="--part cache: clips sampled per call")
     p.add_argument("--max-objects", type=int, default=1, help="fine-tuning slice: objects per clip at most")
     p.add_argument("--backgrounds", type=_words, default=["navy"], help="fine-tuning slice: backgrounds")
     p.add_argument("--colours", type=_words, default=None, help="fine-tuning slice: colours (default: all)")
@@ -576,7 +614,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--targets must be sparsities in (0, 1), got {args.targets}")
     if args.train_shift is not None and not args.train_shift > 0:
         p.error(f"--train-shift must be positive, got {args.train_shift}")
-    for name in ("steps", "batch", "clips", "captions"):
+    for name in ("steps", "batch", "clips", "captions", "cache_batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args

@@ -73,6 +73,8 @@ def fine_tuned_on_whole_distribution(settings: dict) -> bool:
 
 def fine_tuning_words(settings: dict) -> str:
     """What the students were fine-tuned on, in words."""
+    if settings.get("fine_tuning") == "synthetic":
+        return "the teacher's own samples"
     return "data like pre-training" if fine_tuned_on_whole_distribution(settings) else "mismatched data"
 
 
