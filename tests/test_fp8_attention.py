@@ -111,7 +111,7 @@ def test_full_mask_emulation_against_dense():
 
 
 @pytest.mark.parametrize("tma", ["all", "none"])
-@pytest.mark.parametrize("shape", FP8_SHAPES[:3])
+@pytest.mark.parametrize("shape", FP8_SHAPES)
 def test_triton_kernel_interpreted_against_emulation(shape, tma, nan_poisoned_outputs, monkeypatch):
     """The kernel on quantized inputs from the PyTorch quantizer (V moved to the tokens-contiguous layout):
     its lse depends on the logits only, which match the emulation's up to fp32 rounding. Its output also
@@ -175,3 +175,25 @@ def test_old_gpu_refused_by_name(monkeypatch):
     monkeypatch.setattr(type(fake), "is_cuda", property(lambda self: True))
     with pytest.raises(ValueError, match=r"compute capability >= 8\.9.*A100 has 8\.0"):
         fp8.check_fp8_device(fake)
+
+
+def test_triton_fp8_traces_under_torch_compile():
+    """Under torch.compile the Triton FP8 path is the custom op torch.ops.sparsevid.block_sparse_attn_fp8 (its
+    fake gives the shapes); the compiled call returns what the eager one does."""
+    q, k, v = _inputs(1, 2, 200, 333, 64)
+    mask = _mask(1, 2, 200, 333, 128, 64)
+
+    def attend(q, k, v):
+        return sv.block_sparse_attention(q, k, v, mask, return_lse=True, backend="triton", precision="fp8")
+
+    graphs = []
+
+    def record(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    out, lse = torch.compile(attend, backend=record, fullgraph=True)(q, k, v)
+    eager_out, eager_lse = attend(q, k, v)
+    assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+    targets = [node.target for node in graphs[0].graph.nodes if node.op == "call_function"]
+    assert torch.ops.sparsevid.block_sparse_attn_fp8.default in targets
