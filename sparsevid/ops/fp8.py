@@ -11,6 +11,7 @@ A scale is 1 where its amax is 0 (the block quantizes to zeros).
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -59,13 +60,17 @@ def check_fp8_device(t: torch.Tensor) -> None:
     if not triton_runs_on(t):
         raise ValueError(f"precision='fp8' with backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the "
                          f"CPU); q is on {t.device}")
-    if t.is_cuda:
+    if t.is_cuda and not _has_fp8_tensor_cores(t.device):
         capability = torch.cuda.get_device_capability(t.device)
-        if capability < FP8_MIN_CAPABILITY:
-            name = torch.cuda.get_device_name(t.device)
-            raise ValueError(f"precision='fp8' needs a GPU with FP8 tensor cores (compute capability >= "
-                             f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}: Ada, Hopper or newer); {name} has "
-                             f"{capability[0]}.{capability[1]}; use precision='native'")
+        name = torch.cuda.get_device_name(t.device)
+        raise ValueError(f"precision='fp8' needs a GPU with FP8 tensor cores (compute capability >= "
+                         f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}: Ada, Hopper or newer); {name} has "
+                         f"{capability[0]}.{capability[1]}; use precision='native'")
+
+
+@functools.lru_cache(maxsize=None)
+def _has_fp8_tensor_cores(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) >= FP8_MIN_CAPABILITY
 
 
 def check_fp8_head_dim(d: int) -> None:
