@@ -12,7 +12,7 @@ import torch
 import sparsevid as sv
 
 pytest.importorskip("diffusers")
-from tiny_models import build  # noqa: E402
+from tiny_models import MODELS, build  # noqa: E402
 
 pytestmark = pytest.mark.slow  # compiling takes 20-90 s per model on a CPU
 
@@ -35,7 +35,7 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("name", ["wan", "hunyuan_video", "cogvideox", "wan_vace", "chronoedit"])
+@pytest.mark.parametrize("name", list(MODELS))
 def test_compiled_sparse_model_matches_eager(name):
     model, inputs = build(name)
     sv.apply_sparse_attention(model, sv.SparseConfig(**SPARSE))

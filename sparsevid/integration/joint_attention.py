@@ -165,7 +165,8 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
         out_v, mass = attend(return_lse=False)
         mark(clock, "attended")
         return out_v, mass
-    out = q.new_empty(batch, total, heads, dim).transpose(1, 2)
+    base = q.new_empty(batch, total, heads, dim)  # [B, N, H, D]: where diffusers reads the output
+    out = base.transpose(1, 2)
     out_video = out[:, :, layout.video]
     if layout.text_len == 0:
         out_v, mass = attend(return_lse=False)
@@ -175,7 +176,10 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
                                            backend)
         out_v = merge_partials(out_vv, lse_vv, out_vt, lse_vt, out=out_video if order is None else None)
     mark(clock, "attended")
-    if order is not None:
+    if order is not None and layout.text_len == 0:
+        # Into the base tensor itself: torch.compile's functionalisation keeps its strides (not a view's).
+        base.index_copy_(1, order.perm, out_v.transpose(1, 2))
+    elif order is not None:
         out_video.index_copy_(2, order.perm, out_v)
     if layout.text_len:
         text = layout.text
