@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .report import write_result
+from .video_inputs import write_clips
 from .run_info import run_metadata
 from sparsevid.data import Encoder, cache_videos, find_videos
 from sparsevid.data.families import WAN
@@ -77,30 +77,6 @@ def wan_pipeline(size: str, device: torch.device, dtype: torch.dtype, transforme
     return pipe
 
 
-def write_clips(folder: Path, count: int, frames: int, height: int, width: int, kind: str) -> None:
-    """``count`` clips of random pixels with a caption each: mp4 files (8 fps, PyAV) or folders of PNG frames."""
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(count):
-        pixels = [rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for _ in range(frames)]
-        if kind == "png":
-            (folder / f"clip{i:03d}").mkdir()
-            for j, frame in enumerate(pixels):
-                Image.fromarray(frame).save(folder / f"clip{i:03d}" / f"{j:03d}.png", compress_level=1)
-        else:
-            import av
-
-            with av.open(str(folder / f"clip{i:03d}.mp4"), "w") as container:
-                stream = container.add_stream("mpeg4", rate=8)
-                stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-                for frame in pixels:
-                    container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-                container.mux(stream.encode())
-        (folder / f"clip{i:03d}.txt").write_text(" ".join(rng.choice(WORDS, 8)))
-
-
 def measure(size: str, args, device: torch.device) -> dict:
     """One pipeline: clips/s of a full run over ``args.clips`` clips after one warm-up clip."""
     frames, height, width = CLIPS[size]
@@ -109,7 +85,7 @@ def measure(size: str, args, device: torch.device) -> dict:
     encoder = Encoder(pipe, WAN, {"patch_size": (1, 2, 2)}, f"random {size}")
     with tempfile.TemporaryDirectory() as work:
         videos = Path(work) / "videos"
-        write_clips(videos, args.clips + 1, frames, height, width, args.format)
+        write_clips(videos, args.clips + 1, frames, height, width, args.format, WORDS)
         items = find_videos(videos)
         cache_videos(encoder, items[:1], Path(work) / "warmup", height, width, frames, progress=False)
         if device.type == "cuda":
