@@ -92,3 +92,29 @@ def test_training_refuses_families_not_trained_by_flow_matching(name, objective)
     model, _ = build(name)
     with pytest.raises(TypeError, match=objective):
         check_flow_family(model)
+
+
+def test_the_diffusers_tests_plugin_makes_models_sparse_when_built_and_loaded(monkeypatch, tmp_path):
+    """scripts/diffusers_model_tests.py as a pytest plugin: built and loaded transformers are sparse (every tile
+    kept, so the stock outputs), a stock run changes nothing."""
+    import pathlib
+
+    from sparsevid.integration import adapters
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parents[1] / "scripts"))
+    plugin = __import__("diffusers_model_tests")
+    stand_in = type("WanTransformer3DModel", (diffusers.WanTransformer3DModel,), {})  # patched instead of diffusers'
+    monkeypatch.setattr(diffusers, "WanTransformer3DModel", stand_in)
+    monkeypatch.setattr(adapters, "ADAPTERS", tuple(a for a in adapters.ADAPTERS if a.name == "wan"))
+    model, inputs = build("wan")
+    ref = _run(model, inputs)
+    model.save_pretrained(tmp_path)
+    monkeypatch.setenv(plugin.MODE_VARIABLE, "stock")
+    plugin.pytest_configure(None)
+    assert not sv.is_sparse(stand_in.from_pretrained(tmp_path))
+    monkeypatch.setenv(plugin.MODE_VARIABLE, "sparse")
+    plugin.pytest_configure(None)
+    built = stand_in(**model.config)
+    loaded = stand_in.from_pretrained(tmp_path)
+    assert sv.is_sparse(built) and sv.is_sparse(loaded) and loaded.config.num_layers == model.config.num_layers
+    assert _rel(_run(loaded, inputs), ref) < 1e-5
