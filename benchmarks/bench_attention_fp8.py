@@ -103,6 +103,7 @@ def main() -> int:
                    "speedup_bf16_vs_cudnn": cudnn_ms / times["bf16_ms"],
                    "speedup_fp8_vs_bf16": times["bf16_ms"] / times["fp8_ms"],
                    "speedup_fp8_kernel_vs_bf16": times["bf16_ms"] / times["fp8_kernel_ms"],
+                   "fp8_config": str(triton_fp8_attention._bsa_fp8_fwd_kernel.best_config),
                    "accuracy_vs_bf16": acc}
             rows.append(row)
             print(json.dumps(row), flush=True)

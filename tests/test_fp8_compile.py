@@ -2,7 +2,7 @@
 instructions (wgmma). The interpreter (the CPU tests) runs the Python body and accepts what the GPU compiler may
 reject, so each variant is compiled for the real target in a subprocess with the interpreter off: every
 autotuning config of the forward for a 128x64 mask, with and without tensor descriptors, and the quantizer's
-three modes.
+two launches.
 """
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ import os
 import subprocess
 import sys
 
-QUANT_MODES = ({"PER_CHANNEL": False, "HAS_MEAN": False, "BLOCK": 128},   # q
-               {"PER_CHANNEL": False, "HAS_MEAN": True, "BLOCK": 64},     # k
-               {"PER_CHANNEL": True, "HAS_MEAN": False, "BLOCK": 64})     # v
+QUANT_KERNELS = ("_fp8_stats_kernel", "_fp8_quant_kernel")
+QUANT_TYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Q8": "*fp8e4nv", "K8": "*fp8e4nv", "V8": "*fp8e4nv"}
 
 
-def _type(name: str, constexprs: dict, sub: int, use_tma: bool, out: str) -> str:
-    """The argument types of the FP8 kernels: fp8 Q/K/V (V as a [B, H, D, M] descriptor), bf16 X, ``out`` for
-    Out, fp32 scales and statistics, int32 tables and sizes."""
+def _type(name: str, constexprs: dict, sub: int, use_tma: bool, out: str, types: dict) -> str:
+    """The argument types of the FP8 kernels: ``types`` first (the quantizer's), else fp8 Q/K/V (V as a
+    [B, H, D, M] descriptor), ``out`` for Out, fp32 scales and statistics, int32 tables and sizes."""
+    if name in types:
+        return types[name]
     if name == "Out":
         return out
     if name in constexprs:
@@ -26,11 +27,12 @@ def _type(name: str, constexprs: dict, sub: int, use_tma: bool, out: str) -> str
     if name in ("K", "V") and use_tma:
         box = [1, 1, sub, 128] if name == "K" else [1, 1, 128, sub]
         return f"tensordesc<fp8e4nv{box}>"
-    types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "X": "*bf16", "KvCount": "*i32",
-             "KvIndex": "*i32", "scale_log2": "fp32"}
+    types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "KvCount": "*i32", "KvIndex": "*i32",
+             "scale_log2": "fp32"}
     if name in types:
         return types[name]
-    return "*fp32" if name[0].isupper() and name not in ("H", "N", "M", "T") and not name.startswith("NUM") else "i32"
+    sizes = ("H", "N", "M", "PARTS", "PROGRAMS")
+    return "*fp32" if name[0].isupper() and name not in sizes and not name.startswith("NUM") else "i32"
 
 
 def compile_all() -> None:
@@ -40,16 +42,19 @@ def compile_all() -> None:
 
     from sparsevid.ops import triton_fp8_attention as t8
 
-    def build(fn, constexprs, out, sub=0, use_tma=False, num_warps=4, num_stages=2):
+    def build(fn, constexprs, out, sub=0, use_tma=False, num_warps=4, num_stages=2, types=()):
         names = inspect.signature(fn.fn).parameters
-        signature = {name: _type(name, constexprs, sub, use_tma, out) for name in names}
+        signature = {name: _type(name, constexprs, sub, use_tma, out, dict(types)) for name in names}
         return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
                                                                          "num_stages": num_stages})
 
-    for mode in QUANT_MODES:
-        build(t8._fp8_quant_kernel, {"HEAD_DIM": 128, "BLOCK_D": 128, **mode}, "*fp8e4nv", num_warps=8)
-        print("compiled quant", mode)
+    for name in QUANT_KERNELS:
+        fn = getattr(t8, name)
+        constexprs = {c: v for c, v in {"HEAD_DIM": 128, "BLOCK_D": 128, "TILE": 64, "BLOCK_Q": 128,
+                                        "BLOCK_K": 64}.items() if c in inspect.signature(fn.fn).parameters}
+        build(fn, constexprs, "", num_warps=8, types=QUANT_TYPES)
+        print("compiled quant", name)
     fwd = t8._bsa_fp8_fwd_kernel
     for config in fwd.configs:
         if config.kwargs["SUB_N"] > 64:
@@ -68,7 +73,7 @@ def test_fp8_kernels_compile_for_sm90_with_e4m3_wgmma():
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SPARSEVID_AUTOTUNE")}
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("compiled quant") == len(QUANT_MODES), done.stdout
+    assert done.stdout.count("compiled quant") == len(QUANT_KERNELS), done.stdout
     forwards = [line for line in done.stdout.splitlines() if line.startswith("compiled fwd")]
     assert len(forwards) >= 8 and all(line.endswith("e4m3-wgmma") for line in forwards), done.stdout
 

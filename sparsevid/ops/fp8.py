@@ -4,10 +4,11 @@ and the PyTorch emulation follow, and the device requirement.
 Scaling (SageAttention-style, per head):
     K is smoothed: k - mean over tokens (exact for softmax, which ignores a per-row constant q . mean; the row
         log-sum-exp adds it back), which removes the channel offsets that dominate K's range in video DiTs;
-    Q and smoothed K have one scale per block of block_q / block_k tokens: amax / 448;
-    V has one scale per channel (over all tokens): amax / 448;
+    Q and smoothed K have one scale per block of block_q / block_k tokens, V one per channel (over all tokens);
     P (in [0, 1] after max subtraction) is multiplied by ``P_SCALE`` before its cast, undone at the end.
-A scale is 1 where its amax is 0 (the block quantizes to zeros).
+Every scale is a power of two, the smallest that brings the amax (NaN ignored) within +-448 (:func:`scale_from_amax`):
+dividing by it is exact in float32, so any implementation rounds the same values to e4m3 (e4m3 is a float format:
+a scale up to 2x larger than amax / 448 costs no precision above the subnormal range, 2^-6 of the top).
 """
 from __future__ import annotations
 
@@ -40,16 +41,12 @@ class Fp8Inputs(NamedTuple):
 
 
 def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """float32 scales amax / FP8_MAX, 1 where amax is 0 (NaN stays NaN)."""
-    amax = amax.float()
-    return torch.where(amax == 0, torch.ones_like(amax), amax / FP8_MAX)
-
-
-def value_stats(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The per-head statistics over tokens: k_mean float32 [B, H, D] and v_scale float32 [B, H, D]."""
-    k_mean = k.mean(dim=2, dtype=torch.float32)
-    v_min, v_max = torch.aminmax(v, dim=2)
-    return k_mean, scale_from_amax(torch.maximum(-v_min, v_max))
+    """float32 power-of-two scales 2^s of amax >= 0 (any shape): the smallest s in [-126, 127] with
+    amax / 2^s <= FP8_MAX = 1.75 * 2^8, from amax's exponent and mantissa bits (no rounding); 1 where amax is 0."""
+    bits = amax.float().contiguous().view(torch.int32)
+    s = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).int()
+    scale = ((s.clamp(-126, 127) + 127) << 23).view(torch.float32)
+    return torch.where(amax == 0, torch.ones_like(scale), scale)
 
 
 def check_fp8_device(t: torch.Tensor) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fp8 import FP8_DTYPE, FP8_MAX, P_SCALE, Fp8Inputs, scale_from_amax, value_stats
+from .fp8 import FP8_DTYPE, FP8_MAX, P_SCALE, Fp8Inputs, scale_from_amax
 from .mask import SparseMask
 
 _MAX_CHUNK_ELEMENTS = 1 << 25  # score elements (float64) materialised at once
@@ -19,23 +19,33 @@ def _to_fp8(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
+def _abs_max(x: torch.Tensor, dim) -> torch.Tensor:
+    """amax of |x| over dim, NaN ignored (a NaN element stays NaN in its own fp8 value)."""
+    return torch.where(torch.isnan(x), 0.0, x.abs()).amax(dim=dim)
+
+
 def _quantize_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-block quantization of float32 x [B, H, T, D] over blocks of ``block`` tokens: (fp8 [B, H, T, D],
     float32 scales [B, H, ceil(T / block)])."""
     t = x.shape[2]
     nb = -(-t // block)
     padded = F.pad(x, (0, 0, 0, nb * block - t)).unflatten(2, (nb, block))
-    scale = scale_from_amax(padded.abs().amax(dim=(-2, -1)))
+    scale = scale_from_amax(_abs_max(padded, (-2, -1)))
     x8 = _to_fp8(padded / scale[..., None, None]).flatten(2, 3)[:, :, :t]
     return x8, scale
 
 
-def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int) -> Fp8Inputs:
+def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int,
+                 k_mean: torch.Tensor | None = None) -> Fp8Inputs:
     """The quantized inputs of FP8 attention by the rules of :mod:`sparsevid.ops.fp8`, in PyTorch.
-    q: [B, H, N, D], k, v: [B, H, M, D] of any floating dtype."""
-    k_mean, v_scale = value_stats(k, v)
+    q: [B, H, N, D], k, v: [B, H, M, D] of any floating dtype. k_mean: float32 [B, H, D] to smooth K by
+    (default: K's token mean; any vector keeps attention exact, so this takes the Triton prep's mean, whose
+    float32 sum runs in another order)."""
+    if k_mean is None:
+        k_mean = k.mean(dim=2, dtype=torch.float32)
     q8, q_scale = _quantize_blocks(q.float(), block_q)
     k8, k_scale = _quantize_blocks(k.float() - k_mean[:, :, None], block_k)
+    v_scale = scale_from_amax(_abs_max(v.float(), 2))
     v8 = _to_fp8(v.float() / v_scale[:, :, None])
     return Fp8Inputs(q8, k8, v8, q_scale, k_scale, v_scale, k_mean)
 

@@ -8,84 +8,191 @@ PyTorch oracle is :mod:`sparsevid.ops.fp8_reference`. Forward only (inference).
 """
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import triton_attention as bf16
-from .fp8 import FP8_DTYPE, FP8_MAX, P_SCALE, Fp8Inputs, value_stats
+from .fp8 import FP8_DTYPE, FP8_MAX, P_SCALE, Fp8Inputs
 from .triton_attention import LOG2E, _configs, _load_rows, _prune, _rows_source, _tile_schedule
 from .triton_launch import launch_tuned
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
-_P_SCALE = tl.constexpr(P_SCALE)
+_LOG2_P_SCALE = tl.constexpr(math.log2(P_SCALE))
 _LN2 = tl.constexpr(0.6931471805599453)
 
 
 # --------------------------------------------------------------------------- quantization
 
+_QUANT_TILE = 64  # tokens a quantizer step reads (and the V tile it transposes)
+
 
 @triton.jit
-def _fp8_quant_kernel(X, Out, Scale, Mean, stride_xb, stride_xh, stride_xn, stride_xd,
-                      stride_ob, stride_oh, stride_on, stride_od, H, T, NUM_BLOCKS,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
-                      PER_CHANNEL: tl.constexpr, HAS_MEAN: tl.constexpr):
-    """Tokens [pid*BLOCK, +BLOCK) of one head of X [B, H, T, D] (any float dtype) to fp8 in Out (any strides).
-    HAS_MEAN: subtract Mean float32 [B*H, D] first. PER_CHANNEL: divide by Scale float32 [B*H, D]; else
-    compute the block's scale amax / FP8_MAX (1 for an all-zero block) into Scale [B*H, NUM_BLOCKS]."""
-    pid_t = tl.program_id(0)
+def _pow2_scale(amax):
+    """:func:`sparsevid.ops.fp8.scale_from_amax` on float32 amax >= 0 (scalar or tile): 2^s, the smallest s in
+    [-126, 127] with amax / 2^s <= 448, from the exponent and mantissa bits; 1 where amax is 0."""
+    bits = amax.to(tl.int32, bitcast=True)
+    s = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    s = tl.minimum(tl.maximum(s, -126), 127)
+    return tl.where(amax == 0, 1.0, ((s + 127) << 23).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _abs_or_zero(b_x):
+    """|x|, NaN as 0 (a scale ignores NaN; the NaN element stays NaN in its own fp8 value)."""
+    return tl.where(b_x == b_x, tl.abs(b_x), 0.0)
+
+
+@triton.jit
+def _to_fp8(b_x, inv_scale):
+    """x * inv_scale (an exact power of two) clamped to +-448 (NaN kept) and rounded to e4m3."""
+    b_y = tl.clamp(b_x * inv_scale, -_FP8_MAX, _FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    return b_y.to(tl.float8e4nv)
+
+
+@triton.jit
+def _tile_ptrs(X, i_b, i_h, stride_b, stride_h, stride_n, stride_d, start, T, BLOCK: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Pointers to tokens [start, start + BLOCK) of one head of a [B, H, T, D] tensor, and their bounds mask."""
+    o_t = start + tl.arange(0, BLOCK)
+    o_d = tl.arange(0, BLOCK_D)
+    ptrs = X + i_b * stride_b + i_h * stride_h + o_t[:, None].to(tl.int64) * stride_n + o_d[None, :] * stride_d
+    return ptrs, (o_t < T)[:, None] & (o_d < HEAD_DIM)[None, :]
+
+
+@triton.jit
+def _fp8_stats_kernel(K, V, Partial, stride_kb, stride_kh, stride_kn, stride_kd,
+                      stride_vb, stride_vh, stride_vn, stride_vd, H, M, PARTS,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr):
+    """Pass 1 of :func:`quantize`: program (p, b*H + h) reads tiles p, p + PARTS, ... of TILE tokens of K and V
+    [B, H, M, D] and writes the partial column sum of K to Partial[b*H + h, 0, p] and the partial column amax
+    of |V| (NaN ignored) to Partial[b*H + h, 1, p] (Partial float32 [B*H, 2, PARTS, D])."""
+    pid_p = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
     i_h = (pid_bh % H).to(tl.int64)
-    o_t = pid_t * BLOCK + tl.arange(0, BLOCK)
+    b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
+    b_max = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for start in range(pid_p * TILE, M, PARTS * TILE):
+        p_k, m_tile = _tile_ptrs(K, i_b, i_h, stride_kb, stride_kh, stride_kn, stride_kd, start, M, TILE,
+                                 HEAD_DIM, BLOCK_D)
+        p_v, _ = _tile_ptrs(V, i_b, i_h, stride_vb, stride_vh, stride_vn, stride_vd, start, M, TILE,
+                            HEAD_DIM, BLOCK_D)
+        b_sum += tl.sum(tl.load(p_k, mask=m_tile, other=0.0).to(tl.float32), 0)
+        b_max = tl.maximum(b_max, tl.max(_abs_or_zero(tl.load(p_v, mask=m_tile, other=0.0).to(tl.float32)), 0))
+    o_d = tl.arange(0, BLOCK_D)
+    p_out = Partial + (pid_bh.to(tl.int64) * 2 * PARTS + pid_p) * HEAD_DIM + o_d
+    tl.store(p_out, b_sum, mask=o_d < HEAD_DIM)
+    tl.store(p_out + PARTS * HEAD_DIM, b_max, mask=o_d < HEAD_DIM)
+
+
+@triton.jit
+def _quantize_blocks(X, Out, Scale, b_mean, i_b, i_h, pid_bh, pid_p, PROGRAMS, T,
+                     stride_xb, stride_xh, stride_xn, stride_xd, stride_ob, stride_oh, stride_on, stride_od,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr):
+    """Blocks pid_p, pid_p + PROGRAMS, ... of BLOCK tokens of one head of X: (x - b_mean) with one power-of-two
+    scale per block (into Scale, [B*H, ceil(T / BLOCK)]) to fp8 in Out."""
+    num_blocks = tl.cdiv(T, BLOCK)
+    for blk in range(pid_p, num_blocks, PROGRAMS):
+        p_x, m_tile = _tile_ptrs(X, i_b, i_h, stride_xb, stride_xh, stride_xn, stride_xd, blk * BLOCK, T, BLOCK,
+                                 HEAD_DIM, BLOCK_D)
+        b_x = tl.where(m_tile, tl.load(p_x, mask=m_tile, other=0.0).to(tl.float32) - b_mean[None, :], 0.0)
+        scale = _pow2_scale(tl.max(tl.max(_abs_or_zero(b_x), 1), 0))
+        tl.store(Scale + pid_bh.to(tl.int64) * num_blocks + blk, scale)
+        p_o, _ = _tile_ptrs(Out, i_b, i_h, stride_ob, stride_oh, stride_on, stride_od, blk * BLOCK, T, BLOCK,
+                            HEAD_DIM, BLOCK_D)
+        tl.store(p_o, _to_fp8(b_x, tl.math.div_rn(1.0, scale)), mask=m_tile)
+
+
+@triton.jit
+def _fp8_quant_kernel(Q, K, V, Q8, K8, V8, QScale, KScale, VScale, KMean, Partial,
+                      stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                      stride_vb, stride_vh, stride_vn, stride_vd, stride_q8b, stride_q8h, stride_q8n,
+                      stride_k8b, stride_k8h, stride_k8n, stride_v8b, stride_v8h, stride_v8d,
+                      H, N, M, PARTS, PROGRAMS,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                      TILE: tl.constexpr):
+    """Pass 2 of :func:`quantize`. Program (p, b*H + h, role) quantizes every PROGRAMS-th block of one head of
+    Q (role 0, per-block scales), smoothed K (role 1: K's mean from pass 1's partial sums, per-block scales;
+    program 0 stores the mean) or V (role 2: per-channel scales from pass 1's partial amax, stored by program 0;
+    V8 has unit token stride)."""
+    pid_p = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    role = tl.program_id(2)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
-    m_tile = (o_t < T)[:, None] & m_d[None, :]
-    o_rows = o_t[:, None].to(tl.int64)
-    b_x = tl.load(X + i_b * stride_xb + i_h * stride_xh + o_rows * stride_xn + o_d[None, :] * stride_xd,
-                  mask=m_tile, other=0.0).to(tl.float32)
-    if HAS_MEAN:
-        b_mean = tl.load(Mean + pid_bh * HEAD_DIM + o_d, mask=m_d, other=0.0)
-        b_x = tl.where(m_tile, b_x - b_mean[None, :], 0.0)
-    if PER_CHANNEL:
-        b_scale = tl.load(Scale + pid_bh * HEAD_DIM + o_d, mask=m_d, other=1.0)
-        b_y = tl.math.div_rn(b_x, b_scale[None, :])
+    p_part = Partial + pid_bh.to(tl.int64) * 2 * PARTS * HEAD_DIM + o_d
+    p_stat = pid_bh * HEAD_DIM + o_d
+    if role == 0:
+        _quantize_blocks(Q, Q8, QScale, tl.zeros([BLOCK_D], dtype=tl.float32), i_b, i_h, pid_bh, pid_p, PROGRAMS, N,
+                         stride_qb, stride_qh, stride_qn, stride_qd, stride_q8b, stride_q8h, stride_q8n, 1,
+                         HEAD_DIM, BLOCK_D, BLOCK_Q)
+    elif role == 1:
+        b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for part in range(0, PARTS):
+            b_sum += tl.load(p_part + part * HEAD_DIM, mask=m_d, other=0.0)
+        b_mean = tl.math.div_rn(b_sum, tl.zeros([BLOCK_D], dtype=tl.float32) + M)
+        if pid_p == 0:
+            tl.store(KMean + p_stat, b_mean, mask=m_d)
+        _quantize_blocks(K, K8, KScale, b_mean, i_b, i_h, pid_bh, pid_p, PROGRAMS, M,
+                         stride_kb, stride_kh, stride_kn, stride_kd, stride_k8b, stride_k8h, stride_k8n, 1,
+                         HEAD_DIM, BLOCK_D, BLOCK_K)
     else:
-        amax = tl.max(tl.max(tl.abs(b_x), 1), 0)
-        scale = tl.where(amax == 0, 1.0, tl.math.div_rn(amax, _FP8_MAX))
-        tl.store(Scale + pid_bh * NUM_BLOCKS + pid_t, scale)
-        b_y = tl.math.div_rn(b_x, scale)
-    b_y = tl.clamp(b_y, -_FP8_MAX, _FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
-    tl.store(Out + i_b * stride_ob + i_h * stride_oh + o_rows * stride_on + o_d[None, :] * stride_od,
-             b_y.to(tl.float8e4nv), mask=m_tile)
+        b_max = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for part in range(0, PARTS):
+            b_max = tl.maximum(b_max, tl.load(p_part + (PARTS + part) * HEAD_DIM, mask=m_d, other=0.0))
+        b_scale = _pow2_scale(b_max)
+        if pid_p == 0:
+            tl.store(VScale + p_stat, b_scale, mask=m_d)
+        b_inv = tl.math.div_rn(tl.full([BLOCK_D], 1.0, dtype=tl.float32), b_scale)
+        for start in range(pid_p * TILE, M, PROGRAMS * TILE):
+            p_v, m_tile = _tile_ptrs(V, i_b, i_h, stride_vb, stride_vh, stride_vn, stride_vd, start, M, TILE,
+                                     HEAD_DIM, BLOCK_D)
+            b_v8 = _to_fp8(tl.load(p_v, mask=m_tile, other=0.0).to(tl.float32), b_inv[None, :])
+            p_o, _ = _tile_ptrs(V8, i_b, i_h, stride_v8b, stride_v8h, 1, stride_v8d, start, M, TILE, HEAD_DIM,
+                                BLOCK_D)
+            tl.store(p_o, b_v8, mask=m_tile)
 
 
-def _quantize_one(x: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor | None,
-                  block: int, per_channel: bool) -> None:
-    b, h, t, d = x.shape
-    _fp8_quant_kernel[(triton.cdiv(t, block), b * h)](
-        x, out, scale, mean if mean is not None else scale, *x.stride(), *out.stride(), h, t, triton.cdiv(t, block),
-        HEAD_DIM=d, BLOCK_D=bf16.padded_pow2(d), BLOCK=block, PER_CHANNEL=per_channel, HAS_MEAN=mean is not None,
-        num_warps=8 if block * d >= 128 * 128 else 4,
-    )
+@functools.lru_cache(maxsize=None)
+def _programs_per_wave(device: torch.device) -> int:
+    """Programs that keep every SM streaming: 4 per SM on a GPU; 2 in the interpreter (so its loops run
+    several steps)."""
+    return 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 
 
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int) -> Fp8Inputs:
-    """The FP8 inputs (:class:`Fp8Inputs`) of q [B, H, N, D], k, v [B, H, M, D] (any strides, float dtypes).
-    v8 is a [B, H, M, D] view of a [B, H, D, M'] buffer (M' = M rounded up to 16; its padding is never
-    written), so that the kernel reads V with tokens contiguous."""
+    """The FP8 inputs (:class:`Fp8Inputs`) of q [B, H, N, D], k, v [B, H, M, D] (any strides, float dtypes)
+    in two launches: K's column sums and V's column amax in partials, then Q, K and V quantized (Q and K per
+    block, V per channel). v8 is a [B, H, M, D] view of a [B, H, D, M'] buffer (M' = M rounded up to 16; its
+    padding is never written), so that the kernel reads V with tokens contiguous."""
     b, h, n, d = q.shape
     m = k.shape[2]
-    k_mean, v_scale = (t.contiguous() for t in value_stats(k, v))
+    wave = _programs_per_wave(q.device)
+    parts = max(1, min(triton.cdiv(m, _QUANT_TILE), triton.cdiv(wave, b * h)))
+    programs = max(1, min(triton.cdiv(max(n, m), _QUANT_TILE), triton.cdiv(wave, b * h)))
     q8 = bf16._alloc(q, (b, h, n, d), FP8_DTYPE)
     k8 = bf16._alloc(q, (b, h, m, d), FP8_DTYPE)
     v8 = bf16._alloc(q, (b, h, d, triton.cdiv(m, 16) * 16), FP8_DTYPE)[..., :m].transpose(-1, -2)
     q_scale = bf16._alloc(q, (b, h, triton.cdiv(n, block_q)), torch.float32)
     k_scale = bf16._alloc(q, (b, h, triton.cdiv(m, block_k)), torch.float32)
-    _quantize_one(q, q8, q_scale, None, block_q, per_channel=False)
-    _quantize_one(k, k8, k_scale, k_mean, block_k, per_channel=False)
-    _quantize_one(v, v8, v_scale, None, 64, per_channel=True)
+    v_scale = bf16._alloc(q, (b, h, d), torch.float32)
+    k_mean = bf16._alloc(q, (b, h, d), torch.float32)
+    partial = bf16._alloc(q, (b * h, 2, parts, d), torch.float32)
+    meta = dict(HEAD_DIM=d, BLOCK_D=bf16.padded_pow2(d), TILE=_QUANT_TILE)
+    _fp8_stats_kernel[(parts, b * h)](k, v, partial, *k.stride(), *v.stride(), h, m, parts, **meta,
+                                      num_warps=4, num_stages=3)
+    _fp8_quant_kernel[(programs, b * h, 3)](
+        q, k, v, q8, k8, v8, q_scale, k_scale, v_scale, k_mean, partial, *q.stride(), *k.stride(), *v.stride(),
+        *q8.stride()[:3], *k8.stride()[:3], v8.stride(0), v8.stride(1), v8.stride(3), h, n, m, parts, programs,
+        **meta, BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=8, num_stages=2,
+    )
     return Fp8Inputs(q8, k8, v8, q_scale, k_scale, v_scale, k_mean)
 
 
@@ -126,25 +233,26 @@ def _load_v(source, start, stride_vd, o_d, M, HEAD_DIM: tl.constexpr, BLOCK_D: t
 def _fp8_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, tile_scale, stride_kn, stride_vd, o_d, M, i_b, i_h,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr,
               USE_TMA: tl.constexpr):
-    """SUB_N keys of a kept tile. tile_scale = q_scale * k_scale * softmax scale * log2(e) turns the fp8
-    product into base-2 logits; P goes to fp8 as P * P_SCALE (undone in the epilogue)."""
+    """SUB_N keys of a kept tile. tile_scale = q_scale * k_scale * softmax scale * log2(e) (> 0) turns the fp8
+    product into base-2 logits s; b_m is the running max of s minus log2(P_SCALE), so exp2(s - b_m) (one FMA and
+    an exp2 per logit) is P * P_SCALE, cast to fp8 as it is, and b_l sums it (P_SCALE cancels in out = acc / l)."""
     b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA,
                       i_b, i_h)
     b_v = _load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, USE_TMA, i_b, i_h)
-    b_s = tl.dot(b_q, b_kt) * tile_scale
+    b_s = tl.dot(b_q, b_kt)
     if MASK_COLS:
         b_s = tl.where((start_n + tl.arange(0, SUB_N) < M)[None, :], b_s, float("-inf"))
-    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
-    b_p = tl.math.exp2(b_s - b_m_new[:, None])
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * tile_scale - _LOG2_P_SCALE)
+    b_p = tl.math.exp2(tl.fma(b_s, tile_scale, -b_m_new[:, None]))
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
     b_acc = b_acc * b_alpha[:, None]
-    b_acc = tl.dot((b_p * _P_SCALE).to(tl.float8e4nv), b_v, b_acc)
+    b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc)
     return b_acc, b_m_new, b_l
 
 
-@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 4, 4),
-                                                   (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
+@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3),
+                                                   (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3),
                                                    (64, 64, 4, 3), (64, 64, 4, 4)), _box_hook),
                  key=["HEAD_DIM", "BLOCK_M", "BLOCK_N", "N", "M", "USE_TMA"],
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N"))
@@ -203,7 +311,7 @@ def _bsa_fp8_fwd_kernel(Q, K, V, QScale, KScale, VScale, KMean, Out, Lse, KvCoun
 
     has_keys = b_l != 0.0  # NaN too (a non-finite input): the row gives NaN, as dense attention does
     b_vscale = tl.load(VScale + pid_bh * HEAD_DIM + o_d, mask=m_d, other=0.0)
-    b_out = b_acc * (b_vscale / _P_SCALE)[None, :] / tl.where(has_keys, b_l, 1.0)[:, None]
+    b_out = b_acc * b_vscale[None, :] / tl.where(has_keys, b_l, 1.0)[:, None]
     p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :] * stride_od
     tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_tile)
     b_lse = tl.where(has_keys, (b_m + tl.math.log2(tl.where(has_keys, b_l, 1.0)) + b_shift) * _LN2,
