@@ -1,4 +1,4 @@
-"""apply / remove on tiny Wan, HunyuanVideo and CogVideoX transformers built from configs (float32, CPU)."""
+"""apply / remove on the tiny transformer of every supported family, built from configs (float32, CPU)."""
 import importlib.util
 
 import pytest

@@ -109,7 +109,7 @@ def apply_sparse_attention(transformer, config: SparseConfig | dict | None = Non
 
     Args:
         transformer: a diffusers video transformer of a supported family (``sparsevid.integration.adapters``:
-            Wan, Wan VACE, ChronoEdit, SkyReels-V2, HunyuanVideo, CogVideoX; e.g. ``pipe.transformer``), or a
+            Wan, HunyuanVideo, CogVideoX, LTX-Video and more, docs/integration.md; e.g. ``pipe.transformer``), or a
             pipeline: then each of its transformers (:func:`pipeline_transformers`). Cross-attention and
             text-only attention are left alone. Applying again replaces the previous configuration.
         config: a :class:`SparseConfig` (default ``SparseConfig()``); for a pipeline also {component name:
