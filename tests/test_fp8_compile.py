@@ -12,7 +12,8 @@ import subprocess
 import sys
 
 QUANT_KERNELS = ("_fp8_stats_kernel", "_fp8_quant_kernel")
-QUANT_TYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Q8": "*fp8e4nv", "K8": "*fp8e4nv", "V8": "*fp8e4nv"}
+QUANT_TYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Q8": "*fp8e4nv", "K8": "*fp8e4nv", "V8": "*fp8e4nv",
+               "Counter": "*i32"}
 
 
 def _type(name: str, constexprs: dict, sub: int, use_tma: bool, out: str, types: dict) -> str:
@@ -31,7 +32,7 @@ def _type(name: str, constexprs: dict, sub: int, use_tma: bool, out: str, types:
              "scale_log2": "fp32"}
     if name in types:
         return types[name]
-    sizes = ("H", "N", "M", "PARTS", "PROGRAMS")
+    sizes = ("H", "N", "M", "PARTS")
     return "*fp32" if name[0].isupper() and name not in sizes and not name.startswith("NUM") else "i32"
 
 
@@ -51,8 +52,9 @@ def compile_all() -> None:
 
     for name in QUANT_KERNELS:
         fn = getattr(t8, name)
-        constexprs = {c: v for c, v in {"HEAD_DIM": 128, "BLOCK_D": 128, "TILE": 64, "BLOCK_Q": 128,
-                                        "BLOCK_K": 64}.items() if c in inspect.signature(fn.fn).parameters}
+        sizes = {"HEAD_DIM": 128, "BLOCK_D": 128, "TILE": 64, "CHUNK": 256, "PART_BLOCK": 32, "BLOCK_Q": 128,
+                 "BLOCK_K": 64}
+        constexprs = {c: v for c, v in sizes.items() if c in inspect.signature(fn.fn).parameters}
         build(fn, constexprs, "", num_warps=8, types=QUANT_TYPES)
         print("compiled quant", name)
     fwd = t8._bsa_fp8_fwd_kernel

@@ -1,14 +1,13 @@
 """FP8 (e4m3) block-sparse attention forward in Triton, for GPUs with FP8 tensor cores (sm89, sm90+).
 
-Two steps: :func:`quantize` (K's mean and V's channel ranges by two PyTorch reductions, then one Triton launch
-per tensor that scales, casts and stores; V is stored with tokens contiguous, the layout an FP8 tensor-core
-product needs for its right operand) and :func:`fp8_forward`, the bf16 forward's online softmax with both
+Two steps: :func:`quantize` (K's mean and V's channel scales in one launch, then Q, K and V scaled, cast and
+stored in another; V is stored with tokens contiguous, the layout an FP8 tensor-core product needs for its right
+operand) and :func:`fp8_forward`, the bf16 forward's online softmax with both
 products on fp8 operands and fp32 accumulation. The scaling rules are in :mod:`sparsevid.ops.fp8`; the
 PyTorch oracle is :mod:`sparsevid.ops.fp8_reference`. Forward only (inference).
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -28,7 +27,8 @@ _LN2 = tl.constexpr(0.6931471805599453)
 
 # --------------------------------------------------------------------------- quantization
 
-_QUANT_TILE = 64  # tokens a quantizer step reads (and the V tile it transposes)
+_QUANT_TILE = 64  # tokens of V a quantizer program transposes; the statistics' load step
+_STATS_CHUNK = 256  # tokens of K and V one statistics program reads (4 loads of _QUANT_TILE, issued together)
 
 
 @triton.jit
@@ -65,19 +65,22 @@ def _tile_ptrs(X, i_b, i_h, stride_b, stride_h, stride_n, stride_d, start, T, BL
 
 
 @triton.jit
-def _fp8_stats_kernel(K, V, Partial, stride_kb, stride_kh, stride_kn, stride_kd,
+def _fp8_stats_kernel(K, V, Partial, Counter, KMean, VScale, stride_kb, stride_kh, stride_kn, stride_kd,
                       stride_vb, stride_vh, stride_vn, stride_vd, H, M, PARTS,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr):
-    """Pass 1 of :func:`quantize`: program (p, b*H + h) reads tiles p, p + PARTS, ... of TILE tokens of K and V
-    [B, H, M, D] and writes the partial column sum of K to Partial[b*H + h, 0, p] and the partial column amax
-    of |V| (NaN ignored) to Partial[b*H + h, 1, p] (Partial float32 [B*H, 2, PARTS, D])."""
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, CHUNK: tl.constexpr,
+                      PART_BLOCK: tl.constexpr):
+    """Launch 1 of :func:`quantize`: program (p, b*H + h) reads tokens [p*CHUNK, (p+1)*CHUNK) of K and V
+    [B, H, M, D] and writes K's column sum and |V|'s column amax (NaN ignored) there to Partial[b*H + h, 0 / 1, p]
+    (float32 [B*H, 2, PARTS, D]). The last program of a head to finish (a ticket from Counter, int32 [B*H],
+    zeros) reduces the partials in a fixed order into KMean (the mean) and VScale (the power-of-two scale)."""
     pid_p = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
     i_h = (pid_bh % H).to(tl.int64)
     b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
     b_max = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for start in range(pid_p * TILE, M, PARTS * TILE):
+    for i in tl.static_range(0, CHUNK // TILE):
+        start = pid_p * CHUNK + i * TILE
         p_k, m_tile = _tile_ptrs(K, i_b, i_h, stride_kb, stride_kh, stride_kn, stride_kd, start, M, TILE,
                                  HEAD_DIM, BLOCK_D)
         p_v, _ = _tile_ptrs(V, i_b, i_h, stride_vb, stride_vh, stride_vn, stride_vd, start, M, TILE,
@@ -85,41 +88,50 @@ def _fp8_stats_kernel(K, V, Partial, stride_kb, stride_kh, stride_kn, stride_kd,
         b_sum += tl.sum(tl.load(p_k, mask=m_tile, other=0.0).to(tl.float32), 0)
         b_max = tl.maximum(b_max, tl.max(_abs_or_zero(tl.load(p_v, mask=m_tile, other=0.0).to(tl.float32)), 0))
     o_d = tl.arange(0, BLOCK_D)
-    p_out = Partial + (pid_bh.to(tl.int64) * 2 * PARTS + pid_p) * HEAD_DIM + o_d
-    tl.store(p_out, b_sum, mask=o_d < HEAD_DIM)
-    tl.store(p_out + PARTS * HEAD_DIM, b_max, mask=o_d < HEAD_DIM)
+    m_d = o_d < HEAD_DIM
+    p_head = Partial + pid_bh.to(tl.int64) * 2 * PARTS * HEAD_DIM
+    tl.store(p_head + pid_p * HEAD_DIM + o_d, b_sum, mask=m_d)
+    tl.store(p_head + (PARTS + pid_p) * HEAD_DIM + o_d, b_max, mask=m_d)
+    if tl.atomic_add(Counter + pid_bh, 1, sem="acq_rel") == PARTS - 1:
+        b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
+        b_max = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for first in range(0, PARTS, PART_BLOCK):
+            o_p = first + tl.arange(0, PART_BLOCK)
+            m_p = (o_p < PARTS)[:, None] & m_d[None, :]
+            p_part = p_head + o_p[:, None] * HEAD_DIM + o_d[None, :]
+            b_sum += tl.sum(tl.load(p_part, mask=m_p, other=0.0, cache_modifier=".cg"), 0)
+            b_max = tl.maximum(b_max, tl.max(tl.load(p_part + PARTS * HEAD_DIM, mask=m_p, other=0.0,
+                                                     cache_modifier=".cg"), 0))
+        b_mean = tl.math.div_rn(b_sum, tl.zeros([BLOCK_D], dtype=tl.float32) + M)
+        tl.store(KMean + pid_bh * HEAD_DIM + o_d, b_mean, mask=m_d)
+        tl.store(VScale + pid_bh * HEAD_DIM + o_d, _pow2_scale(b_max), mask=m_d)
 
 
 @triton.jit
-def _quantize_blocks(X, Out, Scale, b_mean, i_b, i_h, pid_bh, pid_p, PROGRAMS, T,
-                     stride_xb, stride_xh, stride_xn, stride_xd, stride_ob, stride_oh, stride_on, stride_od,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr):
-    """Blocks pid_p, pid_p + PROGRAMS, ... of BLOCK tokens of one head of X: (x - b_mean) with one power-of-two
-    scale per block (into Scale, [B*H, ceil(T / BLOCK)]) to fp8 in Out."""
-    num_blocks = tl.cdiv(T, BLOCK)
-    for blk in range(pid_p, num_blocks, PROGRAMS):
-        p_x, m_tile = _tile_ptrs(X, i_b, i_h, stride_xb, stride_xh, stride_xn, stride_xd, blk * BLOCK, T, BLOCK,
-                                 HEAD_DIM, BLOCK_D)
-        b_x = tl.where(m_tile, tl.load(p_x, mask=m_tile, other=0.0).to(tl.float32) - b_mean[None, :], 0.0)
-        scale = _pow2_scale(tl.max(tl.max(_abs_or_zero(b_x), 1), 0))
-        tl.store(Scale + pid_bh.to(tl.int64) * num_blocks + blk, scale)
-        p_o, _ = _tile_ptrs(Out, i_b, i_h, stride_ob, stride_oh, stride_on, stride_od, blk * BLOCK, T, BLOCK,
-                            HEAD_DIM, BLOCK_D)
-        tl.store(p_o, _to_fp8(b_x, tl.math.div_rn(1.0, scale)), mask=m_tile)
+def _quantize_block(X, Out, Scale, b_mean, i_b, i_h, pid_bh, blk, T,
+                    stride_xb, stride_xh, stride_xn, stride_xd, stride_ob, stride_oh, stride_on,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr):
+    """Block blk of BLOCK tokens of one head of X: (x - b_mean) with one power-of-two scale (into Scale,
+    [B*H, ceil(T / BLOCK)]) to fp8 in Out (unit head-dim stride)."""
+    p_x, m_tile = _tile_ptrs(X, i_b, i_h, stride_xb, stride_xh, stride_xn, stride_xd, blk * BLOCK, T, BLOCK,
+                             HEAD_DIM, BLOCK_D)
+    b_x = tl.where(m_tile, tl.load(p_x, mask=m_tile, other=0.0).to(tl.float32) - b_mean[None, :], 0.0)
+    scale = _pow2_scale(tl.max(tl.max(_abs_or_zero(b_x), 1), 0))
+    tl.store(Scale + pid_bh.to(tl.int64) * tl.cdiv(T, BLOCK) + blk, scale)
+    p_o, _ = _tile_ptrs(Out, i_b, i_h, stride_ob, stride_oh, stride_on, 1, blk * BLOCK, T, BLOCK, HEAD_DIM, BLOCK_D)
+    tl.store(p_o, _to_fp8(b_x, tl.math.div_rn(1.0, scale)), mask=m_tile)
 
 
 @triton.jit
-def _fp8_quant_kernel(Q, K, V, Q8, K8, V8, QScale, KScale, VScale, KMean, Partial,
+def _fp8_quant_kernel(Q, K, V, Q8, K8, V8, QScale, KScale, VScale, KMean,
                       stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                       stride_vb, stride_vh, stride_vn, stride_vd, stride_q8b, stride_q8h, stride_q8n,
-                      stride_k8b, stride_k8h, stride_k8n, stride_v8b, stride_v8h, stride_v8d,
-                      H, N, M, PARTS, PROGRAMS,
+                      stride_k8b, stride_k8h, stride_k8n, stride_v8b, stride_v8h, stride_v8d, H, N, M,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                       TILE: tl.constexpr):
-    """Pass 2 of :func:`quantize`. Program (p, b*H + h, role) quantizes every PROGRAMS-th block of one head of
-    Q (role 0, per-block scales), smoothed K (role 1: K's mean from pass 1's partial sums, per-block scales;
-    program 0 stores the mean) or V (role 2: per-channel scales from pass 1's partial amax, stored by program 0;
-    V8 has unit token stride)."""
+    """Launch 2 of :func:`quantize`: program (p, b*H + h, role) quantizes block p of one head of Q (role 0,
+    BLOCK_Q tokens, its own scale), of K smoothed by KMean (role 1, BLOCK_K tokens, its own scale) or TILE
+    tokens of V by VScale (role 2; V8 has unit token stride); programs past their tensor's end do nothing."""
     pid_p = tl.program_id(0)
     pid_bh = tl.program_id(1)
     role = tl.program_id(2)
@@ -127,56 +139,36 @@ def _fp8_quant_kernel(Q, K, V, Q8, K8, V8, QScale, KScale, VScale, KMean, Partia
     i_h = (pid_bh % H).to(tl.int64)
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
-    p_part = Partial + pid_bh.to(tl.int64) * 2 * PARTS * HEAD_DIM + o_d
     p_stat = pid_bh * HEAD_DIM + o_d
     if role == 0:
-        _quantize_blocks(Q, Q8, QScale, tl.zeros([BLOCK_D], dtype=tl.float32), i_b, i_h, pid_bh, pid_p, PROGRAMS, N,
-                         stride_qb, stride_qh, stride_qn, stride_qd, stride_q8b, stride_q8h, stride_q8n, 1,
-                         HEAD_DIM, BLOCK_D, BLOCK_Q)
+        if pid_p * BLOCK_Q < N:
+            _quantize_block(Q, Q8, QScale, tl.zeros([BLOCK_D], dtype=tl.float32), i_b, i_h, pid_bh, pid_p, N,
+                            stride_qb, stride_qh, stride_qn, stride_qd, stride_q8b, stride_q8h, stride_q8n,
+                            HEAD_DIM, BLOCK_D, BLOCK_Q)
     elif role == 1:
-        b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for part in range(0, PARTS):
-            b_sum += tl.load(p_part + part * HEAD_DIM, mask=m_d, other=0.0)
-        b_mean = tl.math.div_rn(b_sum, tl.zeros([BLOCK_D], dtype=tl.float32) + M)
-        if pid_p == 0:
-            tl.store(KMean + p_stat, b_mean, mask=m_d)
-        _quantize_blocks(K, K8, KScale, b_mean, i_b, i_h, pid_bh, pid_p, PROGRAMS, M,
-                         stride_kb, stride_kh, stride_kn, stride_kd, stride_k8b, stride_k8h, stride_k8n, 1,
-                         HEAD_DIM, BLOCK_D, BLOCK_K)
-    else:
-        b_max = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for part in range(0, PARTS):
-            b_max = tl.maximum(b_max, tl.load(p_part + (PARTS + part) * HEAD_DIM, mask=m_d, other=0.0))
-        b_scale = _pow2_scale(b_max)
-        if pid_p == 0:
-            tl.store(VScale + p_stat, b_scale, mask=m_d)
-        b_inv = tl.math.div_rn(tl.full([BLOCK_D], 1.0, dtype=tl.float32), b_scale)
-        for start in range(pid_p * TILE, M, PROGRAMS * TILE):
-            p_v, m_tile = _tile_ptrs(V, i_b, i_h, stride_vb, stride_vh, stride_vn, stride_vd, start, M, TILE,
-                                     HEAD_DIM, BLOCK_D)
-            b_v8 = _to_fp8(tl.load(p_v, mask=m_tile, other=0.0).to(tl.float32), b_inv[None, :])
-            p_o, _ = _tile_ptrs(V8, i_b, i_h, stride_v8b, stride_v8h, 1, stride_v8d, start, M, TILE, HEAD_DIM,
-                                BLOCK_D)
-            tl.store(p_o, b_v8, mask=m_tile)
-
-
-@functools.lru_cache(maxsize=None)
-def _programs_per_wave(device: torch.device) -> int:
-    """Programs that keep every SM streaming: 4 per SM on a GPU; 2 in the interpreter (so its loops run
-    several steps)."""
-    return 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+        if pid_p * BLOCK_K < M:
+            _quantize_block(K, K8, KScale, tl.load(KMean + p_stat, mask=m_d, other=0.0), i_b, i_h, pid_bh, pid_p,
+                            M, stride_kb, stride_kh, stride_kn, stride_kd, stride_k8b, stride_k8h, stride_k8n,
+                            HEAD_DIM, BLOCK_D, BLOCK_K)
+    elif pid_p * TILE < M:
+        b_inv = tl.math.div_rn(tl.full([BLOCK_D], 1.0, dtype=tl.float32),
+                               tl.load(VScale + p_stat, mask=m_d, other=1.0))
+        p_v, m_tile = _tile_ptrs(V, i_b, i_h, stride_vb, stride_vh, stride_vn, stride_vd, pid_p * TILE, M, TILE,
+                                 HEAD_DIM, BLOCK_D)
+        b_v8 = _to_fp8(tl.load(p_v, mask=m_tile, other=0.0).to(tl.float32), b_inv[None, :])
+        p_o, _ = _tile_ptrs(V8, i_b, i_h, stride_v8b, stride_v8h, 1, stride_v8d, pid_p * TILE, M, TILE, HEAD_DIM,
+                            BLOCK_D)
+        tl.store(p_o, b_v8, mask=m_tile)
 
 
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int) -> Fp8Inputs:
     """The FP8 inputs (:class:`Fp8Inputs`) of q [B, H, N, D], k, v [B, H, M, D] (any strides, float dtypes)
-    in two launches: K's column sums and V's column amax in partials, then Q, K and V quantized (Q and K per
-    block, V per channel). v8 is a [B, H, M, D] view of a [B, H, D, M'] buffer (M' = M rounded up to 16; its
-    padding is never written), so that the kernel reads V with tokens contiguous."""
+    in three launches: a zeroed ticket counter, K's mean and V's channel scales (:func:`_fp8_stats_kernel`),
+    then Q, K and V quantized one block per program. v8 is a [B, H, M, D] view of a [B, H, D, M'] buffer (M' = M
+    rounded up to 16; its padding is never written), so that the kernel reads V with tokens contiguous."""
     b, h, n, d = q.shape
     m = k.shape[2]
-    wave = _programs_per_wave(q.device)
-    parts = max(1, min(triton.cdiv(m, _QUANT_TILE), triton.cdiv(wave, b * h)))
-    programs = max(1, min(triton.cdiv(max(n, m), _QUANT_TILE), triton.cdiv(wave, b * h)))
+    parts = triton.cdiv(m, _STATS_CHUNK)
     q8 = bf16._alloc(q, (b, h, n, d), FP8_DTYPE)
     k8 = bf16._alloc(q, (b, h, m, d), FP8_DTYPE)
     v8 = bf16._alloc(q, (b, h, d, triton.cdiv(m, 16) * 16), FP8_DTYPE)[..., :m].transpose(-1, -2)
@@ -185,13 +177,15 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, bl
     v_scale = bf16._alloc(q, (b, h, d), torch.float32)
     k_mean = bf16._alloc(q, (b, h, d), torch.float32)
     partial = bf16._alloc(q, (b * h, 2, parts, d), torch.float32)
+    counter = torch.zeros(b * h, device=q.device, dtype=torch.int32)
     meta = dict(HEAD_DIM=d, BLOCK_D=bf16.padded_pow2(d), TILE=_QUANT_TILE)
-    _fp8_stats_kernel[(parts, b * h)](k, v, partial, *k.stride(), *v.stride(), h, m, parts, **meta,
-                                      num_warps=4, num_stages=3)
-    _fp8_quant_kernel[(programs, b * h, 3)](
-        q, k, v, q8, k8, v8, q_scale, k_scale, v_scale, k_mean, partial, *q.stride(), *k.stride(), *v.stride(),
-        *q8.stride()[:3], *k8.stride()[:3], v8.stride(0), v8.stride(1), v8.stride(3), h, n, m, parts, programs,
-        **meta, BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=8, num_stages=2,
+    _fp8_stats_kernel[(parts, b * h)](k, v, partial, counter, k_mean, v_scale, *k.stride(), *v.stride(), h, m,
+                                      parts, **meta, CHUNK=_STATS_CHUNK, PART_BLOCK=32, num_warps=4)
+    blocks = max(triton.cdiv(n, block_q), triton.cdiv(m, min(block_k, _QUANT_TILE)))
+    _fp8_quant_kernel[(blocks, b * h, 3)](
+        q, k, v, q8, k8, v8, q_scale, k_scale, v_scale, k_mean, *q.stride(), *k.stride(), *v.stride(),
+        *q8.stride()[:3], *k8.stride()[:3], v8.stride(0), v8.stride(1), v8.stride(3), h, n, m,
+        **meta, BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=8 if max(block_q, block_k) * d >= 128 * 128 else 4,
     )
     return Fp8Inputs(q8, k8, v8, q_scale, k_scale, v_scale, k_mean)
 
