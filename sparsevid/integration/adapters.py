@@ -239,7 +239,9 @@ UNSUPPORTED = {
                                      "cache), not a softmax over the video tokens that tiles could restrict",
     "MochiTransformer3DModel": "its attention processor attends each batch entry separately (one attention call per "
                                "sample, over that sample's valid text tokens), while a sparse layer decides and "
-                               "keeps one mask per call of the layer; not supported yet",
+                               "keeps one mask per call of the layer, and its pipeline's timesteps rise over the "
+                               "denoising (reversed), which the step counter would read as new generations; not "
+                               "supported yet",
     "LatteTransformer3DModel": "its attention is factorised into per-frame spatial and per-position temporal "
                                "attentions (each a short sequence): there is no space-time self-attention to tile",
 }
