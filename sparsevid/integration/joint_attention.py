@@ -133,14 +133,15 @@ def video_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Toke
 
 def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TokenLayout, mask: SparseMask,
                            order: TokenOrder | None = None, *, video=None, scale: float | None = None,
-                           backend: str = "auto", attn_mask: torch.Tensor | None = None,
+                           backend: str = "auto", precision: str = "native", attn_mask: torch.Tensor | None = None,
                            key_sets: list[torch.Tensor] | None = None, tile_mass: bool = False, clock=None):
     """Attention with sparse video-to-video tiles (under ``mask``) and dense text rows and columns.
 
     q, k, v: [B, H, N, D] (any strides), N = layout.total. mask: over the video tokens in ``order`` (the order
     the sparse part runs in, relative to q's; None: as given), e.g. predicted from :func:`video_tokens`.
     video: the ``video_tokens(q, k, v, layout, order)`` the caller already has (else gathered here).
-    backend: the block-sparse attention backend. tile_mass: also return the exact tile masses float32
+    backend, precision: of the video-to-video block-sparse attention (the text parts run at the native
+    precision). tile_mass: also return the exact tile masses float32
     [B, H, QB, KB] of the video-to-video attention (``return_tile_mass``; inference only), else None.
     attn_mask: the mask the text rows use (as in SDPA): key padding [B|1, 1, 1, N] or per row [B|1, 1, N, N];
     key_sets: its valid text keys per batch entry (see :func:`text_key_sets`), None if all are valid.
@@ -155,7 +156,7 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     def attend(return_lse: bool) -> tuple:
         """(out, lse if return_lse, tile masses or None) of the video-to-video part."""
         result = block_sparse_attention(q_v, k_v, v_v, mask, scale=scale, return_lse=return_lse, backend=backend,
-                                        return_tile_mass=tile_mass)
+                                        return_tile_mass=tile_mass, precision=precision)
         if tile_mass:
             return result
         return (*(result if return_lse else (result,)), None)

@@ -232,6 +232,10 @@ class SparseAttnProcessor:
                              f"and {query.shape[1]}")
         if attn_mask is not None and layout.text_len == 0:
             raise ValueError("sparse attention does not support an attention mask over video tokens")
+        if plan.precision == "fp8" and plan.backend == "auto" and not query.is_cuda:
+            raise ValueError(f"precision='fp8' with backend='auto' needs a CUDA GPU with FP8 tensor cores; the "
+                             f"attention runs on {query.device}: use backend='reference' for the (slow) PyTorch "
+                             f"emulation, or precision='native'")
         order = self._token_order(plan.tile, layout, query.device)
         video = video_tokens(query, key, value, layout, order)
         mark(clock, "reordered")
@@ -240,6 +244,7 @@ class SparseAttnProcessor:
         mark(clock, "predicted")
         out, tile_mass = joint_sparse_attention(
             query, key, value, layout, mask, order, video=video, scale=scale, backend=plan.backend,
+            precision=plan.precision,
             attn_mask=attn_mask, key_sets=self._key_sets(attn_mask, layout, query.shape[0]),
             tile_mass=wants_tile_mass, clock=clock)
         runtime.record(tile_mass)

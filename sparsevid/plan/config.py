@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..ops.attention import FP8_BACKENDS, PRECISIONS
 from ..ops.mask import SUPPORTED_BLOCK_SIZES as BLOCK_SIZES
 from ..ops.refine import SELECT_FIELDS
 from ..ops.selection import RULES
@@ -154,6 +155,7 @@ MASK_SETTINGS = (
     _predictor_setting("block_q", "int", _check_block),
     _predictor_setting("block_k", "int", _check_block),
     MaskSetting("backend", "str", "auto", _check_backend),
+    MaskSetting("precision", "str", "native", _check_choice(PRECISIONS)),
     _predictor_setting("keep_sink", "bool", _check_bool),
     _predictor_setting("keep_diagonal", "bool", _check_bool),
     _predictor_setting("similarity_threshold", "float | None", _check_similarity),
@@ -280,6 +282,19 @@ def _check_final(values: dict[str, Any], where: str) -> None:
                          f"got {final_topp!r}")
 
 
+def _check_precision(values: dict[str, Any], where: str) -> None:
+    """precision="fp8" (a forward without backward) with what it cannot run with: another backend than
+    FP8_BACKENDS, or refresh_search="exact" (its exact tile masses come from the native kernels)."""
+    if values["precision"] != "fp8":
+        return
+    if values["backend"] not in FP8_BACKENDS:
+        raise ValueError(f"{where}precision='fp8' runs on the backends {FP8_BACKENDS}, got backend="
+                         f"{values['backend']!r}")
+    if values["refresh_search"] == "exact":
+        raise ValueError(f"{where}precision='fp8' cannot refresh masks by exact tile masses (refresh_search='exact' "
+                         "needs precision='native'); use refresh_search 'full' or 'within'")
+
+
 def _interpolate(start, final, progress: float):
     """start + (final - start) * progress; counts (ints) are rounded to the nearest count."""
     if final is None:
@@ -299,6 +314,9 @@ class SparseConfig:
             may be a list with one value per head (a constant budget; ``from_calibration`` makes such lists).
         block_q, block_k: tile sizes in tokens (64 or 128).
         backend: block-sparse attention backend ("auto" | "triton" | "flex" | "gather" | "reference").
+        precision: "native" (the inputs' dtype) or "fp8" (e4m3 products, inference only: a forward that needs
+            gradients raises; backends "auto" (CUDA with FP8 tensor cores; "auto" off CUDA raises), "triton" or
+            "reference" (the PyTorch emulation); not with refresh_search="exact").
         keep_sink, keep_diagonal, similarity_threshold, min_blocks: passed to ``predict_mask``.
         dense_layers: layer indices (in the order ``apply_sparse_attention`` enumerates self-attentions)
             that stay dense.
@@ -349,6 +367,7 @@ class SparseConfig:
         _check_plan_fields({k: getattr(self, k) for k in PLAN_FIELDS + SCHEDULE_FIELDS}, where="")
         self._check_schedule()
         _check_final({k: getattr(self, k) for k in ("topk", "topp") + SCHEDULE_FIELDS}, where="")
+        _check_precision({k: getattr(self, k) for k in PLAN_FIELDS}, where="")
         if not _is_int(self.dense_steps) or self.dense_steps < 0:
             raise ValueError(f"dense_steps must be an int >= 0, got {self.dense_steps!r}")
         if not isinstance(self.layer_overrides, dict):
@@ -372,6 +391,7 @@ class SparseConfig:
                 raise ValueError(f"layer_overrides[{index}] sets {sorted(set(values) & set(SCHEDULE_FIELDS))} but "
                                  "schedule is 'constant'")
             _check_final(self._layer_values(values), where=f"layer_overrides[{index}].")
+            _check_precision(self._layer_values(values), where=f"layer_overrides[{index}].")
             overrides[index] = values
         self.layer_overrides = overrides
         self._check_calibrated_for()
