@@ -396,3 +396,24 @@ def test_a_bf16_base_trains_float32_master_weights_and_evaluates_under_autocast(
         mixed = predict_velocities(model, heldout)
     error = velocity_error(mixed, reference, heldout)["overall"]
     assert 0 < error < 0.05  # bf16 rounding of weights and activations (8 mantissa bits), not a wrong model
+
+
+def test_cli_out_of_memory_names_what_would_cut_memory(tmp_path, capsys, monkeypatch):
+    """A run that runs out of GPU memory ends with a clear error listing the options it does not use yet."""
+    import sparsevid.training
+    from sparsevid.cli import main
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    torch.manual_seed(0)
+    build("wan")[0].save_pretrained(tmp_path / "model")
+    data = _latents("wan", tmp_path, count=2)
+    monkeypatch.setattr(sparsevid.training, "distill", out_of_memory)
+    base = ["distill", "--model", str(tmp_path / "model"), "--data", str(data), "--steps", "1", "--device", "cpu"]
+    assert main([*base, "--out", str(tmp_path / "a")]) == 2
+    first = capsys.readouterr().err
+    assert "out of GPU memory" in first and "--gradient-checkpointing" in first and "--trainable lora" in first
+    assert main([*base, "--out", str(tmp_path / "b"), "--gradient-checkpointing", "--trainable", "lora"]) == 2
+    second = capsys.readouterr().err
+    assert "--gradient-checkpointing" not in second and "--trainable lora" not in second and "adamw8bit" in second

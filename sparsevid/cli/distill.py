@@ -70,6 +70,21 @@ def heldout_triples(data, per_bin: int, bins: int = 5):
     return heldout_set(data, per_bin, bins, indices=[i % data.order.group for i in range(per_bin * bins)])
 
 
+def memory_advice(args) -> str:
+    """What would cut a run's memory, among the options it does not use yet."""
+    advice = []
+    if not args.gradient_checkpointing:
+        advice.append("--gradient-checkpointing (recompute the blocks: activations of one block at a time)")
+    if args.trainable != "lora":
+        advice.append("--trainable lora (frozen base weights, no gradients or optimiser state for them)")
+    if args.optimizer != "adamw8bit":
+        advice.append("--optimizer adamw8bit (a quarter of the optimiser state)")
+    advice.append("--accumulation-steps (the batch in smaller micro-steps)")
+    if args.parallel != "fsdp":
+        advice.append("torchrun with --parallel fsdp (the model sharded over the GPUs)")
+    return "; ".join(advice)
+
+
 def run(args) -> int:
     import torch
 
@@ -105,8 +120,7 @@ def run(args) -> int:
     except (FileNotFoundError, TypeError, ValueError) as error:
         raise CommandError(str(error)) from None
     except torch.cuda.OutOfMemoryError:
-        raise CommandError("out of GPU memory: try --gradient-checkpointing, --trainable attention or a smaller "
-                           "--batch-size") from None
+        raise CommandError(f"out of GPU memory: try {memory_advice(args)}") from None
     finally:
         teardown()
     if is_main_process() and not result.history:
