@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 QUANT_KERNELS = ("_fp8_stats_kernel", "_fp8_quant_kernel")
-QUANT_TYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Q8": "*fp8e4nv", "K8": "*fp8e4nv", "V8": "*fp8e4nv",
-               "Counter": "*i32"}
+QUANT_TYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Q8": "*fp8e4nv", "Q8Lo": "*fp8e4nv", "K8": "*fp8e4nv",
+               "V8": "*fp8e4nv", "Counter": "*i32"}
 
 
 def _type(name: str, constexprs: dict, sub: int, use_tma: bool, out: str, types: dict) -> str:
@@ -28,7 +28,7 @@ def _type(name: str, constexprs: dict, sub: int, use_tma: bool, out: str, types:
     if name in ("K", "V") and use_tma:
         box = [1, 1, sub, 128] if name == "K" else [1, 1, 128, sub]
         return f"tensordesc<fp8e4nv{box}>"
-    types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "KvCount": "*i32", "KvIndex": "*i32",
+    types = {"Q": "*fp8e4nv", "QLo": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "KvCount": "*i32", "KvIndex": "*i32",
              "scale_log2": "fp32"}
     if name in types:
         return types[name]

@@ -5,6 +5,9 @@ Scaling (SageAttention-style, per head):
     K is smoothed: k - mean over tokens (exact for softmax, which ignores a per-row constant q . mean; the row
         log-sum-exp adds it back), which removes the channel offsets that dominate K's range in video DiTs;
     Q and smoothed K have one scale per block of block_q / block_k tokens, V one per channel (over all tokens);
+    Q is two fp8 terms, q / scale ~ q8 + q8_lo with q8_lo the rounded residual (q8 alone errs by up to 2^-4 of
+        each element, the pair by about 2^-8): Q's rounding moves all logits of a row coherently and dominated the
+        error; the kernel accumulates both products with K into one fp32 tile;
     P (in [0, 1] after max subtraction) is multiplied by ``P_SCALE`` before its cast, undone at the end.
 Every scale is a power of two, the smallest that brings the amax (NaN ignored) within +-448 (:func:`scale_from_amax`):
 dividing by it is exact in float32, so any implementation rounds the same values to e4m3 (e4m3 is a float format:
@@ -26,12 +29,13 @@ MIN_FP8_HEAD_DIM = 32  # an fp8 tensor-core product reduces over at least 32 ele
 
 
 class Fp8Inputs(NamedTuple):
-    """Quantized attention inputs. q8: fp8 [B, H, N, D]; k8: fp8 [B, H, M, D] (smoothed K); v8: fp8
-    [B, H, M, D] (the Triton prep returns a view of a [B, H, D, M'] buffer: tokens contiguous);
-    q_scale: float32 [B, H, ceil(N / block_q)]; k_scale: float32 [B, H, ceil(M / block_k)];
-    v_scale: float32 [B, H, D]; k_mean: float32 [B, H, D]. Dequantized: q8 * q_scale (per query block),
+    """Quantized attention inputs. q8, q8_lo: fp8 [B, H, N, D] (Q and its residual); k8: fp8 [B, H, M, D]
+    (smoothed K); v8: fp8 [B, H, M, D] (the Triton prep returns a view of a [B, H, D, M'] buffer: tokens
+    contiguous); q_scale: float32 [B, H, ceil(N / block_q)]; k_scale: float32 [B, H, ceil(M / block_k)];
+    v_scale: float32 [B, H, D]; k_mean: float32 [B, H, D]. Dequantized: (q8 + q8_lo) * q_scale (per query block),
     k8 * k_scale + k_mean (per key block), v8 * v_scale (per channel)."""
     q8: torch.Tensor
+    q8_lo: torch.Tensor
     k8: torch.Tensor
     v8: torch.Tensor
     q_scale: torch.Tensor

@@ -31,7 +31,7 @@ def _quantize_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.T
     nb = -(-t // block)
     padded = F.pad(x, (0, 0, 0, nb * block - t)).unflatten(2, (nb, block))
     scale = scale_from_amax(_abs_max(padded, (-2, -1)))
-    x8 = _to_fp8(padded / scale[..., None, None]).flatten(2, 3)[:, :, :t]
+    x8 = _to_fp8(padded / scale[..., None, None]).flatten(2, 3)[:, :, :t].contiguous()
     return x8, scale
 
 
@@ -44,17 +44,19 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     if k_mean is None:
         k_mean = k.mean(dim=2, dtype=torch.float32)
     q8, q_scale = _quantize_blocks(q.float(), block_q)
+    # q / q_scale - q8 is exact in float32 (two floats within a factor 2, or q8 = 0)
+    q8_lo = _to_fp8(q.float() / q_scale.repeat_interleave(block_q, dim=2)[:, :, :q.shape[2], None] - q8.float())
     k8, k_scale = _quantize_blocks(k.float() - k_mean[:, :, None], block_k)
     v_scale = scale_from_amax(_abs_max(v.float(), 2))
     v8 = _to_fp8(v.float() / v_scale[:, :, None])
-    return Fp8Inputs(q8, k8, v8, q_scale, k_scale, v_scale, k_mean)
+    return Fp8Inputs(q8, q8_lo, k8, v8, q_scale, k_scale, v_scale, k_mean)
 
 
 def dequantize_fp8(x: Fp8Inputs, block_q: int, block_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, smoothed k and v in float64 from their fp8 values and the scales of blocks of block_q / block_k
-    tokens: [B, H, N, D], [B, H, M, D] twice."""
+    """q (its two terms), smoothed k and v in float64 from their fp8 values and the scales of blocks of
+    block_q / block_k tokens: [B, H, N, D], [B, H, M, D] twice."""
     n, m = x.q8.shape[2], x.k8.shape[2]
-    q = x.q8.double() * x.q_scale.double().repeat_interleave(block_q, dim=2)[:, :, :n, None]
+    q = (x.q8.double() + x.q8_lo.double()) * x.q_scale.double().repeat_interleave(block_q, dim=2)[:, :, :n, None]
     k = x.k8.double() * x.k_scale.double().repeat_interleave(block_k, dim=2)[:, :, :m, None]
     v = x.v8.double() * x.v_scale.double()[:, :, None]
     return q, k, v

@@ -48,10 +48,9 @@ def _abs_or_zero(b_x):
 
 
 @triton.jit
-def _to_fp8(b_x, inv_scale):
-    """x * inv_scale (an exact power of two) clamped to +-448 (NaN kept) and rounded to e4m3."""
-    b_y = tl.clamp(b_x * inv_scale, -_FP8_MAX, _FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
-    return b_y.to(tl.float8e4nv)
+def _to_fp8(b_y):
+    """float32 y (already scaled) clamped to +-448 (NaN kept) and rounded to e4m3."""
+    return tl.clamp(b_y, -_FP8_MAX, _FP8_MAX, propagate_nan=tl.PropagateNan.ALL).to(tl.float8e4nv)
 
 
 @triton.jit
@@ -108,30 +107,38 @@ def _fp8_stats_kernel(K, V, Partial, Counter, KMean, VScale, stride_kb, stride_k
 
 
 @triton.jit
-def _quantize_block(X, Out, Scale, b_mean, i_b, i_h, pid_bh, blk, T,
+def _quantize_block(X, Out, OutLo, Scale, b_mean, i_b, i_h, pid_bh, blk, T,
                     stride_xb, stride_xh, stride_xn, stride_xd, stride_ob, stride_oh, stride_on,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, RESIDUAL: tl.constexpr):
     """Block blk of BLOCK tokens of one head of X: (x - b_mean) with one power-of-two scale (into Scale,
-    [B*H, ceil(T / BLOCK)]) to fp8 in Out (unit head-dim stride)."""
+    [B*H, ceil(T / BLOCK)]) to fp8 in Out (unit head-dim stride); with RESIDUAL, the rounded residual
+    x / scale - Out (exact in float32) to OutLo (Out's strides)."""
     p_x, m_tile = _tile_ptrs(X, i_b, i_h, stride_xb, stride_xh, stride_xn, stride_xd, blk * BLOCK, T, BLOCK,
                              HEAD_DIM, BLOCK_D)
     b_x = tl.where(m_tile, tl.load(p_x, mask=m_tile, other=0.0).to(tl.float32) - b_mean[None, :], 0.0)
     scale = _pow2_scale(tl.max(tl.max(_abs_or_zero(b_x), 1), 0))
     tl.store(Scale + pid_bh.to(tl.int64) * tl.cdiv(T, BLOCK) + blk, scale)
     p_o, _ = _tile_ptrs(Out, i_b, i_h, stride_ob, stride_oh, stride_on, 1, blk * BLOCK, T, BLOCK, HEAD_DIM, BLOCK_D)
-    tl.store(p_o, _to_fp8(b_x, tl.math.div_rn(1.0, scale)), mask=m_tile)
+    b_y = b_x * tl.math.div_rn(1.0, scale)
+    b_y8 = _to_fp8(b_y)
+    tl.store(p_o, b_y8, mask=m_tile)
+    if RESIDUAL:
+        p_lo, _ = _tile_ptrs(OutLo, i_b, i_h, stride_ob, stride_oh, stride_on, 1, blk * BLOCK, T, BLOCK, HEAD_DIM,
+                             BLOCK_D)
+        tl.store(p_lo, _to_fp8(b_y - b_y8.to(tl.float32)), mask=m_tile)
 
 
 @triton.jit
-def _fp8_quant_kernel(Q, K, V, Q8, K8, V8, QScale, KScale, VScale, KMean,
+def _fp8_quant_kernel(Q, K, V, Q8, Q8Lo, K8, V8, QScale, KScale, VScale, KMean,
                       stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                       stride_vb, stride_vh, stride_vn, stride_vd, stride_q8b, stride_q8h, stride_q8n,
                       stride_k8b, stride_k8h, stride_k8n, stride_v8b, stride_v8h, stride_v8d, H, N, M,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                       TILE: tl.constexpr):
     """Launch 2 of :func:`quantize`: program (p, b*H + h, role) quantizes block p of one head of Q (role 0,
-    BLOCK_Q tokens, its own scale), of K smoothed by KMean (role 1, BLOCK_K tokens, its own scale) or TILE
-    tokens of V by VScale (role 2; V8 has unit token stride); programs past their tensor's end do nothing."""
+    BLOCK_Q tokens, its own scale, two terms: Q8 and the residual Q8Lo), of K smoothed by KMean (role 1, BLOCK_K
+    tokens, its own scale) or TILE tokens of V by VScale (role 2; V8 has unit token stride); programs past their
+    tensor's end do nothing."""
     pid_p = tl.program_id(0)
     pid_bh = tl.program_id(1)
     role = tl.program_id(2)
@@ -142,20 +149,20 @@ def _fp8_quant_kernel(Q, K, V, Q8, K8, V8, QScale, KScale, VScale, KMean,
     p_stat = pid_bh * HEAD_DIM + o_d
     if role == 0:
         if pid_p * BLOCK_Q < N:
-            _quantize_block(Q, Q8, QScale, tl.zeros([BLOCK_D], dtype=tl.float32), i_b, i_h, pid_bh, pid_p, N,
+            _quantize_block(Q, Q8, Q8Lo, QScale, tl.zeros([BLOCK_D], dtype=tl.float32), i_b, i_h, pid_bh, pid_p, N,
                             stride_qb, stride_qh, stride_qn, stride_qd, stride_q8b, stride_q8h, stride_q8n,
-                            HEAD_DIM, BLOCK_D, BLOCK_Q)
+                            HEAD_DIM, BLOCK_D, BLOCK_Q, True)
     elif role == 1:
         if pid_p * BLOCK_K < M:
-            _quantize_block(K, K8, KScale, tl.load(KMean + p_stat, mask=m_d, other=0.0), i_b, i_h, pid_bh, pid_p,
-                            M, stride_kb, stride_kh, stride_kn, stride_kd, stride_k8b, stride_k8h, stride_k8n,
-                            HEAD_DIM, BLOCK_D, BLOCK_K)
+            _quantize_block(K, K8, K8, KScale, tl.load(KMean + p_stat, mask=m_d, other=0.0), i_b, i_h, pid_bh,
+                            pid_p, M, stride_kb, stride_kh, stride_kn, stride_kd, stride_k8b, stride_k8h, stride_k8n,
+                            HEAD_DIM, BLOCK_D, BLOCK_K, False)
     elif pid_p * TILE < M:
         b_inv = tl.math.div_rn(tl.full([BLOCK_D], 1.0, dtype=tl.float32),
                                tl.load(VScale + p_stat, mask=m_d, other=1.0))
         p_v, m_tile = _tile_ptrs(V, i_b, i_h, stride_vb, stride_vh, stride_vn, stride_vd, pid_p * TILE, M, TILE,
                                  HEAD_DIM, BLOCK_D)
-        b_v8 = _to_fp8(tl.load(p_v, mask=m_tile, other=0.0).to(tl.float32), b_inv[None, :])
+        b_v8 = _to_fp8(tl.load(p_v, mask=m_tile, other=0.0).to(tl.float32) * b_inv[None, :])
         p_o, _ = _tile_ptrs(V8, i_b, i_h, stride_v8b, stride_v8h, 1, stride_v8d, pid_p * TILE, M, TILE, HEAD_DIM,
                             BLOCK_D)
         tl.store(p_o, b_v8, mask=m_tile)
@@ -170,6 +177,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, bl
     m = k.shape[2]
     parts = triton.cdiv(m, _STATS_CHUNK)
     q8 = bf16._alloc(q, (b, h, n, d), FP8_DTYPE)
+    q8_lo = bf16._alloc(q, (b, h, n, d), FP8_DTYPE)
     k8 = bf16._alloc(q, (b, h, m, d), FP8_DTYPE)
     v8 = bf16._alloc(q, (b, h, d, triton.cdiv(m, 16) * 16), FP8_DTYPE)[..., :m].transpose(-1, -2)
     q_scale = bf16._alloc(q, (b, h, triton.cdiv(n, block_q)), torch.float32)
@@ -183,11 +191,11 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, bl
                                       parts, **meta, CHUNK=_STATS_CHUNK, PART_BLOCK=32, num_warps=4)
     blocks = max(triton.cdiv(n, block_q), triton.cdiv(m, min(block_k, _QUANT_TILE)))
     _fp8_quant_kernel[(blocks, b * h, 3)](
-        q, k, v, q8, k8, v8, q_scale, k_scale, v_scale, k_mean, *q.stride(), *k.stride(), *v.stride(),
+        q, k, v, q8, q8_lo, k8, v8, q_scale, k_scale, v_scale, k_mean, *q.stride(), *k.stride(), *v.stride(),
         *q8.stride()[:3], *k8.stride()[:3], v8.stride(0), v8.stride(1), v8.stride(3), h, n, m,
         **meta, BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=8 if max(block_q, block_k) * d >= 128 * 128 else 4,
     )
-    return Fp8Inputs(q8, k8, v8, q_scale, k_scale, v_scale, k_mean)
+    return Fp8Inputs(q8, q8_lo, k8, v8, q_scale, k_scale, v_scale, k_mean)
 
 
 # --------------------------------------------------------------------------- attention
@@ -224,16 +232,17 @@ def _load_v(source, start, stride_vd, o_d, M, HEAD_DIM: tl.constexpr, BLOCK_D: t
 
 
 @triton.jit
-def _fp8_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, tile_scale, stride_kn, stride_vd, o_d, M, i_b, i_h,
+def _fp8_tile(b_acc, b_m, b_l, b_q, b_q_lo, k_src, v_src, start_n, tile_scale, stride_kn, stride_vd, o_d, M, i_b, i_h,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr,
               USE_TMA: tl.constexpr):
-    """SUB_N keys of a kept tile. tile_scale = q_scale * k_scale * softmax scale * log2(e) (> 0) turns the fp8
-    product into base-2 logits s; b_m is the running max of s minus log2(P_SCALE), so exp2(s - b_m) (one FMA and
-    an exp2 per logit) is P * P_SCALE, cast to fp8 as it is, and b_l sums it (P_SCALE cancels in out = acc / l)."""
+    """SUB_N keys of a kept tile. Both terms of Q (b_q, b_q_lo) times K accumulate into one fp32 tile;
+    tile_scale = q_scale * k_scale * softmax scale * log2(e) (> 0) turns it into base-2 logits s; b_m is the
+    running max of s minus log2(P_SCALE), so exp2(s - b_m) (one FMA and an exp2 per logit) is P * P_SCALE, cast
+    to fp8 as it is, and b_l sums it (P_SCALE cancels in out = acc / l)."""
     b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA,
                       i_b, i_h)
     b_v = _load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, USE_TMA, i_b, i_h)
-    b_s = tl.dot(b_q, b_kt)
+    b_s = tl.dot(b_q_lo, b_kt, tl.dot(b_q, b_kt))
     if MASK_COLS:
         b_s = tl.where((start_n + tl.arange(0, SUB_N) < M)[None, :], b_s, float("-inf"))
     b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * tile_scale - _LOG2_P_SCALE)
@@ -245,13 +254,14 @@ def _fp8_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, tile_scale, stride_kn
     return b_acc, b_m_new, b_l
 
 
-@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3),
-                                                   (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3),
-                                                   (64, 64, 4, 3), (64, 64, 4, 4)), _box_hook),
+# No 128-row 4-warp config: with Q's two terms ptxas (sm_90) spills 2 KB there; 8 warps spill 36 bytes, 64 rows none.
+@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4),
+                                                   (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),
+                                                   (64, 64, 4, 4)), _box_hook),
                  key=["HEAD_DIM", "BLOCK_M", "BLOCK_N", "N", "M", "USE_TMA"],
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N"))
 @triton.jit
-def _bsa_fp8_fwd_kernel(Q, K, V, QScale, KScale, VScale, KMean, Out, Lse, KvCount, KvIndex,
+def _bsa_fp8_fwd_kernel(Q, QLo, K, V, QScale, KScale, VScale, KMean, Out, Lse, KvCount, KvIndex,
                         stride_qb, stride_qh, stride_qn,
                         stride_kb, stride_kh, stride_kn,
                         stride_vb, stride_vh, stride_vd,
@@ -260,7 +270,8 @@ def _bsa_fp8_fwd_kernel(Q, K, V, QScale, KScale, VScale, KMean, Out, Lse, KvCoun
                         H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr, USE_TMA: tl.constexpr):
-    """Forward over the kept tiles of ROWS query rows (inside one query block, hence one q scale)."""
+    """Forward over the kept tiles of ROWS query rows (inside one query block, hence one q scale); Q and QLo
+    (Q's residual) share strides."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
@@ -271,13 +282,14 @@ def _bsa_fp8_fwd_kernel(Q, K, V, QScale, KScale, VScale, KMean, Out, Lse, KvCoun
     m_d = o_d < HEAD_DIM
     m_tile = (o_m < N)[:, None] & m_d[None, :]
 
-    b_q = tl.load(Q + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :],
-                  mask=m_tile, other=0.0)
+    o_q = i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :]
+    b_q = tl.load(Q + o_q, mask=m_tile, other=0.0)
+    b_q_lo = tl.load(QLo + o_q, mask=m_tile, other=0.0)
     q_scale = tl.load(QScale + pid_bh.to(tl.int64) * NUM_Q_BLOCKS + q_block)
     qk_scale = q_scale * scale_log2
     # Smoothing takes q . k_mean off every logit of a row (base 2 here): the log-sum-exp gets it back.
     b_mean = tl.load(KMean + pid_bh * HEAD_DIM + o_d, mask=m_d, other=0.0)
-    b_shift = tl.sum(b_q.to(tl.float32) * b_mean[None, :], 1) * qk_scale
+    b_shift = tl.sum((b_q.to(tl.float32) + b_q_lo.to(tl.float32)) * b_mean[None, :], 1) * qk_scale
     p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
     k_src = _rows_source(K, i_b, i_h, stride_kb, stride_kh, USE_TMA)
     v_src = _rows_source(V, i_b, i_h, stride_vb, stride_vh, USE_TMA)
@@ -292,15 +304,15 @@ def _bsa_fp8_fwd_kernel(Q, K, V, QScale, KScale, VScale, KMean, Out, Lse, KvCoun
     b_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     for it in range(0, num_full * SUBS):
         kv_block = tl.load(p_index + it // SUBS)
-        b_acc, b_m, b_l = _fp8_tile(b_acc, b_m, b_l, b_q, k_src, v_src, kv_block * BLOCK_N + (it % SUBS) * SUB_N,
-                                    tl.load(p_kscale + kv_block) * qk_scale, stride_kn, stride_vd, o_d, M, i_b,
-                                    i_h, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA)
+        b_acc, b_m, b_l = _fp8_tile(b_acc, b_m, b_l, b_q, b_q_lo, k_src, v_src,
+                                    kv_block * BLOCK_N + (it % SUBS) * SUB_N, tl.load(p_kscale + kv_block) * qk_scale,
+                                    stride_kn, stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA)
     if ragged_tail:
         tile_scale = tl.load(p_kscale + last_block) * qk_scale
         for sub in range(0, SUBS):
             start_n = last_block * BLOCK_N + sub * SUB_N
             if start_n < M:
-                b_acc, b_m, b_l = _fp8_tile(b_acc, b_m, b_l, b_q, k_src, v_src, start_n, tile_scale, stride_kn,
+                b_acc, b_m, b_l = _fp8_tile(b_acc, b_m, b_l, b_q, b_q_lo, k_src, v_src, start_n, tile_scale, stride_kn,
                                             stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, True, USE_TMA)
 
     has_keys = b_l != 0.0  # NaN too (a non-finite input): the row gives NaN, as dense attention does
@@ -318,9 +330,9 @@ def fp8_forward(x: Fp8Inputs, kv_count: torch.Tensor, kv_index: torch.Tensor, bl
     """The FP8 forward over quantized inputs ``x`` (from :func:`quantize`, or any :class:`Fp8Inputs` whose
     v8 has unit token stride). Returns out (``like``'s dtype and layout, [B, H, N, D]) and lse float32
     [B, H, N] (natural log)."""
-    if x.v8.stride(2) != 1 or x.q8.stride(-1) != 1 or x.k8.stride(-1) != 1:
-        raise ValueError("fp8_forward needs q8, k8 with unit head-dim stride and v8 with unit token stride "
-                         "(as made by quantize)")
+    if x.v8.stride(2) != 1 or x.q8.stride(-1) != 1 or x.k8.stride(-1) != 1 or x.q8_lo.stride() != x.q8.stride():
+        raise ValueError("fp8_forward needs q8 (and q8_lo, with q8's strides), k8 with unit head-dim stride and v8 "
+                         "with unit token stride (as made by quantize)")
     b, h, n, d = x.q8.shape
     m = x.k8.shape[2]
     out = bf16._alloc(like)
@@ -331,7 +343,7 @@ def fp8_forward(x: Fp8Inputs, kv_count: torch.Tensor, kv_index: torch.Tensor, bl
                     if use_tma else (x.k8, vt))
     launch_tuned(
         _bsa_fp8_fwd_kernel, lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h), (n, m, like.dtype, like.device),
-        x.q8, k_src, v_src, x.q_scale, x.k_scale, x.v_scale, x.k_mean, out, lse, kv_count, kv_index,
+        x.q8, x.q8_lo, k_src, v_src, x.q_scale, x.k_scale, x.v_scale, x.k_mean, out, lse, kv_count, kv_index,
         *x.q8.stride()[:3], *x.k8.stride()[:3], *vt.stride()[:3], *out.stride(),
         *bf16._table_strides(kv_count, kv_index, b, h),
         h, n, m, x.q_scale.shape[2], x.k_scale.shape[2], scale * LOG2E,
