@@ -173,6 +173,19 @@ def test_triton_quantizer_interpreted_matches_pytorch():
     assert (fast.q8_lo.float() != ref.q8_lo.float())[same_hi].float().mean() < 0.05
 
 
+@pytest.mark.skipif(not INTERPRET, reason="the interpreted Triton quantizer")
+def test_triton_statistics_reduce_more_chunks_than_one_step():
+    """K's mean and V's scales when a head has more 256-token chunks than the last program reduces in one step
+    (34 > 32): the partials of every chunk counted once."""
+    from sparsevid.ops import triton_fp8_attention
+
+    q, k, v = _inputs(1, 2, 64, 8500, 32, outlier=True)
+    v[0, 1, 8450, 3] = 1e4  # in the last chunk
+    fast = triton_fp8_attention.quantize(q, k, v, 64, 64)
+    assert (fast.k_mean - k.double().mean(dim=2)).abs().max() <= 8500 * 2.0 ** -24 * k.abs().max()
+    assert torch.equal(fast.v_scale, fp8.scale_from_amax(v.abs().amax(dim=2)))
+
+
 def test_errors_name_the_requirement():
     q, k, v = _inputs(1, 2, 200, 200, 64)
     mask = _mask(1, 2, 200, 200, 128, 64)

@@ -91,6 +91,9 @@ def _fp8_stats_kernel(K, V, Partial, Counter, KMean, VScale, stride_kb, stride_k
     p_head = Partial + pid_bh.to(tl.int64) * 2 * PARTS * HEAD_DIM
     tl.store(p_head + pid_p * HEAD_DIM + o_d, b_sum, mask=m_d)
     tl.store(p_head + (PARTS + pid_p) * HEAD_DIM + o_d, b_max, mask=m_d)
+    # Every thread's partials are stored before the ticket's release (one thread takes the ticket); the last
+    # program reads the others' partials from L2 (.cg) after its acquire.
+    tl.debug_barrier()
     if tl.atomic_add(Counter + pid_bh, 1, sem="acq_rel") == PARTS - 1:
         b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
         b_max = tl.zeros([BLOCK_D], dtype=tl.float32)
