@@ -1,10 +1,10 @@
 """FP8 (e4m3) block-sparse attention forward in Triton, for GPUs with FP8 tensor cores (sm89, sm90+).
 
-Two steps: :func:`quantize` (K's mean and V's channel scales in one launch, then Q, K and V scaled, cast and
-stored in another; V is stored with tokens contiguous, the layout an FP8 tensor-core product needs for its right
-operand) and :func:`fp8_forward`, the bf16 forward's online softmax with both
-products on fp8 operands and fp32 accumulation. The scaling rules are in :mod:`sparsevid.ops.fp8`; the
-PyTorch oracle is :mod:`sparsevid.ops.fp8_reference`. Forward only (inference).
+Two steps: :func:`quantize` (K's mean and V's channel scales in one launch, then Q (two terms), K and V scaled,
+cast and stored in another; V is stored with tokens contiguous, the layout an FP8 tensor-core product needs for
+its right operand) and :func:`fp8_forward`, the bf16 forward's online softmax with every product on fp8 operands
+and fp32 accumulation. The scaling rules are in :mod:`sparsevid.ops.fp8`; the PyTorch oracle is
+:mod:`sparsevid.ops.fp8_reference`. Forward only (inference).
 """
 from __future__ import annotations
 
