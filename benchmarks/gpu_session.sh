@@ -54,13 +54,19 @@
 #               (CUDA graphs) and max-autotune-no-cudagraphs)
 #   e2e14b      benchmark e2e_14b (Wan 14B 720p at 95%, dense and sparse, eager)
 #   e2e14b_compiled  benchmark e2e_14b_compiled (the same compiled: compile_repeated_blocks, default mode)
+#   families    benchmark families (real-size forward, eager, dense vs top-k 5% and hybrid: Wan2.2 TI2V-5B, HunyuanVideo
+#               1.5, LTX-Video, SkyReels-V2, CogVideoX-5B; `python -m benchmarks families --estimate` prints the
+#               estimated seconds per family); families_large: the same for Wan2.2 A14B and HunyuanVideo 13B
+#   families_compiled, families_compiled_large, families_compiled_hunyuan, families_compiled_cogvideox  the same
+#               compiled (benchmarks of those names, one GPU call each)
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
 PARTS="kernels|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|predict|limits|training|training_full|training_shift|motion|\
-demo_student|tests|parallel|ddp|runtime|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled"
+demo_student|tests|parallel|ddp|runtime|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
+families|families_large|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
 mkdir -p "$OUT"
@@ -167,6 +173,24 @@ e2e14b)
     ;;
 e2e14b_compiled)
     bench e2e_14b_compiled 540
+    ;;
+families)
+    bench families 540
+    ;;
+families_large)
+    bench families_large 540
+    ;;
+families_compiled)
+    bench families_compiled 540
+    ;;
+families_compiled_large)
+    bench families_compiled_large 540
+    ;;
+families_compiled_hunyuan)
+    bench families_compiled_hunyuan 540
+    ;;
+families_compiled_cogvideox)
+    bench families_compiled_cogvideox 540
     ;;
 *)
     echo "unknown part: $PART ($PARTS)" >&2

@@ -97,4 +97,28 @@ BENCHMARKS = {
     "context_parallel": Benchmark(
         "benchmarks.bench_context_parallel",
         "Wan 14B forward over the ranks of torchrun (Ulysses) vs one GPU, dense and 95% sparse, with a check"),
+    "families": Benchmark(
+        "benchmarks.bench_families",
+        "real-size forward, eager, dense vs top-k 5% and hybrid: Wan2.2 TI2V-5B, HunyuanVideo 1.5, LTX, SkyReels, CogVideoX",
+        ("--families", "wan22_ti2v,hunyuan_video15,ltx,skyreels_v2,cogvideox", "--compile", "eager", "--iters", "2")),
+    "families_large": Benchmark(
+        "benchmarks.bench_families",
+        "real-size forward, eager, dense vs top-k 5% and hybrid: Wan2.2 A14B (one expert) 720p, HunyuanVideo 13B 720p",
+        ("--families", "wan22_a14b,hunyuan_video", "--compile", "eager", "--iters", "2")),
+    "families_compiled": Benchmark(
+        "benchmarks.bench_families",
+        "the families benchmark compiled (compile_repeated_blocks, default mode): Wan2.2 TI2V-5B, LTX, SkyReels-V2",
+        ("--families", "wan22_ti2v,ltx,skyreels_v2", "--compile", "default", "--iters", "2")),
+    "families_compiled_large": Benchmark(
+        "benchmarks.bench_families",
+        "the families benchmark compiled (compile_repeated_blocks, default mode): Wan2.2 A14B, HunyuanVideo 1.5",
+        ("--families", "wan22_a14b,hunyuan_video15", "--compile", "default", "--iters", "2")),
+    "families_compiled_hunyuan": Benchmark(
+        "benchmarks.bench_families",
+        "the families benchmark compiled (compile_repeated_blocks, default mode): HunyuanVideo 13B 720p",
+        ("--families", "hunyuan_video", "--compile", "default", "--iters", "2")),
+    "families_compiled_cogvideox": Benchmark(
+        "benchmarks.bench_families",
+        "the families benchmark compiled (torch.compile of the whole model, default mode): CogVideoX-5B",
+        ("--families", "cogvideox", "--compile", "default", "--iters", "2")),
 }
