@@ -109,7 +109,7 @@ def test_calibration_round_trips_through_the_file(calibration, tmp_path):
     loaded = Calibration.load(path)
     assert loaded.choice == calibration.choice and loaded.objective == {"target_sparsity": 0.5}
     assert loaded.candidates == calibration.candidates and loaded.model == calibration.model
-    for name in ("sparsity", "error", "recall"):  # stored to 6 decimals
+    for name in ("sparsity", "error", "abs_error", "recall"):  # stored to 6 decimals
         assert torch.allclose(torch.tensor(getattr(loaded, name)), torch.tensor(getattr(calibration, name)),
                               atol=5e-7, rtol=0)
     config = sv.SparseConfig.from_calibration(path, backend="reference")
@@ -119,6 +119,33 @@ def test_calibration_round_trips_through_the_file(calibration, tmp_path):
     # A new target chosen from the stored measurements, without running the model again.
     sparser = sv.SparseConfig.from_calibration(path, target_sparsity=0.8)
     assert sparser.layer_overrides != config.layer_overrides
+
+
+def test_absolute_errors_weigh_each_head_by_the_size_of_its_output(calibration, tmp_path):
+    """abs_error = error x the head's mean |output|; allocating on it is the relative allocation with every head's
+    errors scaled by its output size, and a calibration without it (an older file) refuses error='absolute'."""
+    dense = [c.rule for c in calibration.candidates].index("dense")
+    half = calibration.candidates.index(Candidate("topk", 0.5))
+    relative, absolute = torch.tensor(calibration.error), torch.tensor(calibration.abs_error)
+    assert (absolute[..., dense] == 0).all() and (absolute[..., half] > 0).all()
+    size = absolute[..., half] / relative[..., half]  # [L, H]: each head's mean |output|, the same for every candidate
+    sparse = [i for i, c in enumerate(calibration.candidates) if c.rule != "dense"]
+    assert torch.allclose(absolute[..., sparse], relative[..., sparse] * size.unsqueeze(-1), rtol=1e-3, atol=1e-6)
+    scaled = allocate_sparsity((relative * size.unsqueeze(-1)).double(), torch.tensor(calibration.sparsity).double(),
+                               0.6)
+    assert calibration.allocate(target_sparsity=0.6, error="absolute") == scaled.tolist()
+    calibration.choose(target_sparsity=0.6, error="absolute")
+    assert calibration.objective == {"target_sparsity": 0.6, "error": "absolute"}
+    path = calibration.save(tmp_path / "calibration.json")
+    assert sv.SparseConfig.from_calibration(path, target_sparsity=0.6, error="absolute") == calibration.config()
+    older = json.loads(path.read_text())
+    del older["abs_error"]
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    with pytest.raises(ValueError, match="absolute errors"):
+        sv.SparseConfig.from_calibration(tmp_path / "older.json", target_sparsity=0.6, error="absolute")
+    with pytest.raises(ValueError, match="error must be one of"):
+        calibration.allocate(target_sparsity=0.6, error="squared")
+    calibration.choose(target_sparsity=0.5)
 
 
 def test_the_loaded_configuration_achieves_the_chosen_sparsity(calibration):

@@ -33,8 +33,8 @@ def test_the_study_writes_its_results_on_a_tiny_model(tmp_path):
     assert "per-head 50%" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "calibration_50.png").is_file() and (tmp_path / "calibration.json").is_file()
     (target,) = results["targets"]
-    assert target["labels"] == ["per-head 50%", "topk 50%", "topp 50%", "hybrid 50%"]
-    assert target["best_global"] in target["labels"][1:]
+    assert target["labels"] == ["per-head 50%", "per-head-abs 50%", "topk 50%", "topp 50%", "hybrid 50%"]
+    assert target["best_global"] in target["labels"][2:]
     for label in target["labels"]:
         row = results["configs"][label]
         # tiny clip: 256 tokens in 4 x 4 tiles of 64; every setting removes about half of them.

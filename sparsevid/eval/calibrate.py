@@ -73,7 +73,8 @@ def calibrate_rules(calls, targets: Sequence[float], block_q: int = DEFAULT_BLOC
 
 class HeadMeter:
     """Sums, per self-attention layer, head and candidate setting, of the achieved sparsity, the relative L1 error of
-    the head's attention output and the exact attention mass kept, over the attention calls :meth:`add` sees.
+    the head's attention output, its absolute error (mean |difference| per output element: a head whose output is
+    small moves the layer's little) and the exact attention mass kept, over the attention calls :meth:`add` sees.
 
     heads: the heads of each layer; candidates: :class:`~sparsevid.plan.calibration.Candidate` s (each predicted
     with the hybrid rule and its budgets, as the calibrated configuration will); block_q, block_k: the tiles;
@@ -88,7 +89,7 @@ class HeadMeter:
         self.block_q, self.block_k, self.backend = block_q, block_k, backend
         self.predict_backend = PREDICT_BACKENDS[backend]
         self.sums = {name: [torch.zeros(h, len(self.candidates), dtype=torch.float64) for h in self.heads]
-                     for name in ("sparsity", "error", "recall")}
+                     for name in ("sparsity", "error", "abs_error", "recall")}
         self.calls = [0] * len(self.heads)
 
     @torch.no_grad()
@@ -111,15 +112,17 @@ class HeadMeter:
             mask, _ = predict_mask(q, k, rule="hybrid", topk=topk, topp=topp, block_q=self.block_q,
                                    block_k=self.block_k, scale=scale, backend=self.predict_backend)
             out = block_sparse_attention(q, k, v, mask, scale=scale, backend=self.backend).float()
-            error = (out - reference).abs().sum(dim=(0, 2, 3)).double() / reference_l1.clamp_min(1e-30)
+            l1 = (out - reference).abs().sum(dim=(0, 2, 3)).double()  # [H]
+            error = l1 / reference_l1.clamp_min(1e-30)
             kept = (tiles.mass.double() * mask.keep.to(tiles.mass.device)).sum(dim=-1)  # [B, H, QB]
             self.sums["error"][layer][:, c] += error.cpu()
+            self.sums["abs_error"][layer][:, c] += (l1 / (out.numel() // out.shape[1])).cpu()
             self.sums["sparsity"][layer][:, c] += mask.sparsity_per_head.mean(dim=0).cpu()
             self.sums["recall"][layer][:, c] += (kept * rows).sum(dim=-1).mean(dim=0).cpu()
         self.calls[layer] += 1
 
     def means(self) -> dict[str, list]:
-        """{"sparsity", "error", "recall": [layer][head][candidate] means over the calls}; ValueError naming
+        """{"sparsity", "error", "abs_error", "recall": [layer][head][candidate] means over the calls}; ValueError naming
         the layers no call was measured in."""
         missing = [layer for layer, n in enumerate(self.calls) if n == 0]
         if missing:

@@ -33,6 +33,7 @@ import torch
 from .config import SparseConfig
 
 FORMAT, VERSION = "sparsevid-calibration", 1
+ERRORS = ("relative", "absolute")  # what a target sparsity's allocation minimises
 OFF = 1e-6
 CANDIDATE_RULES = ("dense", "topk", "topp")
 DEFAULT_TOPK = (0.5, 0.35, 0.25, 0.18, 0.12, 0.08, 0.05, 0.035, 0.025, 0.015)
@@ -148,7 +149,9 @@ class Calibration:
     model: {"family": adapter name, "class_name", "heads": [heads of each self-attention layer]}; settings:
     {"block_q", "block_k", "tile"} the masks were measured in; candidates: the settings tried; sparsity, error,
     recall: [layer][head][candidate] means over the measured calls; choice: [layer][head] candidate indices;
-    objective: {"target_sparsity": S} or {"max_error": E}; inputs: what was measured (free-form, JSON).
+    objective: {"target_sparsity": S} or {"max_error": E} (and {"error": "absolute"} when allocated on
+    ``abs_error``); inputs: what was measured (free-form, JSON); abs_error: the heads' absolute output errors (mean
+    |difference| per element), like ``error`` (None in files that predate it).
     """
 
     model: dict[str, Any]
@@ -160,10 +163,11 @@ class Calibration:
     objective: dict[str, float] = field(default_factory=dict)
     choice: list | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
+    abs_error: list | None = None
 
     def __post_init__(self) -> None:
         heads = self.model.get("heads")
-        for name in ("sparsity", "error", "recall"):
+        for name in ("sparsity", "error", "recall") + (() if self.abs_error is None else ("abs_error",)):
             table = getattr(self, name)
             if (not isinstance(table, list) or len(table) != len(heads)
                     or any(len(layer) != h or any(len(row) != len(self.candidates) for row in layer)
@@ -175,18 +179,31 @@ class Calibration:
     def num_layers(self) -> int:
         return len(self.model["heads"])
 
-    def allocate(self, target_sparsity: float | None = None, max_error: float | None = None) -> list[list[int]]:
-        """[layer][head] candidate indices for one objective (exactly one of the two; see the module docstring)."""
+    def allocate(self, target_sparsity: float | None = None, max_error: float | None = None,
+                 error: str = "relative") -> list[list[int]]:
+        """[layer][head] candidate indices for one objective (exactly one of the two; see the module docstring).
+        ``error``: what a target sparsity's allocation minimises, the heads' summed "relative" output errors (every
+        head alike) or "absolute" ones (a head weighs by the size of its output); ``max_error`` bounds the relative
+        error."""
         _check_objective(target_sparsity, max_error)
-        error, sparsity = _table(self.error, "error"), _table(self.sparsity, "sparsity")
-        choice = (allocate_sparsity(error, sparsity, target_sparsity) if max_error is None
-                  else allocate_error(error, sparsity, max_error))
+        if error not in ERRORS:
+            raise ValueError(f"error must be one of {ERRORS}, got {error!r}")
+        if error == "absolute" and (self.abs_error is None or max_error is not None):
+            raise ValueError("error='absolute' needs target_sparsity and a calibration that measured absolute "
+                             "errors (calibrate again with this version)")
+        table = _table(self.abs_error if error == "absolute" else self.error, "error")
+        sparsity = _table(self.sparsity, "sparsity")
+        choice = (allocate_sparsity(table, sparsity, target_sparsity) if max_error is None
+                  else allocate_error(table, sparsity, max_error))
         return [row[:h] for row, h in zip(choice.tolist(), self.model["heads"])]
 
-    def choose(self, target_sparsity: float | None = None, max_error: float | None = None) -> None:
+    def choose(self, target_sparsity: float | None = None, max_error: float | None = None,
+               error: str = "relative") -> None:
         """Set :attr:`choice` and :attr:`objective` for one objective."""
-        self.choice = self.allocate(target_sparsity, max_error)
+        self.choice = self.allocate(target_sparsity, max_error, error)
         self.objective = {"target_sparsity": target_sparsity} if max_error is None else {"max_error": max_error}
+        if error != "relative":
+            self.objective["error"] = error
 
     def _picked(self, name: str, choice: list[list[int]]) -> list[list[float]]:
         return [[row[c] for row, c in zip(layer, picks)] for layer, picks in zip(getattr(self, name), choice)]
@@ -208,13 +225,13 @@ class Calibration:
             raise ValueError("this calibration has no choice yet: give target_sparsity or max_error")
         return choice
 
-    def config(self, target_sparsity: float | None = None, max_error: float | None = None,
+    def config(self, target_sparsity: float | None = None, max_error: float | None = None, error: str = "relative",
                **fields) -> SparseConfig:
         """The SparseConfig of the stored choice (or of a new one for ``target_sparsity`` / ``max_error``):
         per layer the hybrid rule with per-head ``topk`` and ``topp`` (scalars where every head took the same
         setting), or dense where every head is; ``fields``: further SparseConfig fields (not the per-layer ones)."""
         choice = self._require(None) if target_sparsity is None and max_error is None else self.allocate(
-            target_sparsity, max_error)
+            target_sparsity, max_error, error)
         taken = sorted(set(fields) & {"layer_overrides", "dense_layers", "calibrated_for"})
         if taken:
             raise ValueError(f"{taken} come from the calibration; they cannot be given as fields")
@@ -243,7 +260,7 @@ class Calibration:
                 "objective": self.objective, "choice": self.choice,
                 "candidates": [{"rule": c.rule, "value": c.value} for c in self.candidates],
                 "sparsity": rounded(self.sparsity), "error": rounded(self.error), "recall": rounded(self.recall),
-                "inputs": self.inputs}
+                **({} if self.abs_error is None else {"abs_error": rounded(self.abs_error)}), "inputs": self.inputs}
 
     def save(self, path: str | Path) -> Path:
         """Write the calibration as JSON to ``path`` (folders created): one line per field, tables compact."""
@@ -267,7 +284,7 @@ class Calibration:
             raise ValueError(f"calibration 'model' must name the family and the heads per layer, got {model!r}")
         candidates = tuple(Candidate(c["rule"], c["value"]) for c in data["candidates"])
         return cls(model, data["settings"], candidates, data["sparsity"], data["error"], data["recall"],
-                   data.get("objective") or {}, data.get("choice"), data.get("inputs") or {})
+                   data.get("objective") or {}, data.get("choice"), data.get("inputs") or {}, data.get("abs_error"))
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:

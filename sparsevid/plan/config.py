@@ -501,15 +501,17 @@ class SparseConfig:
     # ------------------------------------------------------------------ serialisation
     @classmethod
     def from_calibration(cls, path: str | Path, *, target_sparsity: float | None = None,
-                         max_error: float | None = None, **fields) -> SparseConfig:
+                         max_error: float | None = None, error: str = "relative", **fields) -> SparseConfig:
         """The per-layer, per-head configuration of a calibration file written by ``sparsevid calibrate``
         (:class:`~sparsevid.plan.calibration.Calibration`): the settings chosen there, or chosen afresh from its
-        measurements for ``target_sparsity`` (mean over layers and heads) or ``max_error`` (per head). ``fields``:
+        measurements for ``target_sparsity`` (mean over layers and heads; ``error`` "absolute" weighs each head by
+        the size of its output instead of its relative error) or ``max_error`` (per head). ``fields``:
         further SparseConfig fields (e.g. ``backend``, ``dense_steps``). Applying it to another model than the
         calibrated one raises ValueError."""
         from .calibration import Calibration
 
-        return Calibration.load(path).config(target_sparsity=target_sparsity, max_error=max_error, **fields)
+        return Calibration.load(path).config(target_sparsity=target_sparsity, max_error=max_error, error=error,
+                                             **fields)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-compatible dict (tuples become lists, layer keys strings)."""

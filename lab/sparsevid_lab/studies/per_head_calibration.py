@@ -2,8 +2,9 @@
 
 1. Calibrate once (``calibrate_builtin``: the library's ``calibrate_heads`` over the dense sampling of
    ``--calib-captions`` captions, every step, every layer and head), timed.
-2. For each target in ``--sparsities`` (default 63%, 90%, 95%): the per-head configuration chosen for it
-   (``Calibration.config(target_sparsity=...)``), and the three global rules (top-k, top-p, hybrid) calibrated
+2. For each target in ``--sparsities`` (default 63%, 90%, 95%): the per-head configurations chosen for it
+   (``Calibration.config(target_sparsity=...)``, minimising the heads' relative output errors, and with
+   ``error="absolute"`` their absolute ones: "per-head-abs"), and the three global rules (top-k, top-p, hybrid) calibrated
    by ``sparsevid.eval.calibrate_rules`` to the mean sparsity the per-head choice reaches on the calibration
    clips, so that every setting of one target removes the same share of attention.
 3. Every setting samples the evaluation captions x seeds (``run_harness``): achieved mean sparsity, PSNR and SSIM
@@ -54,11 +55,12 @@ def _label(kind: str, target: float) -> str:
 
 def settings_for(calibration, calls, target: float, blocks: dict) -> tuple[dict, float]:
     """({label: SparseConfig}, the per-head choice's mean sparsity on the calibration clips) at ``target``: the
-    per-head configuration and the global rules calibrated to that same mean sparsity."""
-    per_head = calibration.config(target_sparsity=target)
+    per-head configurations (allocated on relative and on absolute output errors) and the global rules calibrated
+    to the relative one's mean sparsity."""
     reached = calibration.summary(calibration.allocate(target_sparsity=target))["mean_sparsity"]
     rules = calibrate_rules(calls, [min(reached, 0.999)], **blocks)
-    configs = {_label("per-head", target): per_head}
+    configs = {_label("per-head", target): calibration.config(target_sparsity=target),
+               _label("per-head-abs", target): calibration.config(target_sparsity=target, error="absolute")}
     for rule in RULES:
         (config,) = [c for label, c in rules.items() if label.startswith(rule + " ")]
         configs[_label(rule, target)] = config
