@@ -34,6 +34,7 @@ from typing import Callable
 import torch
 
 import sparsevid as sv
+from sparsevid.integration import adapter_for
 from .bench_e2e import compiled, dense_sdpa_context, layer_breakdown, parse_grid, sync, time_forward, uncompile
 from .report import write_result
 from .run_info import run_metadata
@@ -47,10 +48,13 @@ SETTINGS = {"dense": None,
 
 @dataclass(frozen=True)
 class Family:
-    """A model at its pipeline's resolution: ``video`` (frames, height, width) in pixels, ``vae`` (temporal,
-    spatial) compression, ``patch`` (temporal, spatial) patching; ``inputs(model, grid, draw, device)`` makes the
-    forward's keyword arguments (``draw(*shape)``: random values on the device); ``joint_text``: text tokens that join
-    the video in one attention (0 where text comes through cross-attention)."""
+    """A model at its pipeline's resolution: ``config`` of the checkpoint named in ``source``; ``video`` (frames,
+    height, width) in pixels, ``vae`` (temporal, spatial) compression, ``patch`` (temporal, spatial) patching;
+    ``inputs(model, grid, draw, device, text_tokens)`` makes the forward's keyword arguments (``draw(*shape)``:
+    random values on the device; ``text_tokens``: the padded text length, by default the pipeline's
+    ``text_tokens``); ``joint_text``: text tokens that join the video in one attention (0 where text comes through
+    cross-attention); ``layer_keys``: the config's layer counts (set by --layers); ``derived(config)``: config
+    values that follow from others (under --layers / --heads)."""
     label: str
     source: str
     model_class: str
@@ -71,11 +75,12 @@ class Family:
         return ((frames - 1) // temporal + 1) // p_t, height // spatial // p_s, width // spatial // p_s
 
 
-def latents(model, grid, patch, draw, channels_dim=1):
-    """Random latents [1, C, T, H, W] (``channels_dim=2``: [1, T, C, H, W]) of token ``grid`` before ``patch``."""
+def latents(model, grid, patch, draw, channels_dim=1, channels=None):
+    """Random latents [1, C, T, H, W] (``channels_dim=2``: [1, T, C, H, W]) of token ``grid`` before ``patch``;
+    C: ``channels``, by default the model's ``in_channels``."""
     frames, height, width = grid[0] * patch[0], grid[1] * patch[1], grid[2] * patch[1]
     shape = [1, frames, height, width]
-    shape.insert(channels_dim, model.config.in_channels)
+    shape.insert(channels_dim, channels or model.config.in_channels)
     return draw(*shape)
 
 
@@ -106,6 +111,14 @@ def skyreels_inputs(model, grid, draw, device, text_tokens):
     return {**wan_inputs(model, grid, draw, device, text_tokens),
             "timestep": torch.full((1, grid[0]), TIMESTEP, device=device), "enable_diffusion_forcing": True,
             "fps": [1]}
+
+
+def wan_vace_inputs(model, grid, draw, device, text_tokens):
+    """A control video (reference frames and masks, ``vace_in_channels``) on the video's latent grid, every VACE
+    hint at scale 1."""
+    control = latents(model, grid, (1, 2), draw, channels=model.config.vace_in_channels)
+    return {**wan_inputs(model, grid, draw, device, text_tokens), "control_hidden_states": control,
+            "control_hidden_states_scale": torch.ones(len(model.config.vace_layers), device=device)}
 
 
 def hunyuan_video_inputs(model, grid, draw, device, text_tokens):
@@ -165,6 +178,20 @@ WAN = {"patch_size": (1, 2, 2), "attention_head_dim": 128, "cross_attn_norm": Tr
        "qk_norm": "rms_norm_across_heads", "text_dim": 4096, "added_kv_proj_dim": None}
 WAN_14B = {**WAN, "num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40, "in_channels": 16,
            "out_channels": 16}
+# LTX-Video's 2B transformer (convert_ltx_to_diffusers.py); its cross-attention width is the attention width.
+LTX_2B = {"in_channels": 128, "out_channels": 128, "patch_size": 1, "patch_size_t": 1, "num_attention_heads": 32,
+          "attention_head_dim": 64, "cross_attention_dim": 2048, "num_layers": 28, "activation_fn": "gelu-approximate",
+          "qk_norm": "rms_norm_across_heads", "norm_elementwise_affine": False, "norm_eps": 1e-6,
+          "caption_channels": 4096, "attention_bias": True, "attention_out_bias": True}
+
+
+def ltx_derived(config: dict) -> dict:
+    return {"cross_attention_dim": config["num_attention_heads"] * config["attention_head_dim"]}
+
+
+def vace_derived(config: dict) -> dict:
+    """The VACE layers that exist under --layers."""
+    return {"vace_layers": [i for i in config["vace_layers"] if i < config["num_layers"]]}
 
 FAMILIES = {
     "wan22_ti2v": Family(
@@ -187,14 +214,15 @@ FAMILIES = {
         (121, 720, 1280), (4, 16), (1, 1), hunyuan_video15_inputs, 1000, joint_text=1000 + HV15_TEXT_2 + HV15_IMAGE),
     "ltx": Family(
         "LTX-Video 2B", "Lightricks/LTX-Video 0.9.x 2B (convert_ltx_to_diffusers.py, versions before 0.9.7; the "
-        "class defaults); LTXPipeline defaults 704x512, 161 frames, VAE 8x32x32, T5 text 128 tokens",
+        "class defaults); 768x512, 161 frames as in diffusers' LTX docs example, VAE 8x32x32, T5 text 128 tokens",
+        "LTXVideoTransformer3DModel", LTX_2B, (161, 512, 768), (8, 32), (1, 1), ltx_inputs, 128, derived=ltx_derived),
+    "ltx_13b": Family(
+        "LTX-Video 0.9.7 13B", "Lightricks/LTX-Video-0.9.7-dev (convert_ltx_to_diffusers.py, version 0.9.7); the "
+        "refinement pass of diffusers' LTX docs example (768x1152 target at 2/3, upsampled 2x: 1536x1024), 161 frames",
         "LTXVideoTransformer3DModel",
-        {"in_channels": 128, "out_channels": 128, "patch_size": 1, "patch_size_t": 1, "num_attention_heads": 32,
-         "attention_head_dim": 64, "cross_attention_dim": 2048, "num_layers": 28, "activation_fn": "gelu-approximate",
-         "qk_norm": "rms_norm_across_heads", "norm_elementwise_affine": False, "norm_eps": 1e-6,
-         "caption_channels": 4096, "attention_bias": True, "attention_out_bias": True},
-        (161, 512, 704), (8, 32), (1, 1), ltx_inputs, 128,
-        derived=lambda config: {"cross_attention_dim": config["num_attention_heads"] * config["attention_head_dim"]}),
+        {**LTX_2B, "num_attention_heads": 32, "attention_head_dim": 128, "cross_attention_dim": 4096,
+         "num_layers": 48},
+        (161, 1024, 1536), (8, 32), (1, 1), ltx_inputs, 128, derived=ltx_derived),
     "skyreels_v2": Family(
         "SkyReels-V2 DF-1.3B 540p", "Skywork/SkyReels-V2-DF-1.3B-540P-Diffusers (convert_skyreelsv2_to_diffusers.py, "
         "'SkyReels-V2-DF-1.3B-540P'); diffusion-forcing pipeline 960x544, 97 frames, Wan2.1 VAE 4x8x8",
@@ -202,6 +230,11 @@ FAMILIES = {
         {**WAN, "num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30, "in_channels": 16, "out_channels": 16,
          "inject_sample_info": True},
         (97, 544, 960), (4, 8), (1, 2), skyreels_inputs, 512),
+    "wan_vace": Family(
+        "Wan2.1 VACE-14B 720p", "Wan-AI/Wan2.1-VACE-14B-diffusers (convert_wan_to_diffusers.py, 'Wan-VACE-14B'); "
+        "1280x720, 81 frames, Wan2.1 VAE 4x8x8, control video of 96 latent channels", "WanVACETransformer3DModel",
+        {**WAN_14B, "vace_layers": [0, 5, 10, 15, 20, 25, 30, 35], "vace_in_channels": 96},
+        (81, 720, 1280), (4, 8), (1, 2), wan_vace_inputs, 512, derived=vace_derived),
     "hunyuan_video": Family(
         "HunyuanVideo 13B 720p", "hunyuanvideo-community/HunyuanVideo (convert_hunyuan_video_to_diffusers.py, "
         "'HYVideo-T/2-cfgdistill'); pipeline 1280x720, 129 frames, VAE 4x8x8, LLaMA text 256 tokens",
@@ -270,7 +303,7 @@ def estimate(name: str, args) -> dict:
         model = getattr(diffusers, family.model_class)(**config)
     params = sum(p.numel() for p in model.parameters())
     tokens = math.prod(args.grid or family.grid())
-    layers = sum(config[key] for key in family.layer_keys)
+    layers = len(adapter_for(model).self_attentions(model))
     width = config["num_attention_heads"] * config["attention_head_dim"]
     attention = 4 * layers * width * (tokens + family.joint_text) ** 2 / ATTENTION_FLOPS
     other = 2 * params * tokens / OTHER_FLOPS

@@ -56,7 +56,8 @@
 #   e2e14b_compiled  benchmark e2e_14b_compiled (the same compiled: compile_repeated_blocks, default mode)
 #   families    benchmark families (real-size forward, eager, dense vs top-k 5% and hybrid: Wan2.2 TI2V-5B, HunyuanVideo
 #               1.5, LTX-Video, SkyReels-V2, CogVideoX-5B; `python -m benchmarks families --estimate` prints the
-#               estimated seconds per family); families_large: the same for Wan2.2 A14B and HunyuanVideo 13B
+#               estimated seconds per family); families_large: the same for Wan2.2 A14B and HunyuanVideo 13B;
+#               families_extra: LTX-Video 0.9.7 13B and Wan2.1 VACE-14B
 #   families_compiled, families_compiled_large, families_compiled_hunyuan, families_compiled_cogvideox  the same
 #               compiled (benchmarks of those names, one GPU call each)
 set -u
@@ -66,7 +67,7 @@ RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
 PARTS="kernels|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|predict|limits|training|training_full|training_shift|motion|\
 demo_student|tests|parallel|ddp|runtime|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
-families|families_large|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_cogvideox"
+families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
 mkdir -p "$OUT"
@@ -179,6 +180,9 @@ families)
     ;;
 families_large)
     bench families_large 540
+    ;;
+families_extra)
+    bench families_extra 540
     ;;
 families_compiled)
     bench families_compiled 540

@@ -105,6 +105,10 @@ BENCHMARKS = {
         "benchmarks.bench_families",
         "real-size forward, eager, dense vs top-k 5% and hybrid: Wan2.2 A14B (one expert) 720p, HunyuanVideo 13B 720p",
         ("--families", "wan22_a14b,hunyuan_video", "--compile", "eager", "--iters", "2")),
+    "families_extra": Benchmark(
+        "benchmarks.bench_families",
+        "real-size forward, eager, dense vs top-k 5% and hybrid: LTX-Video 0.9.7 13B (1536x1024), Wan2.1 VACE-14B 720p",
+        ("--families", "ltx_13b,wan_vace", "--compile", "eager", "--iters", "2")),
     "families_compiled": Benchmark(
         "benchmarks.bench_families",
         "the families benchmark compiled (compile_repeated_blocks, default mode): Wan2.2 TI2V-5B, LTX, SkyReels-V2",

@@ -18,7 +18,9 @@ SMOKE = ["--device", "cpu", "--dtype", "float32", "--layers", "1", "--heads", "2
     ("wan22_ti2v", (31, 22, 40)),        # 1280x704, 121 frames, VAE 4x16x16, patch 1x2x2
     ("wan22_a14b", (21, 45, 80)),        # 720p, 81 frames: the Wan 14B row of DESIGN.md
     ("hunyuan_video15", (31, 45, 80)),   # 720p, 121 frames, VAE 4x16x16, no patching
-    ("ltx", (21, 16, 22)),               # 704x512, 161 frames, VAE 8x32x32
+    ("ltx", (21, 16, 24)),               # 768x512, 161 frames, VAE 8x32x32
+    ("ltx_13b", (21, 32, 48)),           # 1536x1024, 161 frames
+    ("wan_vace", (21, 45, 80)),          # 720p, 81 frames
     ("skyreels_v2", (25, 34, 60)),       # 960x544, 97 frames
     ("hunyuan_video", (33, 45, 80)),     # 720p, 129 frames: the HunyuanVideo row of DESIGN.md
     ("cogvideox", (13, 30, 45)),         # 720x480, 49 frames
