@@ -63,10 +63,21 @@ class Encoder:
         return self.family.normalise(vae, posterior.mode().float())[0].cpu()
 
     @torch.no_grad()
-    def prompt(self, text: str) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-        """(text states [L, D] as the pipeline gives its transformer, text mask [L] or None, token count)."""
-        states, mask, tokens = self.family.encode_prompt(self.pipe, [text], self.device)
-        return states[0].cpu(), None if mask is None else mask[0].cpu(), tokens[0]
+    def prompt(self, text: str) -> tuple[torch.Tensor, torch.Tensor | None, int, dict[str, torch.Tensor]]:
+        """(text states [L, D] as the pipeline gives its transformer, text mask [L] or None, token count, further
+        transformer inputs {argument: tensor [...]} of the prompt)."""
+        states, mask, tokens, *extra = self.family.encode_prompt(self.pipe, [text], self.device)
+        extra = {name: value[0].cpu() for name, value in (extra[0] if extra else {}).items()}
+        return states[0].cpu(), None if mask is None else mask[0].cpu(), tokens[0], extra
+
+    def conditioning(self, text: str, fps: float | None, guidance: float | None) -> dict:
+        """A clip's conditioning (``ShardWriter.add``'s text, text_mask and extra) with its prompt's token count
+        (``tokens``): the prompt's inputs and those that the clip's frame rate ``fps`` and guidance scale
+        ``guidance`` fix (None: the pipeline's default; :attr:`Family.clip_inputs`)."""
+        states, mask, tokens, extra = self.prompt(text)
+        if self.family.clip_inputs is not None:
+            extra.update(self.family.clip_inputs(self.pipe, fps, guidance))
+        return {"text": states, "text_mask": mask, "extra": extra, "tokens": tokens}
 
 
 def load_encoder(source: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
@@ -130,12 +141,11 @@ def cache_videos(encoder: Encoder, items: list[VideoItem], out: str | Path, heig
         size = (height, width) if height is not None else encoder.size(*clip.frames.shape[-2:])
         if min(size) == 0:
             raise UnusableItem(f"{tuple(clip.frames.shape[-2:])} pixels, smaller than {encoder.spatial}")
-        text, mask, tokens = encoder.prompt(item.caption)
+        conditioning = encoder.conditioning(item.caption, clip.fps, None)
         metadata = {"source": item.source, "caption": item.caption, "height": size[0], "width": size[1],
                     "frames": length, "fps": clip.fps, "source_size": list(clip.frames.shape[-2:]),
-                    "prompt_tokens": tokens}
-        return {"latents": encoder.latents(fit(clip.frames[:length], *size)), "text": text, "text_mask": mask,
-                "metadata": metadata}
+                    "prompt_tokens": conditioning.pop("tokens")}
+        return {"latents": encoder.latents(fit(clip.frames[:length], *size)), **conditioning, "metadata": metadata}
 
     by_source = {item.source: item for item in items}
     return _fill(encoder, out, settings, list(by_source), lambda sources: [sample(by_source[sources[0]])], 1,
@@ -168,11 +178,10 @@ def cache_synthetic(encoder: Encoder, prompts: list[str], count: int, out: str |
                               generator=[sample_generator(seed, i, STREAM_TEACHER) for i in indices])
         made = []
         for row, (source, prompt) in enumerate(zip(sources, texts)):
-            text, mask, tokens = encoder.prompt(prompt)
+            conditioning = encoder.conditioning(prompt, None, guidance)
             metadata = {"source": source, "caption": prompt, "height": height, "width": width, "frames": frames,
-                        "fps": None, "prompt_tokens": tokens}
-            made.append({"latents": result.frames[row].float().cpu(), "text": text, "text_mask": mask,
-                         "metadata": metadata})
+                        "fps": None, "prompt_tokens": conditioning.pop("tokens")}
+            made.append({"latents": result.frames[row].float().cpu(), **conditioning, "metadata": metadata})
         return made
 
     return _fill(encoder, out, settings, [f"synthetic:{i}" for i in range(count)], samples, batch_size, shard_size,
@@ -195,8 +204,8 @@ def _fill(encoder: Encoder, out: str | Path, settings: dict, sources: list[str],
     start = time.perf_counter()
     writer = ShardWriter(out, settings, shard_size)
     if not (Path(out) / NULL_FILE).is_file():
-        text, mask, _ = encoder.prompt("")
-        write_null_text(out, text, mask)
+        text, mask, _, extra = encoder.prompt("")
+        write_null_text(out, text, mask, extra)
     done = writer.done
     todo = [source for source in sources if source not in done]
     log = log or tqdm.write

@@ -6,6 +6,7 @@ Everything else (the VAE's compression factors, the frame-count rule ``k * tempo
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,8 +25,12 @@ class Family:
             as the pipeline maps them before its transformer (the inverse of what it does before decoding).
         encode_prompt: (pipe, prompts list[str], device) -> (text [B, L, D] exactly as the pipeline passes it to
             its transformer, text_mask [B, L] if the transformer takes one (``encoder_attention_mask``) else None,
-            the prompt's token count per prompt list[int]).
+            the prompt's token count per prompt list[int]), optionally with a fourth element: further per-prompt
+            transformer inputs {forward argument: tensor [B, ...]} (HunyuanVideo's ``pooled_projections``).
         patch: the transformer config -> its spatial patch size (latent pixels per token side).
+        clip_inputs: (pipe, the clip's frame rate, the guidance scale it is sampled at; None: the pipeline's default
+            for that argument) -> the transformer inputs that how a clip is made fixes, as the pipeline passes them
+            {forward argument: tensor [...]} (HunyuanVideo's embedded ``guidance``); None: there are none.
     """
 
     name: str
@@ -34,6 +39,7 @@ class Family:
     normalise: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
     encode_prompt: Callable[[object, list[str], torch.device], tuple[torch.Tensor, torch.Tensor | None, list[int]]]
     patch: Callable[[dict], int]
+    clip_inputs: Callable[[object, float | None, float | None], dict[str, torch.Tensor]] | None = None
 
 
 def _per_channel(values, latents: torch.Tensor) -> torch.Tensor:
@@ -61,7 +67,35 @@ def _wan_prompt(pipe, prompts: list[str], device: torch.device):
 WAN = Family(name="wan", pipelines=("WanPipeline", "WanVideoToVideoPipeline"), text_length=512,
              normalise=_wan_normalise, encode_prompt=_wan_prompt, patch=lambda config: int(config["patch_size"][1]))
 
-FAMILIES = (WAN,)
+
+def _scaled(vae, latents: torch.Tensor) -> torch.Tensor:
+    """z * scaling_factor (HunyuanVideoPipeline decodes z = x / scaling_factor)."""
+    return latents * vae.config.scaling_factor
+
+
+def _hunyuan_prompt(pipe, prompts: list[str], device: torch.device):
+    """The LLM's states with their mask (the prompt template's tokens cropped, as the pipeline does) and CLIP's
+    pooled projection [B, P]."""
+    text, pooled, mask = pipe.encode_prompt(prompts, device=device, max_sequence_length=HUNYUAN_VIDEO.text_length)
+    return text, mask, mask.sum(dim=1).tolist(), {"pooled_projections": pooled}
+
+
+def _call_default(pipe, argument: str):
+    """The default of ``argument`` of the pipeline's ``__call__``."""
+    return inspect.signature(type(pipe).__call__).parameters[argument].default
+
+
+def _embedded_guidance(pipe, fps: float | None, guidance: float | None) -> dict[str, torch.Tensor]:
+    """A guidance-distilled transformer's ``guidance``: 1000 x the scale (the pipeline's default for videos)."""
+    scale = _call_default(pipe, "guidance_scale") if guidance is None else guidance
+    return {"guidance": torch.tensor(1000.0 * scale)}
+
+
+HUNYUAN_VIDEO = Family(name="hunyuan_video", pipelines=("HunyuanVideoPipeline",), text_length=256,
+                       normalise=_scaled, encode_prompt=_hunyuan_prompt,
+                       patch=lambda config: int(config["patch_size"]), clip_inputs=_embedded_guidance)
+
+FAMILIES = (WAN, HUNYUAN_VIDEO)
 
 
 def family_for(pipeline_class: str) -> Family:

@@ -7,7 +7,8 @@ A *latent source* is what :func:`~sparsevid.training.distill.distill` and the ve
 * ``batch(indices, device) -> LatentBatch``: the samples at global indices ``indices`` (a list of ints >= 0;
   an index past the data wraps into a later epoch, see the source);
 * ``null_text() -> (text [L, D], text_mask [L] or None)``: the conditioning of the empty prompt, which caption
-  dropout substitutes (so that classifier-free guidance keeps working after fine-tuning);
+  dropout substitutes (so that classifier-free guidance keeps working after fine-tuning); a third element
+  {name: tensor} where the empty prompt has further inputs (HunyuanVideo's pooled projection);
 * ``describe() -> dict``: JSON-able facts that pin the data (a resumed run must see the same).
 
 :class:`LatentDirectory` reads a folder in one of two layouts, both with ``null.safetensors`` (the empty prompt's
@@ -101,8 +102,9 @@ class LatentBatch:
 
     def drop_text(self, dropped: torch.Tensor, null: tuple[torch.Tensor, torch.Tensor | None]) -> LatentBatch:
         """This batch with the text of the rows where ``dropped`` (bool [B]) is True replaced by ``null`` (the
-        empty prompt's text [L, D] and mask [L] or None, from the source's ``null_text()``)."""
-        text, mask = null
+        empty prompt's text [L, D], mask [L] or None and optionally its extra inputs {name: tensor [...]}, from the
+        source's ``null_text()``; extras it names replace the rows' own)."""
+        text, mask, *null_extra = null
         if tuple(text.shape) != tuple(self.text.shape[1:]):
             raise ValueError(f"the empty prompt's text has shape {tuple(text.shape)}, the samples' "
                              f"{tuple(self.text.shape[1:])}")
@@ -112,7 +114,12 @@ class LatentBatch:
         if self.text_mask is not None:
             null_mask = torch.ones_like(self.text_mask[0]) if mask is None else mask.to(self.text_mask)
             new_mask = torch.where(rows.view(-1, 1), null_mask, self.text_mask)
-        return LatentBatch(self.latents, new_text, new_mask, self.extra)
+        extra = dict(self.extra)
+        for name, value in (null_extra[0] if null_extra else {}).items():
+            own = extra[name]
+            where = rows.view(-1, *[1] * (own.dim() - 1))
+            extra[name] = torch.where(where, value.to(own.device, own.dtype), own)
+        return LatentBatch(self.latents, new_text, new_mask, extra)
 
 
 def check_indices(indices: Sequence[int]) -> None:
@@ -137,11 +144,15 @@ def sample_tensors(latents: torch.Tensor, text: torch.Tensor, text_mask: torch.T
     if latents.dim() != 4 or text.dim() != 2:
         raise ValueError(f"latents must be [C, T, H, W] and text [L, D], got {tuple(latents.shape)} and "
                          f"{tuple(text.shape)}")
+    return {LATENTS: latents, **_text_tensors(text, text_mask, extra)}
+
+
+def _text_tensors(text: torch.Tensor, text_mask: torch.Tensor | None,
+                  extra: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """The stored names of one prompt's conditioning: text [L, D], text_mask [L] if given, ``extra.<name>``."""
     if text_mask is not None and tuple(text_mask.shape) != tuple(text.shape[:1]):
         raise ValueError(f"text_mask must have shape {tuple(text.shape[:1])}, got {tuple(text_mask.shape)}")
-    tensors = {LATENTS: latents, TEXT: text}
-    if text_mask is not None:
-        tensors[TEXT_MASK] = text_mask
+    tensors = {TEXT: text} if text_mask is None else {TEXT: text, TEXT_MASK: text_mask}
     tensors.update({EXTRA + name: value for name, value in (extra or {}).items()})
     return tensors
 
@@ -152,10 +163,11 @@ def bucket_key(shapes: dict[str, Sequence[int]]) -> str:
     return ";".join(f"{name}:{'x'.join(str(n) for n in shape)}" for name, shape in sorted(shapes.items()))
 
 
-def write_null_text(directory: str | Path, text: torch.Tensor, text_mask: torch.Tensor | None = None) -> Path:
-    """Write the empty prompt's conditioning (text [L, D], mask [L] or None) into ``directory``."""
-    tensors = {TEXT: text} if text_mask is None else {TEXT: text, TEXT_MASK: text_mask}
-    return save_safetensors_atomic(tensors, Path(directory) / NULL_FILE)
+def write_null_text(directory: str | Path, text: torch.Tensor, text_mask: torch.Tensor | None = None,
+                    extra: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write the empty prompt's conditioning (text [L, D], mask [L] or None, further inputs {name: tensor [...]})
+    into ``directory``."""
+    return save_safetensors_atomic(_text_tensors(text, text_mask, extra), Path(directory) / NULL_FILE)
 
 
 
@@ -443,9 +455,11 @@ class LatentDirectory:
         extra = {key[len(EXTRA):]: stack(key) for key in samples[0] if key.startswith(EXTRA)}
         return LatentBatch(stack(LATENTS).float(), stack(TEXT), stack(TEXT_MASK), extra).to(device)
 
-    def null_text(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def null_text(self) -> tuple:
+        """(text [L, D], text_mask [L] or None), and {name: tensor} when the empty prompt has extra inputs."""
         (null,) = read_shard_rows(self.directory / NULL_FILE, [None])
-        return null[TEXT], null.get(TEXT_MASK)
+        extra = {key[len(EXTRA):]: value for key, value in null.items() if key.startswith(EXTRA)}
+        return (null[TEXT], null.get(TEXT_MASK)) + ((extra,) if extra else ())
 
     def describe(self) -> dict:
         info = {"kind": "latent_directory", "directory": str(self.directory), "samples": len(self.rows),
