@@ -89,6 +89,48 @@ def wan_expected(pipe, pixels, caption):
     return (z - mean) / std, {"text": text[0], "text_mask": None}
 
 
+def tiny_ltx():
+    """LTXPipeline: a 1-layer T5 of width 16, an 8-channel LTX VAE (4x spatial and temporal compression) with
+    non-trivial latent statistics and scaling factor, a 2-layer transformer."""
+    import diffusers
+    import transformers
+
+    torch.manual_seed(0)
+    tokenizer = word_tokenizer(WORDS)
+    text_encoder = transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+        relative_attention_num_buckets=8))
+    vae = diffusers.AutoencoderKLLTXVideo(
+        latent_channels=8, block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 8, 8, 8),
+        layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, False, False), decoder_spatio_temporal_scaling=(True, True, False, False),
+        decoder_inject_noise=(False,) * 5, upsample_residual=(False,) * 4, upsample_factor=(1,) * 4,
+        timestep_conditioning=False, patch_size=1, patch_size_t=1, scaling_factor=0.7)
+    vae.latents_mean.copy_(torch.linspace(-0.5, 0.5, 8))
+    vae.latents_std.copy_(torch.linspace(0.5, 2.0, 8))
+    transformer = diffusers.LTXVideoTransformer3DModel(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=12, cross_attention_dim=24,
+        num_layers=2, caption_channels=16)
+    return diffusers.LTXPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae,
+                                 text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
+
+
+def ltx_expected(pipe, pixels, caption):
+    """LTXPipeline's encoding: (z - latents_mean) * scaling_factor / latents_std; T5's states and mask."""
+    vae = pipe.vae
+    z = vae.encode(pixels).latent_dist.mode()
+    latents = (z - vae.latents_mean.view(1, -1, 1, 1, 1)) * vae.config.scaling_factor / vae.latents_std.view(
+        1, -1, 1, 1, 1)
+    text, mask, _, _ = pipe.encode_prompt(caption, do_classifier_free_guidance=False, max_sequence_length=128)
+    return latents, {"text": text[0], "text_mask": mask[0]}
+
+
+def ltx_clip_inputs(fps, guidance):
+    """LTXPipeline's RoPE scale: (VAE temporal factor / frame rate (default 25), spatial factor, spatial factor)."""
+    return {"extra.rope_interpolation_scale": torch.tensor([4 / (25 if fps is None else fps), 4, 4],
+                                                           dtype=torch.float64)}
+
+
 def no_clip_inputs(fps, guidance):
     return {}
 
@@ -101,7 +143,7 @@ def hunyuan_video_clip_inputs(fps, guidance):
 class Case(NamedTuple):
     """A tiny pipeline, the family that caches it, its own encoding of a clip and its caption (e.g.
     :func:`hunyuan_video_expected`), its inputs fixed by a clip's frame rate and guidance scale (None: the
-    pipeline's default), a clip size (height, width) giving 288 video tokens at 9 frames."""
+    pipeline's default), a clip size (height, width) giving 288 or more video tokens at 9 frames."""
 
     build: Callable
     family: str
@@ -112,7 +154,8 @@ class Case(NamedTuple):
 
 CASES = {"hunyuan_video": Case(tiny_hunyuan_video, "hunyuan_video", hunyuan_video_expected, hunyuan_video_clip_inputs,
                                (64, 96)),
-         "wan22_ti2v": Case(tiny_wan22_ti2v, "wan", wan_expected, no_clip_inputs, (256, 384))}
+         "wan22_ti2v": Case(tiny_wan22_ti2v, "wan", wan_expected, no_clip_inputs, (256, 384)),
+         "ltx": Case(tiny_ltx, "ltx", ltx_expected, ltx_clip_inputs, (32, 64))}  # 384: LTXPipeline takes 32k
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -194,14 +237,18 @@ def test_synthetic_clips_are_the_pipelines_own_samples(pipeline_dir, tmp_path):
     for sample, prompt in enumerate(["a red cat runs", "blue ball rolls over sand"]):
         expected = pipe(prompt=prompt, height=32, width=64, num_frames=5, num_inference_steps=2, guidance_scale=4.5,
                         output_type="latent", generator=sample_generator(0, sample, STREAM_TEACHER)).frames
-        assert torch.allclose(data.batch([_row(data, sample)]).latents, expected, atol=1e-6)
+        latents = data.batch([_row(data, sample)]).latents
+        if expected.dim() == 3:  # LTX samples tokens [B, N, C]: the stored latents packed as its pipeline packs
+            latents = pipe._pack_latents(latents, pipe.transformer_spatial_patch_size,
+                                         pipe.transformer_temporal_patch_size)
+        assert torch.allclose(latents, expected, atol=1e-6)
         stored, inputs = _stored(data, sample), case.clip_inputs(None, 4.5)  # the scale it was sampled at
         _assert_same({key: stored[key] for key in inputs}, inputs)
 
 
 def test_distill_trains_on_the_cached_folder(pipeline_dir, tmp_path):
-    """Sampled clips of 288 video tokens (5 key blocks of 64, one kept per row): the distillation loss falls, and
-    `sparsevid distill` runs on the folder."""
+    """Sampled clips of 288 or more video tokens (5 or more key blocks of 64, one kept per row): the distillation
+    loss falls, and `sparsevid distill` runs on the folder."""
     import diffusers
 
     import sparsevid as sv
@@ -219,9 +266,9 @@ def test_distill_trains_on_the_cached_folder(pipeline_dir, tmp_path):
     transformer = getattr(diffusers, class_name).from_pretrained(folder, subfolder="transformer")
     sparse = sv.SparseConfig(rule="topk", topk=1, block_q=64, block_k=64, tile="none")
     config = DistillConfig(sparse=sparse, batch_size=2, null_prob=0.5)
-    loop = LoopConfig(lr=3e-3, warmup_steps=0, ema_decay=None, max_steps=16, log_every=1, bf16=False)
+    loop = LoopConfig(lr=3e-3, warmup_steps=0, ema_decay=None, max_steps=24, log_every=1, bf16=False)
     losses = [row["loss"] for row in distill(transformer, data, config, loop, log=lambda *_: None).history]
-    assert sum(losses[-4:]) < 0.6 * sum(losses[:4])  # 0.43 with these seeds
+    assert sum(losses[-4:]) < 0.7 * sum(losses[:4])  # 0.31 to 0.50 with these seeds
     assert main(["distill", "--model", str(folder), "--data", str(out), "--out", str(tmp_path / "student"),
                  "--sparse", SPARSE, "--steps", "2", "--batch-size", "2", "--warmup", "0", "--device", "cpu"]) == 0
     assert (tmp_path / "student" / "student.safetensors").is_file()
@@ -242,3 +289,31 @@ def test_caption_dropout_replaces_the_extra_inputs_of_the_empty_prompt():
     assert torch.equal(dropped.extra["pooled_projections"][[0, 2]], pooled[[0, 2]])
     assert torch.equal(dropped.extra["pooled_projections"][1], torch.full((8,), 7.0))
     assert torch.equal(dropped.extra["guidance"], guidance) and torch.equal(dropped.text_mask[1], null[1])
+
+
+def test_predict_velocity_packs_latents_for_a_transformer_of_tokens():
+    """LTX-Video's transformer takes patched tokens [B, N, C] with the latent grid and one RoPE scale per call:
+    predict_velocity on 5D latents equals the call LTXPipeline makes (its own packing; patch size 1, as LTX-Video's
+    models and RoPE grid take), unpacked as it unpacks; samples of different RoPE scales in one batch are refused
+    by name."""
+    import diffusers
+
+    from sparsevid.training import predict_velocity
+    from tiny_models import build
+
+    torch.manual_seed(0)
+    model, inputs = build("ltx")
+    latents, t = torch.randn(2, 4, 4, 8, 10), torch.tensor([0.3, 0.8])
+    scale = torch.tensor([8 / 25, 32.0, 32.0], dtype=torch.float64)
+    batch = LatentBatch(latents, inputs["encoder_hidden_states"], inputs["encoder_attention_mask"],
+                        {"rope_interpolation_scale": scale.expand(2, 3)})
+    pipe = diffusers.LTXPipeline
+    with torch.no_grad():
+        expected = model(hidden_states=pipe._pack_latents(latents, 1, 1), encoder_hidden_states=batch.text,
+                         timestep=1000 * t, encoder_attention_mask=batch.text_mask, num_frames=4, height=8, width=10,
+                         rope_interpolation_scale=(8 / 25, 32.0, 32.0), return_dict=False)[0]
+        velocity = predict_velocity(model, latents, t, batch)
+    assert torch.equal(velocity, pipe._unpack_latents(expected, 4, 8, 10, 1, 1))
+    batch.extra["rope_interpolation_scale"] = torch.stack([scale, scale / 2])
+    with pytest.raises(ValueError, match="rope_interpolation_scale.*differs"):
+        predict_velocity(model, latents, t, batch)

@@ -24,7 +24,7 @@ from .videos import UnusableItem, VideoItem, fit, read_clip
 class Encoder:
     """A diffusers video pipeline with its family: videos and prompts to the inputs of its transformer.
 
-    ``spatial``: input pixels per token side (the VAE's spatial factor times the transformer's patch);
+    ``spatial``: input pixels per token side (the VAE's spatial factor ``vae_spatial`` times the transformer's patch);
     ``temporal``: the VAE's frame compression (a clip has ``k * temporal + 1`` frames). A pipeline of a model that
     works in pixel space says so with both VAE factors 1.
     """
@@ -32,8 +32,8 @@ class Encoder:
     def __init__(self, pipe, family: Family, transformer_config: dict, source: str):
         self.pipe, self.family, self.source = pipe, family, source
         self.device, self.dtype = torch.device(pipe.device), pipe.dtype
-        self.temporal = int(pipe.vae_scale_factor_temporal)
-        self.spatial = int(pipe.vae_scale_factor_spatial) * family.patch(transformer_config)
+        self.temporal, self.vae_spatial = family.compression(pipe)
+        self.spatial = self.vae_spatial * family.patch(transformer_config)
 
     def frames(self, available: int) -> int:
         """The longest clip length the VAE takes within ``available`` frames (0 when none)."""
@@ -176,12 +176,16 @@ def cache_synthetic(encoder: Encoder, prompts: list[str], count: int, out: str |
         result = encoder.pipe(prompt=texts, height=height, width=width, num_frames=frames,
                               num_inference_steps=steps, guidance_scale=guidance, output_type="latent",
                               generator=[sample_generator(seed, i, STREAM_TEACHER) for i in indices])
+        latents = result.frames
+        if encoder.family.unpack is not None:
+            grid = ((frames - 1) // encoder.temporal + 1, height // encoder.vae_spatial, width // encoder.vae_spatial)
+            latents = encoder.family.unpack(encoder.pipe, latents, grid)
         made = []
         for row, (source, prompt) in enumerate(zip(sources, texts)):
             conditioning = encoder.conditioning(prompt, None, guidance)
             metadata = {"source": source, "caption": prompt, "height": height, "width": width, "frames": frames,
                         "fps": None, "prompt_tokens": conditioning.pop("tokens")}
-            made.append({"latents": result.frames[row].float().cpu(), **conditioning, "metadata": metadata})
+            made.append({"latents": latents[row].float().cpu(), **conditioning, "metadata": metadata})
         return made
 
     return _fill(encoder, out, settings, [f"synthetic:{i}" for i in range(count)], samples, batch_size, shard_size,

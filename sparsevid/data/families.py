@@ -31,6 +31,9 @@ class Family:
         clip_inputs: (pipe, the clip's frame rate, the guidance scale it is sampled at; None: the pipeline's default
             for that argument) -> the transformer inputs that how a clip is made fixes, as the pipeline passes them
             {forward argument: tensor [...]} (HunyuanVideo's embedded ``guidance``); None: there are none.
+        compression: pipe -> the VAE's (temporal, spatial) compression factors.
+        unpack: for a pipeline whose sampler ends with latents in another layout (LTX: tokens [B, N, C]), (pipe, its
+            ``output_type="latent"`` output, the latent grid (T, H, W)) -> latents [B, C, T, H, W]; None: they are.
     """
 
     name: str
@@ -40,6 +43,9 @@ class Family:
     encode_prompt: Callable[[object, list[str], torch.device], tuple[torch.Tensor, torch.Tensor | None, list[int]]]
     patch: Callable[[dict], int]
     clip_inputs: Callable[[object, float | None, float | None], dict[str, torch.Tensor]] | None = None
+    compression: Callable[[object], tuple[int, int]] = lambda pipe: (int(pipe.vae_scale_factor_temporal),
+                                                                     int(pipe.vae_scale_factor_spatial))
+    unpack: Callable[[object, torch.Tensor, tuple[int, int, int]], torch.Tensor] | None = None
 
 
 def _per_channel(values, latents: torch.Tensor) -> torch.Tensor:
@@ -95,7 +101,43 @@ HUNYUAN_VIDEO = Family(name="hunyuan_video", pipelines=("HunyuanVideoPipeline",)
                        normalise=_scaled, encode_prompt=_hunyuan_prompt,
                        patch=lambda config: int(config["patch_size"]), clip_inputs=_embedded_guidance)
 
-FAMILIES = (WAN, HUNYUAN_VIDEO)
+
+
+def _ltx_normalise(vae, latents: torch.Tensor) -> torch.Tensor:
+    """(z - latents_mean) * scaling_factor / latents_std per channel, the VAE's own buffers (as LTXPipeline)."""
+    shape = (1, -1, 1, 1, 1)
+    mean, std = (buffer.to(latents).view(shape) for buffer in (vae.latents_mean, vae.latents_std))
+    return (latents - mean) * vae.config.scaling_factor / std
+
+
+def _ltx_prompt(pipe, prompts: list[str], device: torch.device):
+    """T5's states with their mask (bool)."""
+    text, mask, _, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False,
+                                          max_sequence_length=LTX.text_length, device=device)
+    return text, mask, mask.sum(dim=1).tolist()
+
+
+def _ltx_rope_scale(pipe, fps: float | None, guidance: float | None) -> dict[str, torch.Tensor]:
+    """``rope_interpolation_scale`` [3]: (temporal factor / frame rate, spatial factor, spatial factor); the
+    pipeline's default ``frame_rate`` for a clip of unknown rate."""
+    rate = _call_default(pipe, "frame_rate") if fps is None else fps
+    temporal, spatial = LTX.compression(pipe)
+    return {"rope_interpolation_scale": torch.tensor([temporal / rate, spatial, spatial], dtype=torch.float64)}
+
+
+def _ltx_unpack(pipe, tokens: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+    """The sampler's tokens [B, N, C p_t p p] as latents [B, C, T, H, W] (the pipeline's own unpacking)."""
+    return pipe._unpack_latents(tokens, *grid, pipe.transformer_spatial_patch_size,
+                                pipe.transformer_temporal_patch_size)
+
+
+LTX = Family(name="ltx", pipelines=("LTXPipeline",), text_length=128, normalise=_ltx_normalise,
+             encode_prompt=_ltx_prompt, patch=lambda config: int(config["patch_size"]), clip_inputs=_ltx_rope_scale,
+             compression=lambda pipe: (int(pipe.vae_temporal_compression_ratio),
+                                       int(pipe.vae_spatial_compression_ratio)),
+             unpack=_ltx_unpack)
+
+FAMILIES = (WAN, HUNYUAN_VIDEO, LTX)
 
 
 def family_for(pipeline_class: str) -> Family:

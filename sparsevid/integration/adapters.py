@@ -68,6 +68,8 @@ class ModelAdapter:
             from the 5D ``hidden_states``.
         spatial_dims: the dims of the 5D ``hidden_states`` that hold height and width ((2, 3) for channels-last
             latents [B, T, H, W, C]).
+        call_inputs: the forward arguments that take one tuple of numbers per call (LTX's ``rope_interpolation_scale``)
+            where training data store a tensor per sample (see :meth:`latent_inputs` for the latents themselves).
     """
 
     name: str
@@ -83,6 +85,30 @@ class ModelAdapter:
     latents: str | None = None
     grid_arguments: tuple[str, str, str] | None = None
     spatial_dims: tuple[int, int] = (-2, -1)
+    call_inputs: tuple[str, ...] = ()
+
+    def latent_inputs(self, latents: torch.Tensor, config) -> dict[str, torch.Tensor | int]:
+        """The forward arguments that carry ``latents`` [B, C, T, H, W] in this transformer's layout: ``hidden_states``
+        [B, C, T, H, W], [B, T, C, H, W] (``frames_dim`` 1), or patched tokens [B, T' H' W', C p_t p_h p_w] (tokens in
+        raster order, each its channels then its patch in raster order) with T, H, W as the ``grid_arguments``, as
+        LTXPipeline calls its transformer (every LTX-Video model has patch size 1, where they are the token grid)."""
+        if self.grid_arguments is None:
+            return {"hidden_states": latents.transpose(1, 2) if self.frames_dim == 1 else latents}
+        b, c, t, h, w = latents.shape
+        p_t, p_h, p_w = self.patch_sizes(config)
+        tokens = latents.reshape(b, c, t // p_t, p_t, h // p_h, p_h, w // p_w, p_w).permute(0, 2, 4, 6, 1, 3, 5, 7)
+        return {"hidden_states": tokens.reshape(b, t * h * w // (p_t * p_h * p_w), -1),
+                **dict(zip(self.grid_arguments, (t, h, w)))}
+
+    def latent_output(self, output: torch.Tensor, shape: torch.Size, config) -> torch.Tensor:
+        """The transformer's ``output`` (laid out as :meth:`latent_inputs`'s ``hidden_states``) as latents of
+        ``shape`` [B, C, T, H, W]."""
+        if self.grid_arguments is None:
+            return output.transpose(1, 2) if self.frames_dim == 1 else output
+        b, c, t, h, w = shape
+        p_t, p_h, p_w = self.patch_sizes(config)
+        patches = output.reshape(b, t // p_t, h // p_h, w // p_w, c, p_t, p_h, p_w).permute(0, 4, 1, 5, 2, 6, 3, 7)
+        return patches.reshape(shape)
 
     def self_attentions(self, transformer: torch.nn.Module) -> list[torch.nn.Module]:
         """The video self-attention modules of ``transformer``, in layer order."""
@@ -226,7 +252,7 @@ ADAPTERS = (
                  text_first=False, patch_sizes=_square_patch,
                  token_sites=(TokenSite("proj_in", dim=1), TokenSite("rope", dim=1),
                               TokenSite("timestep", dim=1, argument=True, min_dims=2)),
-                 grid_arguments=("num_frames", "height", "width")),
+                 grid_arguments=("num_frames", "height", "width"), call_inputs=("rope_interpolation_scale",)),
 )
 
 

@@ -23,7 +23,7 @@ def check_flow_family(transformer: torch.nn.Module) -> None:
     if adapter.objective != "flow":
         raise TypeError(f"{type(transformer).__name__} was pre-trained with the {adapter.objective!r} objective; "
                         f"sparsevid's training and velocity yardsticks support flow-matching families (Wan, "
-                        f"HunyuanVideo)")
+                        f"HunyuanVideo, LTX-Video)")
 
 
 def predict_velocity(transformer: torch.nn.Module, x_t: torch.Tensor, t: torch.Tensor, batch: LatentBatch,
@@ -33,15 +33,25 @@ def predict_velocity(transformer: torch.nn.Module, x_t: torch.Tensor, t: torch.T
 
     ``module``: the diffusers transformer itself when ``transformer`` is a wrapper that forwards to it (e.g.
     ``DistributedDataParallel``); its family decides the latent layout (CogVideoX-style models take frames
-    before channels)."""
-    adapter = adapter_for(transformer if module is None else module)
-    frames_first = adapter.frames_dim == 1
-    hidden = x_t.transpose(1, 2) if frames_first else x_t
-    inputs = {"encoder_hidden_states": batch.text, **batch.extra}
+    before channels, LTX-style ones patched tokens with the grid as arguments: ``ModelAdapter.latent_inputs``)."""
+    module = transformer if module is None else module
+    adapter = adapter_for(module)
+    inputs = {"encoder_hidden_states": batch.text, **batch.extra, **adapter.latent_inputs(x_t, module.config)}
+    for name in adapter.call_inputs:
+        if name in inputs:
+            inputs[name] = _per_call(name, inputs[name])
     if batch.text_mask is not None:
         inputs["encoder_attention_mask"] = batch.text_mask
-    out = transformer(hidden_states=hidden, timestep=t * TIMESTEP_SCALE, return_dict=False, **inputs)[0]
-    return out.transpose(1, 2) if frames_first else out
+    out = transformer(timestep=t * TIMESTEP_SCALE, return_dict=False, **inputs)[0]
+    return adapter.latent_output(out, x_t.shape, module.config)
+
+
+def _per_call(name: str, values: torch.Tensor) -> tuple[float, ...]:
+    """One tuple of numbers from a batch's per-sample rows ``values`` [B, K] (ValueError if the rows differ)."""
+    if not torch.equal(values, values[:1].expand_as(values)):
+        raise ValueError(f"extra[{name!r}] differs between the batch's samples ({values.tolist()}), but the "
+                         f"transformer takes one value per call: batch only samples that share it (cache clips at one --fps)")
+    return tuple(values[0].tolist())
 
 
 class DenseTeacher:
