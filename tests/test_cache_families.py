@@ -314,6 +314,8 @@ def test_predict_velocity_packs_latents_for_a_transformer_of_tokens():
                          rope_interpolation_scale=(8 / 25, 32.0, 32.0), return_dict=False)[0]
         velocity = predict_velocity(model, latents, t, batch)
     assert torch.equal(velocity, pipe._unpack_latents(expected, 4, 8, 10, 1, 1))
+    half = batch.to("cpu", torch.bfloat16)  # as the velocity yardsticks run a bf16 model: the scale stays exact
+    assert half.text.dtype == torch.bfloat16 and torch.equal(half.extra["rope_interpolation_scale"], scale.expand(2, 3))
     batch.extra["rope_interpolation_scale"] = torch.stack([scale, scale / 2])
     with pytest.raises(ValueError, match="rope_interpolation_scale.*differs"):
         predict_velocity(model, latents, t, batch)

@@ -85,11 +85,13 @@ class LatentBatch:
                 raise ValueError(f"extra[{name!r}] must be a tensor with {batch} rows")
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> LatentBatch:
-        """This batch on ``device``, its floating-point tensors in ``dtype`` (None: as they are)."""
+        """This batch on ``device``, its floating-point tensors in ``dtype`` (None: as they are) except float64 ones
+        (numbers a forward takes exactly, such as LTX's RoPE scale, which a cast to bf16 would round)."""
         def move(t):
             if t is None:
                 return None
-            return t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device)
+            cast = dtype is not None and t.is_floating_point() and t.dtype != torch.float64
+            return t.to(device, dtype) if cast else t.to(device)
 
         return LatentBatch(move(self.latents), move(self.text), move(self.text_mask),
                            {k: move(v) for k, v in self.extra.items()})
