@@ -50,13 +50,14 @@ def parse_grid(text: str) -> tuple[int, int, int]:
     return tuple(int(p) for p in parts)
 
 
-def build_transformer(config: dict, device: torch.device, dtype: torch.dtype):
-    """A random-weight WanTransformer3DModel in ``dtype``; the parts diffusers keeps in fp32 stay float32."""
-    from diffusers import WanTransformer3DModel
+def build_model(model_class: str, config: dict, device: torch.device, dtype: torch.dtype):
+    """A random-weight diffusers ``model_class`` built on ``device`` in ``dtype``; the modules the class keeps in
+    fp32 (``_keep_in_fp32_modules``) stay float32."""
+    import diffusers
 
     with torch.device(device):
-        model = WanTransformer3DModel(**COMMON, **config)
-    keep = set(model._keep_in_fp32_modules)
+        model = getattr(diffusers, model_class)(**config)
+    keep = set(model._keep_in_fp32_modules or ())
     for module_name, module in model.named_modules():
         for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
             if keep & set(f"{module_name}.{name}".split(".")) or not tensor.is_floating_point():
@@ -66,6 +67,11 @@ def build_transformer(config: dict, device: torch.device, dtype: torch.dtype):
             else:
                 module._buffers[name] = tensor.to(dtype)
     return model.eval().requires_grad_(False)
+
+
+def build_transformer(config: dict, device: torch.device, dtype: torch.dtype):
+    """A random-weight WanTransformer3DModel of ``config`` (over ``COMMON``), as :func:`build_model` builds it."""
+    return build_model("WanTransformer3DModel", {**COMMON, **config}, device, dtype)
 
 
 def make_inputs(grid, device, dtype, generator):

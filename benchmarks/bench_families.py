@@ -35,7 +35,8 @@ import torch
 
 import sparsevid as sv
 from sparsevid.integration import adapter_for
-from .bench_e2e import compiled, dense_sdpa_context, layer_breakdown, parse_grid, sync, time_forward, uncompile
+from .bench_e2e import (build_model, compiled, dense_sdpa_context, layer_breakdown, parse_grid, sync,
+                        time_forward, uncompile)
 from .report import write_result
 from .run_info import run_metadata
 
@@ -271,25 +272,6 @@ def family_config(family: Family, args) -> dict:
     if args.heads:
         config["num_attention_heads"] = args.heads
     return {**config, **family.derived(config)}
-
-
-def build_model(model_class: str, config: dict, device: torch.device, dtype: torch.dtype):
-    """A random-weight diffusers ``model_class`` built on ``device`` in ``dtype``; the modules the class keeps in
-    fp32 (``_keep_in_fp32_modules``) stay float32."""
-    import diffusers
-
-    with torch.device(device):
-        model = getattr(diffusers, model_class)(**config)
-    keep = set(model._keep_in_fp32_modules or ())
-    for module_name, module in model.named_modules():
-        for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
-            if keep & set(f"{module_name}.{name}".split(".")) or not tensor.is_floating_point():
-                continue
-            if isinstance(tensor, torch.nn.Parameter):
-                tensor.data = tensor.data.to(dtype)
-            else:
-                module._buffers[name] = tensor.to(dtype)
-    return model.eval().requires_grad_(False)
 
 
 def estimate(name: str, args) -> dict:
