@@ -15,7 +15,7 @@ def add_parser(subparsers) -> None:
                "into the same --out encodes only what is missing. Items that cannot be used are reported, listed "
                "under 'skipped' in the index with their reasons, and left out.")
     p = subparsers.add_parser("cache", description=summary, help="Encode videos (or sampled clips) into latents.")
-    p.add_argument("--pipeline", required=True, help="the diffusers pipeline: a folder or a hub id (WanPipeline)")
+    p.add_argument("--pipeline", required=True, help="the diffusers pipeline: a folder or a hub id (Wan, HunyuanVideo or LTX-Video pipelines)")
     p.add_argument("--out", required=True, help="the shard folder to write (or to continue)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--videos", help="folder of videos or frame folders with captions")
@@ -28,10 +28,12 @@ def add_parser(subparsers) -> None:
                                                            "it each clip keeps its own size, cropped to fit)")
     p.add_argument("--width", type=positive_int_arg, help="clip width in pixels (with --height)")
     p.add_argument("--frames", type=positive_int_arg,
-                   help="frames per clip, k * 4 + 1 for Wan (without it: as many as each clip has that fit)")
+                   help="frames per clip, k * (the VAE's temporal factor) + 1, e.g. k * 4 + 1 for Wan (without it: as "
+                        "many as each clip has that fit)")
     p.add_argument("--fps", type=positive_float_arg, help="resample clips to this frame rate (without it: their own)")
     p.add_argument("--steps", type=positive_int_arg, default=50, help="with --synthetic: sampling steps")
-    p.add_argument("--guidance", type=float, default=5.0, help="with --synthetic: classifier-free guidance scale")
+    p.add_argument("--guidance", type=float, default=5.0, help="with --synthetic: the pipeline's guidance_scale (classifier-free guidance; HunyuanVideo's "
+                        "embedded guidance)")
     p.add_argument("--seed", type=int, default=0, help="with --synthetic: seed of the clips' noise")
     p.add_argument("--batch-size", type=positive_int_arg, default=1,
                    help="with --synthetic: clips sampled per pipeline call (the clips do not depend on it)")
