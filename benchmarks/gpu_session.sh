@@ -40,6 +40,8 @@
 #   demo_student  the demo's sparse student: the shipped model distilled for top-k 0.25 (75%) at the CPU clip
 #               (16 x 64 x 64, whole procedural distribution, attention trainable, ~2 min), exported as an asset
 #               (OUT/demo_student: copy the student's files to lab/sparsevid_lab/assets/sparse_student/)
+#   fp8         the FP8 forward's GPU tests (one fixed config) and benchmark attention_fp8 (fp8 vs bf16 sparse at
+#               95/90/50%/full, Wan 1.3B and 14B shapes: ms, quantization ms, accuracy)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
 #   parallel    (two GPUs) benchmark context_parallel (Wan 14B forward, one vs two GPUs); distillation under DDP
 #   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
@@ -65,7 +67,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|predict|limits|training|training_full|training_shift|motion|\
+PARTS="kernels|fp8|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|predict|limits|training|training_full|training_shift|motion|\
 demo_student|tests|parallel|ddp|runtime|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
 families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
@@ -140,6 +142,11 @@ demo_student)
     step demo_student 200 "$PYTHON" -m sparsevid_lab distill --out "$OUT/demo_student" --clip 16,64,64 \
         --config rule=topk,topk=0.25 --trainable attention --batch-size 32 --max-steps 500 --minutes 1.9 --lr 1e-4 \
         --warmup 20 --train-shift 2.0 --log-every 25 --no-progress
+    ;;
+fp8)
+    SPARSEVID_AUTOTUNE=off step fp8_tests 150 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu \
+        tests/test_attention_gpu.py -k fp8
+    bench attention_fp8 200
     ;;
 tests)
     SPARSEVID_AUTOTUNE=off step gpu_tests 300 "$PYTHON" -m pytest -q -rfE --tb=line -p no:cacheprovider -m gpu tests
