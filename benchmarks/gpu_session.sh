@@ -6,6 +6,8 @@
 # result to RESULTS/NAME/<gpu>.{json,md,png}; the studies of the built-in model run from the lab
 # (`python3 -m sparsevid_lab.studies.NAME`) and write under OUT.
 # Usage (repo root, CUDA machine): OUT=DIR bash benchmarks/gpu_session.sh PART [ARGS]
+#   (a copy of the tree whose git state is not the commit being measured: set GIT_COMMIT to that commit, which
+#   the results record)
 #   (env: OUT, the folder of logs and study outputs, by default outside the repository; RESULTS, the folder of
 #   the benchmarks' current results, by default benchmarks/results; PYTHON, the interpreter, python3)
 #   kernels     benchmarks attention (Wan 1.3B 128x128 fwd and fwd+bwd vs SDPA and FlexAttention) and

@@ -11,7 +11,7 @@ from sparsevid.integration.context_parallel import check_parallel_config, head_r
 
 pytest.importorskip("diffusers")
 from diffusers import ContextParallelConfig, ParallelConfig  # noqa: E402
-from tiny_models import build  # noqa: E402
+from tiny_models import build, relative_error  # noqa: E402
 
 WORLD = 2
 SPARSE = sv.SparseConfig(rule="topk", topk=0.3, block_q=64, block_k=64)
@@ -37,10 +37,6 @@ def _sparse_forward(model, inputs):
     """(output, per-layer stats) of one forward."""
     out = model(**inputs, return_dict=False)[0]
     return out, sv.attention_stats(model)
-
-
-def _rel(a, b):
-    return float((a - b).norm() / b.norm())
 
 
 def _worker(rank, rendezvous, out_dir):
@@ -74,12 +70,12 @@ def test_two_ulysses_ranks_match_one_process(tmp_path):
             dense = model(**inputs, return_dict=False)[0]
         sv.apply_sparse_attention(model, cfg, collect_stats=True)
         ref, ref_stats = _sparse_forward(model, inputs)
-        assert _rel(ref, dense) > 1e-3  # the masks really drop tiles
+        assert relative_error(ref, dense) > 1e-3  # the masks really drop tiles
         for rank, results in enumerate(ranks):
             out, stats = results[name]
             # Each rank attends the same tokens with the same per-head masks and only the projections run over
             # half the tokens: the outputs agree up to float32 rounding.
-            assert torch.isfinite(out).all() and _rel(out, ref) < 1e-5, name
+            assert torch.isfinite(out).all() and relative_error(out, ref) < 1e-5, name
             sparse = [s for s in stats if not s["dense"]]
             assert [s["dense"] for s in stats] == [s["dense"] for s in ref_stats]
             assert all(s["heads"] == HEADS[name][rank] and s["video_tokens"] == 320 for s in sparse)

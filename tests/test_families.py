@@ -7,18 +7,9 @@ from sparsevid.integration.adapters import adapter_for
 from sparsevid.integration.joint_attention import TokenLayout, text_key_sets
 
 diffusers = pytest.importorskip("diffusers")
-from tiny_models import build  # noqa: E402
+from tiny_models import build, relative_error, run_model  # noqa: E402
 
 SMALL_BLOCKS = {"block_q": 64, "block_k": 64}
-
-
-@torch.no_grad()
-def _run(model, inputs):
-    return model(**inputs, return_dict=False)[0]
-
-
-def _rel(a, b):
-    return float((a - b).norm() / b.norm())
 
 
 def test_families_sparse_attention_cannot_serve_are_refused_with_the_reason():
@@ -53,12 +44,12 @@ def test_ltx_without_the_token_grid_runs_sparse_in_raster_order():
                                       indexing="ij")).flatten(1).float()
     inputs["video_coords"] = grid.expand(2, 3, -1) * torch.tensor([8.0, 32.0, 32.0])[:, None]
     del inputs["rope_interpolation_scale"]
-    ref = _run(model, inputs)
+    ref = run_model(model, inputs)
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=1.0, **SMALL_BLOCKS), collect_stats=True)
-    out = _run(model, inputs)
+    out = run_model(model, inputs)
     assert sv.forward_stats(model)["tile"] is None
     assert all(not s["dense"] for s in sv.attention_stats(model))
-    assert _rel(out, ref) < 1e-5
+    assert relative_error(out, ref) < 1e-5
 
 
 def test_a_per_row_mask_whose_video_rows_differ_is_refused():
@@ -80,7 +71,7 @@ def test_families_that_tile_per_layer_keep_the_forward_in_raster_order(name):
     model, inputs = build(name)
     assert not adapter_for(model).reorders_forward(model.config)
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.4, **SMALL_BLOCKS), collect_stats=True)
-    _run(model, inputs)
+    run_model(model, inputs)
     assert sv.forward_stats(model)["tile"] is None
     assert all(0.3 < s["sparsity"] and s["reorder_ms"] > 0 for s in sv.attention_stats(model))
 
@@ -107,7 +98,7 @@ def test_the_diffusers_tests_plugin_makes_models_sparse_when_built_and_loaded(mo
     monkeypatch.setattr(diffusers, "WanTransformer3DModel", stand_in)
     monkeypatch.setattr(adapters, "ADAPTERS", tuple(a for a in adapters.ADAPTERS if a.name == "wan"))
     model, inputs = build("wan")
-    ref = _run(model, inputs)
+    ref = run_model(model, inputs)
     model.save_pretrained(tmp_path)
     monkeypatch.setenv(plugin.MODE_VARIABLE, "stock")
     plugin.pytest_configure(None)
@@ -117,4 +108,4 @@ def test_the_diffusers_tests_plugin_makes_models_sparse_when_built_and_loaded(mo
     built = stand_in(**model.config)
     loaded = stand_in.from_pretrained(tmp_path)
     assert sv.is_sparse(built) and sv.is_sparse(loaded) and loaded.config.num_layers == model.config.num_layers
-    assert _rel(_run(loaded, inputs), ref) < 1e-5
+    assert relative_error(run_model(loaded, inputs), ref) < 1e-5

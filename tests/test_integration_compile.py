@@ -12,7 +12,7 @@ import torch
 import sparsevid as sv
 
 pytest.importorskip("diffusers")
-from tiny_models import MODELS, build  # noqa: E402
+from tiny_models import MODELS, build, relative_error, run_model  # noqa: E402
 
 pytestmark = pytest.mark.slow  # compiling takes 20-90 s per model on a CPU
 
@@ -26,41 +26,32 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _run(model, inputs):
-    with torch.no_grad():
-        return model(**inputs, return_dict=False)[0]
-
-
-def _rel(a, b):
-    return float((a - b).norm() / b.norm())
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 def test_compiled_sparse_model_matches_eager(name):
     model, inputs = build(name)
     sv.apply_sparse_attention(model, sv.SparseConfig(**SPARSE))
-    eager = _run(model, inputs)
+    eager = run_model(model, inputs)
     fullgraph = name in ("wan", "wan_vace", "chronoedit")
     compiled = torch.compile(model, backend="aot_eager", fullgraph=fullgraph)
-    out = _run(compiled, inputs)
-    assert _rel(out, eager) < 1e-5
+    out = run_model(compiled, inputs)
+    assert relative_error(out, eager) < 1e-5
     # Without RoPE the model gives another output: the compiled one kept it.
     if name == "cogvideox":
-        no_rope = _run(model, {**inputs, "image_rotary_emb": None})
-        assert _rel(no_rope, eager) > 1e-3
+        no_rope = run_model(model, {**inputs, "image_rotary_emb": None})
+        assert relative_error(no_rope, eager) > 1e-3
 
 
 def test_wan_compiles_into_one_graph_that_serves_every_denoising_step():
     model, inputs = build("wan")
     sv.apply_sparse_attention(model, sv.SparseConfig(**SPARSE))
     timesteps = (999, 999, 800, 800, 600, 999)  # guidance passes, steps and a new generation
-    eager = [_run(model, {**inputs, "timestep": torch.tensor([t])}) for t in timesteps]
+    eager = [run_model(model, {**inputs, "timestep": torch.tensor([t])}) for t in timesteps]
     sv.reset_denoising_step(model)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        outs = [_run(compiled, {**inputs, "timestep": torch.tensor([t])}) for t in timesteps]
+        outs = [run_model(compiled, {**inputs, "timestep": torch.tensor([t])}) for t in timesteps]
     for out, ref in zip(outs, eager):
-        assert _rel(out, ref) < 1e-5
+        assert relative_error(out, ref) < 1e-5
     assert sv.denoising_step(model) == 0  # counted on the device, read here
 
 
@@ -70,23 +61,24 @@ def test_a_schedule_recompiles_once_per_distinct_plan_and_follows_the_steps():
                              num_steps=3)
     sv.apply_sparse_attention(model, config)
     timesteps = (999, 700, 400)
-    eager = [_run(model, {**inputs, "timestep": torch.tensor([t])}) for t in timesteps]
-    assert _rel(eager[1], eager[0]) > 1e-3 and _rel(eager[2], eager[1]) > 1e-3  # the plans did differ
+    eager = [run_model(model, {**inputs, "timestep": torch.tensor([t])}) for t in timesteps]
+    # the plans did differ
+    assert relative_error(eager[1], eager[0]) > 1e-3 and relative_error(eager[2], eager[1]) > 1e-3
     compiled = torch.compile(model, backend="aot_eager")
     for generation in range(2):  # the second generation meets only plans compiled for in the first
         sv.reset_denoising_step(model)
         with torch._dynamo.config.patch(error_on_recompile=generation == 1):
-            outs = [_run(compiled, {**inputs, "timestep": torch.tensor([t])}) for t in timesteps]
+            outs = [run_model(compiled, {**inputs, "timestep": torch.tensor([t])}) for t in timesteps]
         for out, ref in zip(outs, eager):
-            assert _rel(out, ref) < 1e-5
+            assert relative_error(out, ref) < 1e-5
 
 
 def test_compile_repeated_blocks_matches_eager():
     model, inputs = build("hunyuan_video")
     sv.apply_sparse_attention(model, sv.SparseConfig(**SPARSE))
-    eager = _run(model, inputs)
+    eager = run_model(model, inputs)
     model.compile_repeated_blocks(backend="aot_eager")
-    assert _rel(_run(model, inputs), eager) < 1e-5
+    assert relative_error(run_model(model, inputs), eager) < 1e-5
 
 
 @pytest.mark.gpu
@@ -103,11 +95,11 @@ def test_inductor_compiled_triton_model_matches_eager_on_cuda(name, mode):
 
     inputs = {k: to_cuda(v) for k, v in inputs.items()}
     sv.apply_sparse_attention(model, sv.SparseConfig(**{**SPARSE, "backend": "triton"}))
-    eager = _run(model, inputs)
+    eager = run_model(model, inputs)
     compiled = torch.compile(model, mode=mode, fullgraph=name == "wan")
     with torch._dynamo.config.patch(error_on_recompile=name == "wan"):
-        outs = [_run(compiled, {**inputs, "timestep": torch.tensor([t], device="cuda")}) for t in (700, 700, 500)]
-    assert _rel(outs[0].float(), eager.float()) < 1e-2  # fp16: inductor fuses the projections differently
+        outs = [run_model(compiled, {**inputs, "timestep": torch.tensor([t], device="cuda")}) for t in (700, 700, 500)]
+    assert relative_error(outs[0].float(), eager.float()) < 1e-2  # fp16: inductor fuses the projections differently
 
 
 def test_the_prediction_op_returns_unaliased_outputs_that_match_predict_mask():
@@ -143,4 +135,4 @@ def test_the_cpu_gather_backend_compiles_into_one_graph_forward_and_backward():
     eager = loss_and_grads(model)
     compiled = loss_and_grads(torch.compile(model, backend="aot_eager", fullgraph=True))
     for got, want in zip(compiled, eager):
-        assert _rel(got, want) < 1e-5
+        assert relative_error(got, want) < 1e-5

@@ -11,18 +11,9 @@ from sparsevid.ops import random_block_mask
 from sparsevid.ops.mask import expand_block_mask
 
 pytest.importorskip("diffusers")
-from tiny_models import MODELS, VIDEO_TOKENS, build as _build  # noqa: E402
+from tiny_models import MODELS, VIDEO_TOKENS, build as _build, relative_error, run_model  # noqa: E402
 
 SMALL_BLOCKS = {"block_q": 64, "block_k": 64}
-
-
-@torch.no_grad()
-def _run(model, inputs):
-    return model(**inputs, return_dict=False)[0]
-
-
-def _rel(a, b):
-    return float((a - b).norm() / b.norm())
 
 
 def _processors(model):
@@ -33,39 +24,39 @@ def _processors(model):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_keeping_every_tile_matches_the_original(name, tile):
     model, inputs = _build(name)
-    ref = _run(model, inputs)
+    ref = run_model(model, inputs)
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=1.0, tile=tile, **SMALL_BLOCKS),
                               collect_stats=True)
-    out = _run(model, inputs)
+    out = run_model(model, inputs)
     stats = sv.attention_stats(model)
     assert len(stats) == len(adapter_for(model).self_attentions(model))
     assert all(not s["dense"] and s["sparsity"] == 0.0 for s in stats)
     assert torch.isfinite(out).all()
-    assert _rel(out, ref) < 1e-5
+    assert relative_error(out, ref) < 1e-5
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_remove_restores_the_same_processors_and_outputs(name):
     model, inputs = _build(name)
     before = _processors(model)
-    ref = _run(model, inputs)
+    ref = run_model(model, inputs)
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.3, **SMALL_BLOCKS))
     assert sv.is_sparse(model)
     assert all(type(p).__name__ == "SparseAttnProcessor" for p in _processors(model))
-    sparse = _run(model, inputs)
+    sparse = run_model(model, inputs)
     sv.remove_sparse_attention(model)
     assert not sv.is_sparse(model)
     assert all(a is b for a, b in zip(_processors(model), before))
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
-    assert torch.equal(_run(model, inputs), ref)
-    assert _rel(sparse, ref) > 1e-3
+    assert torch.equal(run_model(model, inputs), ref)
+    assert relative_error(sparse, ref) > 1e-3
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_sparse_run_reports_sparsity_and_timings(name):
     model, inputs = _build(name)
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.3, **SMALL_BLOCKS), collect_stats=True)
-    out = _run(model, inputs)
+    out = run_model(model, inputs)
     assert torch.isfinite(out).all()
     stats = sv.attention_stats(model)
     assert [s["layer"] for s in stats] == list(range(len(stats)))
@@ -77,28 +68,28 @@ def test_sparse_run_reports_sparsity_and_timings(name):
 
 def test_dense_layers_and_dense_steps_follow_the_denoising_step():
     model, inputs = _build("wan")
-    ref = _run(model, inputs)
+    ref = run_model(model, inputs)
     cfg = sv.SparseConfig(rule="topk", topk=0.3, dense_layers=(0,), dense_steps=1, **SMALL_BLOCKS)
     sv.apply_sparse_attention(model, cfg, collect_stats=True)
-    first = _run(model, inputs)  # step 0: dense warm-up, exactly the original
+    first = run_model(model, inputs)  # step 0: dense warm-up, exactly the original
     assert sv.denoising_step(model) == 0
     assert [s["dense"] for s in sv.attention_stats(model)] == [True, True, True]
     assert torch.allclose(first, ref, rtol=0, atol=0)
-    _run(model, {**inputs, "timestep": torch.tensor([500])})
+    run_model(model, {**inputs, "timestep": torch.tensor([500])})
     assert sv.denoising_step(model) == 1
     assert [s["dense"] for s in sv.attention_stats(model)] == [True, False, False]
     sv.reset_denoising_step(model)
-    _run(model, {**inputs, "timestep": torch.tensor([300])})
+    run_model(model, {**inputs, "timestep": torch.tensor([300])})
     assert sv.denoising_step(model) == 0
 
 
 def test_hunyuan_batch_with_different_text_padding_equals_each_sample_alone():
     model, inputs = _build("hunyuan_video")
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.4, **SMALL_BLOCKS))
-    both = _run(model, inputs)
+    both = run_model(model, inputs)
     for b in range(2):
-        alone = _run(model, {k: v[b:b + 1] for k, v in inputs.items()})
-        assert _rel(both[b:b + 1], alone) < 1e-5
+        alone = run_model(model, {k: v[b:b + 1] for k, v in inputs.items()})
+        assert relative_error(both[b:b + 1], alone) < 1e-5
 
 
 def test_joint_core_matches_a_dense_masked_reference():
@@ -126,7 +117,7 @@ def test_joint_core_matches_a_dense_masked_reference():
     allowed[:, :, video_idx[:, None], video_idx[None, :]] = vv
     scores = (q @ k.transpose(-1, -2) * dim ** -0.5).masked_fill(~allowed, float("-inf"))
     ref = torch.softmax(scores, dim=-1) @ v
-    assert _rel(out, ref) < 1e-10
+    assert relative_error(out, ref) < 1e-10
 
 
 def test_errors_name_the_problem():
@@ -163,14 +154,14 @@ def test_saved_and_loaded_transformer_keeps_working_with_apply(name, tmp_path):
         pytest.skip(f"diffusers loads {type(model).__name__} only with accelerate installed")
     cfg = sv.SparseConfig(rule="topk", topk=0.4, **SMALL_BLOCKS)
     sv.apply_sparse_attention(model, cfg)
-    sparse = _run(model, inputs)
+    sparse = run_model(model, inputs)
     model.save_pretrained(tmp_path)  # saved while patched: weights and config only
     loaded = type(model).from_pretrained(tmp_path).eval()
     assert not sv.is_sparse(loaded)
     sv.remove_sparse_attention(model)
-    assert torch.equal(_run(loaded, inputs), _run(model, inputs))
+    assert torch.equal(run_model(loaded, inputs), run_model(model, inputs))
     sv.apply_sparse_attention(loaded, sv.SparseConfig.from_json(cfg.to_json()))
-    assert torch.allclose(_run(loaded, inputs), sparse, rtol=0, atol=1e-6)
+    assert torch.allclose(run_model(loaded, inputs), sparse, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -186,7 +177,7 @@ def test_gradients_with_every_tile_kept_match_the_original(name):
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=1.0, **SMALL_BLOCKS))
     got = grads()
     # One relative error over all parameters: some (e.g. key biases) have gradients that are rounding noise.
-    assert got.shape == ref.shape and _rel(got, ref) < 1e-5
+    assert got.shape == ref.shape and relative_error(got, ref) < 1e-5
 
 
 def test_set_attention_backend_after_apply_reaches_the_dense_attentions(monkeypatch):
@@ -206,7 +197,7 @@ def test_set_attention_backend_after_apply_reaches_the_dense_attentions(monkeypa
     monkeypatch.setattr(_AttentionBackendRegistry, "_active_backend", _AttentionBackendRegistry._active_backend)
     model.set_attention_backend("_native_math")
     assert all(p.original._attention_backend == AttentionBackendName._NATIVE_MATH for p in _processors(model))
-    _run(model, inputs)
+    run_model(model, inputs)
     # The dense self-attention of layer 0 and the three cross-attentions; the sparse layers run sparse.
     assert len(calls) == 4
     assert sum(shape[1] == VIDEO_TOKENS["wan"] for shape in calls) == 1 + 3  # queries: video tokens
@@ -238,14 +229,14 @@ def test_skyreels_diffusion_forcing_keeps_its_per_frame_timesteps():
     its layers tile their own q, k, v, so the per-token timestep tensors stay in raster order."""
     model, inputs = _build("skyreels_v2")
     inputs = {**inputs, "timestep": torch.tensor([[900, 700, 500, 300]]), "enable_diffusion_forcing": True}
-    ref = _run(model, inputs)
+    ref = run_model(model, inputs)
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=1.0, block_q=64, block_k=64),
                               collect_stats=True)
-    assert _rel(_run(model, inputs), ref) < 1e-5
+    assert relative_error(run_model(model, inputs), ref) < 1e-5
     assert sv.forward_stats(model)["tile"] is None  # the forward stays in raster order
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.5, block_q=64, block_k=64))
-    assert _rel(_run(model, inputs), ref) > 1e-4
+    assert relative_error(run_model(model, inputs), ref) > 1e-4
     causal, causal_inputs = _build("skyreels_v2", num_frame_per_block=2)
     sv.apply_sparse_attention(causal, sv.SparseConfig(rule="topk", topk=0.5, block_q=64, block_k=64))
     with pytest.raises(ValueError, match="attention mask over video tokens"):
-        _run(causal, causal_inputs)
+        run_model(causal, causal_inputs)

@@ -12,7 +12,7 @@ from sparsevid.integration.token_order import relative_order, reorder_tokens, ti
 from sparsevid.ops.tiling import DEFAULT_TILE
 
 pytest.importorskip("diffusers")
-from tiny_models import MODELS, VIDEO_TOKENS, build  # noqa: E402
+from tiny_models import MODELS, VIDEO_TOKENS, build, relative_error, run_model  # noqa: E402
 
 # Families whose whole forward runs in tile order (the others tile inside each sparse layer).
 def _tiles_whole_forward(name: str) -> bool:
@@ -24,15 +24,6 @@ FORWARD_TILED = [name for name in MODELS if _tiles_whole_forward(name)]
 
 SMALL_BLOCKS = {"block_q": 64, "block_k": 64}
 GRIDS = {"wan": (4, 8, 10), "hunyuan_video": (3, 10, 10), "cogvideox": (4, 8, 10)}
-
-
-def _rel(a, b):
-    return float((a - b).norm() / b.norm())
-
-
-@torch.no_grad()
-def _run(model, inputs):
-    return model(**inputs, return_dict=False)[0]
 
 
 def _per_layer_tiling(monkeypatch):
@@ -82,14 +73,14 @@ def test_reorder_tokens_keeps_text_before_the_video_in_place():
 @pytest.mark.parametrize("name", FORWARD_TILED)
 def test_tiled_forward_with_every_tile_kept_equals_the_original(name):
     model, inputs = build(name)
-    ref = _run(model, inputs)
+    ref = run_model(model, inputs)
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=1.0, **SMALL_BLOCKS), collect_stats=True)
-    out = _run(model, inputs)
+    out = run_model(model, inputs)
     info = sv.forward_stats(model)
     assert info["tile"] == DEFAULT_TILE and info["reorder_ms"] > 0 and info["restore_ms"] > 0
     # In the forward's order already: no layer reorders its own q, k, v.
     assert all(s["video_tokens"] == VIDEO_TOKENS[name] for s in sv.attention_stats(model))
-    assert _rel(out, ref) < 2e-6
+    assert relative_error(out, ref) < 2e-6
 
 
 def test_tiled_forward_gradients_equal_the_original():
@@ -107,29 +98,29 @@ def test_tiled_forward_gradients_equal_the_original():
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=1.0, **SMALL_BLOCKS), collect_stats=True)
     params, latent_grads = grads()
     assert sv.forward_stats(model)["tile"] == DEFAULT_TILE
-    assert _rel(params, ref_params) < 1e-5
-    assert _rel(latent_grads, ref_latents) < 1e-5
+    assert relative_error(params, ref_params) < 1e-5
+    assert relative_error(latent_grads, ref_latents) < 1e-5
 
 
 def test_dense_layers_in_a_tiled_forward_and_per_token_timesteps_stay_exact():
     """Wan2.2-style per-token timestep [B, N] follows the token order; a dense layer runs in tile order."""
     model, inputs = build("wan")
     inputs["timestep"] = torch.rand(1, VIDEO_TOKENS["wan"]) * 1000
-    ref = _run(model, inputs)
+    ref = run_model(model, inputs)
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=1.0, dense_layers=(1,), **SMALL_BLOCKS),
                               collect_stats=True)
-    out = _run(model, inputs)
+    out = run_model(model, inputs)
     assert sv.forward_stats(model)["tile"] == DEFAULT_TILE
     assert [s["dense"] for s in sv.attention_stats(model)] == [False, True, False]
-    assert _rel(out, ref) < 2e-6
+    assert relative_error(out, ref) < 2e-6
 
 
 def test_all_dense_step_runs_in_raster_order_bit_for_bit():
     model, inputs = build("wan")
-    ref = _run(model, inputs)
+    ref = run_model(model, inputs)
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.3, dense_steps=1, **SMALL_BLOCKS),
                               collect_stats=True)
-    assert torch.equal(_run(model, inputs), ref)
+    assert torch.equal(run_model(model, inputs), ref)
     assert sv.forward_stats(model) == {"step": 0, "tile": None, "reorder_ms": 0.0, "restore_ms": 0.0}
 
 
@@ -142,28 +133,28 @@ def test_tiled_forward_equals_per_layer_tiling(name, monkeypatch):
     model, inputs = build(name, **({"num_layers": 3} if name == "cogvideox" else {}))
     masks = _record_masks(monkeypatch)
     sv.apply_sparse_attention(model, cfg, collect_stats=True)
-    tiled = _run(model, inputs)
+    tiled = run_model(model, inputs)
     assert sv.forward_stats(model)["tile"] == DEFAULT_TILE
     tiled_masks = list(masks)
     masks.clear()
     _per_layer_tiling(monkeypatch)
     sv.apply_sparse_attention(model, cfg, collect_stats=True)
-    per_layer = _run(model, inputs)
+    per_layer = run_model(model, inputs)
     assert sv.forward_stats(model)["tile"] is None
     assert len(tiled_masks) == len(masks) == len(sv.attention_stats(model))
     assert all(torch.equal(a, b) for a, b in zip(tiled_masks, masks))
     assert 0.3 < min(float(1 - m.float().mean()) for m in masks)
-    assert _rel(tiled, per_layer) < 1e-5
+    assert relative_error(tiled, per_layer) < 1e-5
 
 
 def test_hunyuan_token_replace_keeps_per_layer_tiling():
     """I2V token replace modulates the first frame by raster position: the forward stays in raster order."""
     model, inputs = build("hunyuan_video", image_condition_type="token_replace")
-    ref = _run(model, inputs)
+    ref = run_model(model, inputs)
     sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=1.0, **SMALL_BLOCKS), collect_stats=True)
-    out = _run(model, inputs)
+    out = run_model(model, inputs)
     assert sv.forward_stats(model)["tile"] is None
-    assert _rel(out, ref) < 2e-6
+    assert relative_error(out, ref) < 2e-6
 
 
 class _CopyCounter(TorchDispatchMode):
@@ -209,7 +200,7 @@ def test_sparse_layers_add_no_copies_of_q_k_v_or_the_output():
     dense = _copies(model, inputs)
     cfg = sv.SparseConfig(rule="topk", topk=0.4, backend="triton", **SMALL_BLOCKS)
     sv.apply_sparse_attention(model, cfg)
-    _run(model, inputs)  # warm the permutation cache
+    run_model(model, inputs)  # warm the permutation cache
     sparse = _copies(model, inputs)
     inside = Counter({op: n for (where, op), n in sparse.items() if where == "attention"})
     assert inside == Counter({op: n for (where, op), n in dense.items() if where == "attention"})

@@ -313,3 +313,14 @@ def build(name, **config):
     torch.manual_seed(0)
     model, inputs = MODELS[name](**config)
     return model.eval(), inputs
+
+
+@torch.no_grad()
+def run_model(model, inputs):
+    """The output tensor of ``model(**inputs)`` (no gradient)."""
+    return model(**inputs, return_dict=False)[0]
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b||."""
+    return float((a - b).norm() / b.norm())

@@ -59,15 +59,22 @@ def _unaliased(outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     return tuple(result)
 
 
-@_predict_mask_op.register_fake
-def _(q, k, rule, topk, topk_is_count, topp, block_q, block_k, scale, keep_sink, keep_diagonal,
-      similarity_threshold, min_blocks, backend):
+def fake_mask_outputs(q: torch.Tensor, k: torch.Tensor, block_q: int, block_k: int) -> tuple[torch.Tensor, ...]:
+    """Empty tensors shaped as a prediction op's outputs for q [B, H, N, D], k [B, H, M, D] (for fake kernels):
+    keep bool [B, H, QB, KB], kv_count int32 [B, H, QB], kv_index int32 [B, H, QB, KB], kept mass float32
+    [B, H, QB]."""
     batch, heads = q.shape[:2]
     qb, kb = num_blocks(q.shape[2], block_q), num_blocks(k.shape[2], block_k)
     return (q.new_empty((batch, heads, qb, kb), dtype=torch.bool),
             q.new_empty((batch, heads, qb), dtype=torch.int32),
             q.new_empty((batch, heads, qb, kb), dtype=torch.int32),
             q.new_empty((batch, heads, qb), dtype=torch.float32))
+
+
+@_predict_mask_op.register_fake
+def _(q, k, rule, topk, topk_is_count, topp, block_q, block_k, scale, keep_sink, keep_diagonal,
+      similarity_threshold, min_blocks, backend):
+    return fake_mask_outputs(q, k, block_q, block_k)
 
 
 @with_settings_signature

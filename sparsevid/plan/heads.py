@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import PredictSettings, SparseMask, predict_mask
-from ..ops.mask import num_blocks
+from ..ops.predict_op import fake_mask_outputs
 
 
 def has_head_budgets(settings: PredictSettings) -> bool:
@@ -47,12 +47,7 @@ def _predict_per_head_op(q: torch.Tensor, k: torch.Tensor, topk: torch.Tensor, t
 @_predict_per_head_op.register_fake
 def _(q, k, topk, topp, rule, block_q, block_k, scale, keep_sink, keep_diagonal, similarity_threshold, min_blocks,
       backend):
-    batch, heads = q.shape[:2]
-    qb, kb = num_blocks(q.shape[2], block_q), num_blocks(k.shape[2], block_k)
-    return (q.new_empty((batch, heads, qb, kb), dtype=torch.bool),
-            q.new_empty((batch, heads, qb), dtype=torch.int32),
-            q.new_empty((batch, heads, qb, kb), dtype=torch.int32),
-            q.new_empty((batch, heads, qb), dtype=torch.float32))
+    return fake_mask_outputs(q, k, block_q, block_k)
 
 
 def predict_heads_traced(q: torch.Tensor, k: torch.Tensor, settings: PredictSettings, scale: float | None,

@@ -22,7 +22,7 @@ import torch
 from ..integration import adapter_for, apply_sparse_attention, is_sparse, reset_denoising_step
 from ..integration.adapters import latent_families
 from ..plan import SparseConfig
-from .distributed import is_main_process, setup, wrap
+from .distributed import Distributed, is_main_process, setup, wrap
 from .draws import STREAM_NOISE, sample_generator
 from .flow import flow_matching_loss, noisy, sample_t
 from .latents import LatentBatch
@@ -206,6 +206,7 @@ class Distillation:
         base: the base fingerprint of the pretrained weights (``student.json``).
         lora: {"rank", "alpha", "targets"} of a LoRA student, else None.
         sharded: the student is FSDP-sharded.
+        job: this process's place in the job (rank, world size, device).
     """
 
     transformer: torch.nn.Module
@@ -215,15 +216,24 @@ class Distillation:
     base: str
     lora: dict | None
     sharded: bool
+    job: Distributed
 
 
-def prepare_distillation(transformer: torch.nn.Module, source, config: DistillConfig, device: torch.device,
-                         accumulation_steps: int = 1, parallel: str = "ddp") -> Distillation:
-    """Turn the dense pretrained ``transformer`` (on ``device``, this process's device of the job) into the student
-    that :func:`distill` trains, with its dense teacher and objective: adapters (LoRA), the frozen teacher copies,
-    sparse attention, trainable tensors upcast to float32 (master weights; the frozen ones keep their dtype, bf16
-    for a model loaded so), gradient checkpointing, ``config.compile`` and the data-parallel wrapper."""
-    job = setup(device)
+def prepare_distillation(transformer: torch.nn.Module, source, config: DistillConfig,
+                         device: str | torch.device | None = None, accumulation_steps: int = 1,
+                         parallel: str = "ddp") -> Distillation:
+    """Turn the dense pretrained ``transformer`` into the student that :func:`distill` trains, on ``device`` (this
+    process's device of the job; default the transformer's), with its dense teacher and objective: adapters (LoRA),
+    the frozen teacher copies, sparse attention, trainable tensors upcast to float32 (master weights; the frozen
+    ones keep their dtype, bf16 for a model loaded so), gradient checkpointing, ``config.compile`` and the
+    data-parallel wrapper. Checks first that the transformer is a dense one of a flow-matching family and that
+    ``source``'s samples fit it."""
+    check_flow_family(transformer)
+    if is_sparse(transformer):
+        raise ValueError("transformer already has sparse attention; pass the dense pretrained transformer")
+    check_source(transformer, source)
+    job = setup(device if device is not None else next(transformer.parameters()).device)
+    transformer.to(job.device)
     draws = Draws(source, config, job.rank, job.world_size, job.device, accumulation_steps)
     base = base_fingerprint(transformer, config.trainable)
     lora = None
@@ -265,7 +275,7 @@ def prepare_distillation(transformer: torch.nn.Module, source, config: DistillCo
             return flow_matching_loss(velocity, batch.latents, noise)
         return torch.nn.functional.mse_loss(velocity.float(), teacher(x_t, t, batch).float())
 
-    return Distillation(transformer, student, loss_fn, parameters, base, lora, sharded)
+    return Distillation(transformer, student, loss_fn, parameters, base, lora, sharded, job)
 
 
 def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: LoopConfig,
@@ -291,13 +301,8 @@ def distill(transformer: torch.nn.Module, source, config: DistillConfig, loop: L
         raise TypeError(f"loop must be a LoopConfig, got {type(loop).__name__}")
     if parallel not in PARALLEL:
         raise ValueError(f"parallel must be one of {PARALLEL}, got {parallel!r}")
-    check_flow_family(transformer)
-    if is_sparse(transformer):
-        raise ValueError("transformer already has sparse attention; pass the dense pretrained transformer")
-    check_source(transformer, source)
-    job = setup(device if device is not None else next(transformer.parameters()).device)
-    transformer.to(job.device)
-    run = prepare_distillation(transformer, source, config, job.device, loop.accumulation_steps, parallel)
+    run = prepare_distillation(transformer, source, config, device, loop.accumulation_steps, parallel)
+    job = run.job
 
     out = Path(out) if out is not None else None
     run_info = {**config.run_info(source), "accumulation_steps": loop.accumulation_steps}
