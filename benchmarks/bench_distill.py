@@ -81,8 +81,9 @@ def time_configuration(args, config: dict, source, distill_config: DistillConfig
     return times, peak
 
 
-def run(args, device) -> list[dict]:
-    """One row per (objective, trainable, checkpointing, compile, student)."""
+def run(args, device, on_row=lambda rows: None) -> list[dict]:
+    """One row per (objective, trainable, checkpointing, compile, student); ``on_row(rows)`` after each (a run cut
+    short by a time limit keeps the rows it finished)."""
     spec = MODELS[args.model]
     config, grid, tokens = model_config(args.model, args)
     sparse = sv.SparseConfig(rule=args.rule, topk=args.topk, topp=args.topp, block_q=args.block_q,
@@ -110,12 +111,19 @@ def run(args, device) -> list[dict]:
                              "peak_memory_gib": peak})
                 print(f"{objective:9s} {trainable:9s} ckpt={checkpointing!s:5s} {compiled:8s} {student:6s}: step "
                       f"{step_ms:9.1f} ms, peak {peak:6.1f} GiB", flush=True)
+                add_speedups(rows)
+                on_row(rows)
+    return rows
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Each row's ``speedup_vs_dense_step``: the dense diffusion step of its setting over its step (None until
+    that dense step is measured)."""
     dense = {(r["trainable"], r["gradient_checkpointing"], r["compile"]): r["step_ms"] for r in rows
              if r["objective"] == "diffusion" and r["student"] == "dense"}
     for row in rows:
         reference = dense.get((row["trainable"], row["gradient_checkpointing"], row["compile"]))
         row["speedup_vs_dense_step"] = None if reference is None else reference / row["step_ms"]
-    return rows
 
 
 def table(rows) -> str:
@@ -172,13 +180,11 @@ def main(argv=None) -> None:
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
-    rows = run(args, device)
     meta = run_metadata(device, warmup=args.warmup, iters=args.iters,
                         autocast="bfloat16" if device.type == "cuda" else None)
-    text = table(rows)
-    write_result(args.out, meta, {"rows": rows}, text)
+    rows = run(args, device, lambda done: write_result(args.out, meta, {"rows": done}, table(done)))
     print(json.dumps(meta))
-    print(text)
+    print(table(rows))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@
 #               LoRA, checkpointing on and off)
 #   throughput_compiled  benchmark distill_compiled (the same step under compile_repeated_blocks)
 #   throughput14b  benchmark distill_14b (fine-tuning step, Wan 14B 720p on one GPU, attention-only and LoRA)
+#   throughput14b_compiled  benchmark distill_14b_compiled (the diffusion step of throughput14b compiled)
 #   predict     benchmark predict (mask prediction: every kernel config, Wan 1.3B and 14B shapes)
 #   limits      benchmark predict_limits (kernel device times, pool vs a plain read, TF32 logits, budget)
 #   training    one call of the claims grid on the built-in model (sparsevid_lab.studies.claims_grid; repeat the part
@@ -69,7 +70,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|fp8|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|predict|limits|training|training_full|training_shift|motion|\
+PARTS="kernels|fp8|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|training|training_full|training_shift|motion|\
 demo_student|tests|parallel|ddp|runtime|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
 families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
@@ -119,6 +120,9 @@ throughput_compiled)
     ;;
 throughput14b)
     bench distill_14b 580
+    ;;
+throughput14b_compiled)
+    bench distill_14b_compiled 585
     ;;
 predict)
     bench predict 240

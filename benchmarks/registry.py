@@ -91,6 +91,12 @@ BENCHMARKS = {
         "benchmarks.bench_distill",
         "fine-tuning step, Wan 14B 720p on one GPU: dense vs sparse 95%, attention-only and LoRA, checkpointing on",
         ("--model", "wan14b", "--checkpointing", "on", "--warmup", "1", "--iters", "1")),
+    "distill_14b_compiled": Benchmark(
+        "benchmarks.bench_distill",
+        "fine-tuning step, Wan 14B 720p on one GPU, compile_repeated_blocks: dense vs sparse 95%, attention-only and "
+        "LoRA, checkpointing on",
+        ("--model", "wan14b", "--objectives", "diffusion", "--checkpointing", "on", "--compile", "inductor",
+         "--warmup", "1", "--iters", "1")),
     "cache": Benchmark(
         "benchmarks.bench_cache",
         "sparsevid cache throughput (clips/s): the tiny test pipeline, and Wan2.1's VAE with umT5-XXL's size, 480p"),
