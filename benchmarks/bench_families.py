@@ -136,10 +136,12 @@ HV15_TEXT_2, HV15_IMAGE = 256, 729
 
 
 def hunyuan_video15_inputs(model, grid, draw, device, text_tokens):
-    """Text-to-video as the pipeline calls it: latents with the (zero) condition latents and mask channels."""
+    """Text-to-video as the pipeline calls it: latents with the (zero) condition latents and mask channels, the
+    timestep in the model's dtype (its time embedding casts the sinusoid to the timestep's dtype)."""
     text_2 = min(HV15_TEXT_2, text_tokens)
     image = min(HV15_IMAGE, text_tokens)
-    return {"hidden_states": latents(model, grid, (1, 1), draw), "timestep": torch.tensor([TIMESTEP], device=device),
+    return {"hidden_states": latents(model, grid, (1, 1), draw),
+            "timestep": torch.tensor([TIMESTEP], device=device, dtype=model.dtype),
             "encoder_hidden_states": draw(1, text_tokens, model.config.text_embed_dim),
             "encoder_attention_mask": text_mask(text_tokens, min(VALID_TEXT, text_tokens), device),
             "encoder_hidden_states_2": draw(1, text_2, model.config.text_embed_2_dim),

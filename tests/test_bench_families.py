@@ -29,9 +29,11 @@ def test_token_grid_follows_the_pipeline_resolution(name, grid):
     assert FAMILIES[name].grid() == grid
 
 
-def test_every_family_runs_dense_and_sparse_on_the_cpu(tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bf16 as on the GPU: every input in the model's dtype
+def test_every_family_runs_dense_and_sparse_on_the_cpu(tmp_path, monkeypatch, dtype):
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # the runner sets sys.argv for the module
-    assert run_benchmarks(["--results", str(tmp_path), "families", "--families", ",".join(FAMILIES), *SMOKE]) == 0
+    assert run_benchmarks(["--results", str(tmp_path), "families", "--families", ",".join(FAMILIES), *SMOKE,
+                           "--dtype", dtype]) == 0
     result = json.loads((tmp_path / "families" / "cpu.json").read_text())
     assert result["errors"] == []
     rows = {(r["family"], r["setting"]): r for r in result["rows"]}
