@@ -247,10 +247,11 @@ ADAPTERS = (
                  token_sites=(TokenSite("x_embedder", dim=1), TokenSite("rope", dim=0))),
     # LTX-Video: takes patched tokens [B, N, C] and the token grid as arguments; RoPE (cos, sin) [B, N, D]; image-
     # to-video and condition pipelines pass a per-token timestep [B, N]. A call without the grid (video_coords only)
-    # runs sparse in raster order.
+    # runs sparse in raster order. The tokens are reordered as an argument, before diffusers' context-parallel plan
+    # splits them (also before ``proj_in``, which is per token).
     ModelAdapter("ltx", "LTXVideoTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
                  text_first=False, patch_sizes=_square_patch,
-                 token_sites=(TokenSite("proj_in", dim=1), TokenSite("rope", dim=1),
+                 token_sites=(TokenSite("hidden_states", dim=1, argument=True), TokenSite("rope", dim=1),
                               TokenSite("timestep", dim=1, argument=True, min_dims=2)),
                  grid_arguments=("num_frames", "height", "width"), call_inputs=("rope_interpolation_scale",)),
 )

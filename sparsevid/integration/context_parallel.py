@@ -9,23 +9,46 @@ which diffusers registers as context-parallel capable, and replaces only the one
 the full sequence of the rank's own heads, so each rank predicts the masks of its heads only and the result
 equals the single-device one. Rank r of the Ulysses group holds the global heads :func:`head_range` gives.
 
-Ring attention is refused (``docs/context_parallel.md`` says why), as is joint text-video attention, whose
-text tokens diffusers does not shard with the video.
+The token order hooks follow diffusers' context-parallel plan (``_cp_plan``) of a family, so only the families in
+:data:`PARALLEL_FAMILIES` run under it; the others are refused, as is ring attention (``docs/context_parallel.md``
+says why).
 """
 from __future__ import annotations
 
-from .joint_attention import TokenLayout
+from .adapters import ADAPTERS, ModelAdapter
+
+# The families whose diffusers context-parallel plan the token order follows (tests/test_context_parallel.py).
+PARALLEL_FAMILIES = ("wan", "chronoedit", "ltx", "ltx2")
+# Families whose sparse self-attention attends text tokens jointly with the video.
+JOINT_FAMILIES = ("hunyuan_video", "hunyuan_video15", "hunyuan_video_framepack", "cogvideox", "consisid",
+                  "motif_video", "easyanimate")
 
 
-def check_parallel_config(parallel_config, heads: int | None = None) -> None:
-    """Raise ValueError unless sparse attention can run under ``parallel_config``.
+def _family_refusal(adapter: ModelAdapter) -> str:
+    """Why sparse attention of ``adapter``'s family does not run under context parallelism."""
+    supported = ", ".join(a.class_name for a in ADAPTERS if a.name in PARALLEL_FAMILIES)
+    if adapter.name in JOINT_FAMILIES:
+        reason = ("its self-attention is joint text-video attention, which sparse attention under context "
+                  "parallelism does not split (it takes video-only self-attention)")
+    else:
+        reason = ("diffusers has no context-parallel plan (`_cp_plan`) for it, and the video token order is kept "
+                  "only under the diffusers plans of those families")
+    return (f"sparse attention under context parallelism supports {supported}; {adapter.class_name} is refused: "
+            f"{reason} (see docs/context_parallel.md)")
 
-    parallel_config: a diffusers ``ParallelConfig`` (what ``enable_parallelism`` gives the processors) or None.
+
+def check_parallel_config(parallel_config, adapter: ModelAdapter, heads: int | None = None) -> None:
+    """Raise ValueError unless sparse attention of ``adapter``'s family can run under ``parallel_config``.
+
+    parallel_config: a diffusers ``ParallelConfig`` (what ``enable_parallelism`` records on the model and gives the
+        processors) or None.
     heads: the attention's head count, checked against ``ulysses_degree`` when given.
     """
     cp = getattr(parallel_config, "context_parallel_config", None)
     if cp is None:
         return
+    if adapter.name not in PARALLEL_FAMILIES:
+        raise ValueError(_family_refusal(adapter))
     if cp.ring_degree > 1:
         raise ValueError(f"sparse attention supports Ulysses context parallelism only, got ring_degree="
                          f"{cp.ring_degree}; use ContextParallelConfig(ulysses_degree=...) (ring attention is "
@@ -33,14 +56,6 @@ def check_parallel_config(parallel_config, heads: int | None = None) -> None:
     if heads is not None and heads % cp.ulysses_degree and not cp.ulysses_anything:
         raise ValueError(f"the attention has {heads} heads, not divisible by ulysses_degree={cp.ulysses_degree}; "
                          f"choose a divisor of {heads} or set ContextParallelConfig(ulysses_anything=True)")
-
-
-def check_video_only(layout: TokenLayout) -> None:
-    """Raise ValueError if a self-attention under context parallelism has text tokens (joint attention)."""
-    if layout.text_len:
-        raise ValueError(f"sparse attention under context parallelism supports video-only self-attention (Wan); "
-                         f"this one attends {layout.text_len} text tokens jointly with the video (HunyuanVideo, "
-                         f"CogVideoX), which is not supported")
 
 
 def head_range(rank: int, degree: int, heads: int) -> range:

@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..plan.runtime import LayerRuntime
 from .adapters import ModelAdapter, attention_heads
-from .context_parallel import check_parallel_config, check_video_only, local_heads
+from .context_parallel import check_parallel_config, local_heads
 from .joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets, video_tokens
 from .stats import AttentionRecord, Clock, mark
 from .step_context import StepContext
@@ -99,7 +99,6 @@ class SparseAttnProcessor:
     """
 
     def __init__(self, original, runtime: LayerRuntime, context: StepContext, adapter: ModelAdapter):
-        check_parallel_config(getattr(original, "_parallel_config", None))
         self.original = original
         self.runtime = runtime
         self.context = context
@@ -119,6 +118,7 @@ class SparseAttnProcessor:
 
     @_parallel_config.setter
     def _parallel_config(self, config) -> None:
+        check_parallel_config(config, self.adapter)  # enable_parallelism on a sparse model: refused families, ring
         self.original._parallel_config = config
         self._native._parallel_config = config
 
@@ -146,13 +146,12 @@ class SparseAttnProcessor:
         context = self.context
         plan = None if context.dense else self.runtime.plan
         parallel = getattr(self.original, "_parallel_config", None)
-        check_parallel_config(parallel, attention_heads(attn))
+        check_parallel_config(parallel, self.adapter, attention_heads(attn))
         if plan is None and not context.collect_stats:
             return self.original(*args, **kwargs)
         layout = self._layout(hidden_states, encoder_hidden_states)
         heads = None
         if parallel is not None:
-            check_video_only(layout)
             heads = local_heads(parallel, attention_heads(attn))
         record = None
         if context.collect_stats:

@@ -10,6 +10,7 @@ import torch
 
 from ..plan import LayerRuntime, SparseConfig
 from .adapters import ModelAdapter, adapter_for, attention_heads, forward_argument
+from .context_parallel import check_parallel_config
 from .processors import SparseAttnProcessor
 from .step_context import StepContext, fresh_counter
 from .token_order import forward_tile, install_reordering, tile_order
@@ -49,7 +50,9 @@ def _begin_step(state: SparseState) -> tuple[int, int, int] | None:
 def _begin_forward(adapter: ModelAdapter, state: SparseState, module, args, kwargs):
     """Forward pre-hook: advance the denoising step from ``timestep`` (on the device), record the latent grid,
     start the layers' runtimes at this step (only when the plans vary with the step) and choose the video token
-    order of this forward (the tile most sparse layers of this step use; raster if none)."""
+    order of this forward (the tile most sparse layers of this step use; raster if none). Refuses a context-parallel
+    model that ``enable_parallelism`` made so without telling the processors (those that take no parallel config)."""
+    check_parallel_config(getattr(module, "_parallel_config", None), adapter)
     context = state.context
     hidden_states = forward_argument(module, "hidden_states", args, kwargs)
     grid = adapter.call_grid(module, args, kwargs)
@@ -133,6 +136,7 @@ def apply_sparse_attention(transformer, config: SparseConfig | dict | None = Non
     if not isinstance(collect_stats, bool):
         raise TypeError(f"collect_stats must be a bool, got {collect_stats!r}")
     adapter = adapter_for(transformer)
+    check_parallel_config(getattr(transformer, "_parallel_config", None), adapter)  # enable_parallelism records it
     if getattr(transformer, _STATE_ATTR, None) is not None:
         remove_sparse_attention(transformer)
     attentions = adapter.self_attentions(transformer)
