@@ -175,6 +175,17 @@ def cogvideox_inputs(model, grid, draw, device, text_tokens):
             "timestep": torch.tensor([TIMESTEP], device=device), "image_rotary_emb": rope, "return_dict": False}
 
 
+def mochi_inputs(model, grid, draw, device, text_tokens):
+    """As MochiPipeline calls it (one prompt, no guidance batch): latents [1, C, T, H, W], the other families' noise
+    level in Mochi's inverted time (timestep 1000 - 900), T5 text padded to 256 tokens with its boolean mask (the
+    processor attends the valid tokens only)."""
+    timestep = adapter_for(model).flow_timestep(TIMESTEP)
+    return {"hidden_states": latents(model, grid, (1, 2), draw), "timestep": torch.tensor([timestep], device=device),
+            "encoder_hidden_states": draw(1, text_tokens, model.config.text_embed_dim),
+            "encoder_attention_mask": text_mask(text_tokens, min(VALID_TEXT, text_tokens), device).bool(),
+            "return_dict": False}
+
+
 # Wan's transformer config: scripts/convert_wan_to_diffusers.py of huggingface/diffusers (the values of the
 # published Wan-AI/*-Diffusers transformer/config.json); SkyReels-V2's: scripts/convert_skyreelsv2_to_diffusers.py.
 WAN = {"patch_size": (1, 2, 2), "attention_head_dim": 128, "cross_attn_norm": True, "eps": 1e-6, "freq_dim": 256,
@@ -257,6 +268,14 @@ FAMILIES = {
          "max_text_seq_length": 226, "use_rotary_positional_embeddings": True,
          "use_learned_positional_embeddings": False},
         (49, 480, 720), (4, 8), (1, 2), cogvideox_inputs, 226, joint_text=226),
+    "mochi": Family(
+        "Mochi-1 10B 480p", "genmo/mochi-1-preview, transformer/ (convert_mochi_to_diffusers.py: the class defaults, "
+        "48 layers, 24 heads x 128, 12 latent channels); pipeline 848x480, 163 frames, VAE 6x8x8, T5 text 256 tokens",
+        "MochiTransformer3DModel",
+        {"patch_size": 2, "num_attention_heads": 24, "attention_head_dim": 128, "num_layers": 48,
+         "pooled_projection_dim": 1536, "in_channels": 12, "out_channels": None, "qk_norm": "rms_norm",
+         "text_embed_dim": 4096, "time_embed_dim": 256, "activation_fn": "swiglu", "max_sequence_length": 256},
+        (163, 480, 848), (6, 8), (1, 2), mochi_inputs, 256, joint_text=VALID_TEXT),
 }
 
 # Rough H200 rates of the estimate (calibrated on the Wan 1.3B and 14B forwards of GPU.md): dense attention at cuDNN's

@@ -109,8 +109,9 @@ BENCHMARKS = {
         ("--families", "wan22_ti2v,hunyuan_video15,ltx,skyreels_v2,cogvideox", "--compile", "eager", "--iters", "2")),
     "families_large": Benchmark(
         "benchmarks.bench_families",
-        "real-size forward, eager, dense vs top-k 5% and hybrid: Wan2.2 A14B (one expert) 720p, HunyuanVideo 13B 720p",
-        ("--families", "wan22_a14b,hunyuan_video", "--compile", "eager", "--iters", "2")),
+        "real-size forward, eager, dense vs top-k 5% and hybrid: Wan2.2 A14B (one expert) 720p, HunyuanVideo 13B 720p, "
+        "Mochi-1 10B 480p",
+        ("--families", "wan22_a14b,hunyuan_video,mochi", "--compile", "eager", "--iters", "2")),
     "families_extra": Benchmark(
         "benchmarks.bench_families",
         "real-size forward, eager, dense vs top-k 5% and hybrid: LTX-Video 0.9.7 13B (1536x1024), Wan2.1 VACE-14B 720p",

@@ -24,6 +24,7 @@ SMOKE = ["--device", "cpu", "--dtype", "float32", "--layers", "1", "--heads", "2
     ("skyreels_v2", (25, 34, 60)),       # 960x544, 97 frames
     ("hunyuan_video", (33, 45, 80)),     # 720p, 129 frames: the HunyuanVideo row of DESIGN.md
     ("cogvideox", (13, 30, 45)),         # 720x480, 49 frames
+    ("mochi", (28, 30, 53)),             # 848x480, 163 frames, VAE 6x8x8, patch 2x2
 ], ids=lambda value: value if isinstance(value, str) else None)
 def test_token_grid_follows_the_pipeline_resolution(name, grid):
     assert FAMILIES[name].grid() == grid
@@ -66,4 +67,4 @@ def test_estimate_names_every_family(capsys):
 
 def test_unknown_family_is_refused():
     with pytest.raises(SystemExit):
-        run_families(["--out", "unused", "--families", "wan,mochi"])
+        run_families(["--out", "unused", "--families", "wan,latte"])

@@ -1,4 +1,7 @@
 """Family-specific behaviour beyond the integration tests every tiny family runs (``tiny_models.MODELS``)."""
+import itertools
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -29,11 +32,6 @@ def test_families_sparse_attention_cannot_serve_are_refused_with_the_reason():
         num_heads=2, num_layers=1)
     with pytest.raises(TypeError, match="BlockMask"):
         sv.apply_sparse_attention(animate2)
-    mochi = diffusers.MochiTransformer3DModel(
-        patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=1, pooled_projection_dim=16,
-        in_channels=4, text_embed_dim=16, time_embed_dim=4)
-    with pytest.raises(TypeError, match="each batch entry separately"):
-        sv.apply_sparse_attention(mochi)
 
 
 def test_ltx_without_the_token_grid_runs_sparse_in_raster_order():
@@ -63,6 +61,94 @@ def test_a_per_row_mask_whose_video_rows_differ_is_refused():
     skewed[0, 0, 3, 7] = False
     with pytest.raises(ValueError, match="differs between video rows"):
         text_key_sets(skewed, layout, batch=2)
+
+
+def _mochi_text_mask():
+    """Mochi's tiny batch with an empty prompt (no valid text token, as its pipeline's zeroed negative prompt) and a
+    prompt with a hole (its processor then moves the valid text rows up)."""
+    mask = torch.zeros(2, 12, dtype=torch.bool)
+    mask[1, :9] = True
+    mask[1, 3] = False
+    return mask
+
+
+def test_a_packed_batch_unpacks_each_entry_and_packs_valid_text_rows_first():
+    from sparsevid.integration.packed_batch import PackedBatch
+
+    packed = PackedBatch.of(torch.tensor([[1, 1, 0], [0, 1, 1]]), video_len=4)
+    one = torch.randn(1, 2, 2 * 4 + 2 * 3, 5)  # [1, H, B*Nv + B*Nt, D]
+    joint = packed.unpack(one)
+    assert joint.shape == (2, 2, 7, 5)
+    for b in range(2):
+        assert torch.equal(joint[b, :, :4], one[0, :, 4 * b:4 * b + 4])
+        assert torch.equal(joint[b, :, 4:], one[0, :, 8 + 3 * b:8 + 3 * b + 3])
+    back = packed.pack(joint)
+    assert torch.equal(back[:, :, :8], one[:, :, :8])
+    text = back[0, :, 8:].unflatten(1, (2, 3))  # [H, B, Nt, D]
+    assert torch.equal(text[:, 0, :2], one[0, :, 8:10]) and torch.equal(text[:, 1, :2], one[0, :, 12:14])
+    assert not text[:, :, 2].any()  # each entry's padded row: zero
+    with pytest.raises(TypeError, match="encoder_attention_mask"):
+        PackedBatch.of(None, video_len=4)
+    with pytest.raises(ValueError, match=r"\[B, Nt\]"):
+        PackedBatch.of(torch.ones(2, 1, 3), video_len=4)
+    with pytest.raises(ValueError, match="expected video"):
+        packed.inputs(torch.randn(2, 5, 8), torch.randn(2, 3, 8))
+    with pytest.raises(ValueError, match="its own text mask"):
+        packed.attend(torch.nn.functional.scaled_dot_product_attention, one, one, one, torch.ones(1, 1, 14, 14) > 0)
+
+
+def test_mochi_batch_with_different_text_lengths_equals_each_entry_alone():
+    model, inputs = build("mochi")
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.4, **SMALL_BLOCKS), collect_stats=True)
+    for text_mask in (inputs["encoder_attention_mask"], _mochi_text_mask()):
+        batch = {**inputs, "encoder_attention_mask": text_mask}
+        both = run_model(model, batch)
+        assert all(0.3 < s["sparsity"] for s in sv.attention_stats(model))
+        for b in range(2):
+            alone = run_model(model, {k: v[b:b + 1] for k, v in batch.items()})
+            assert relative_error(both[b:b + 1], alone) < 1e-5
+
+
+def test_mochi_attention_with_every_tile_kept_gives_the_stock_video_and_text_outputs():
+    """Every layer's attention outputs, text included: valid text rows moved up as the stock processor moves them,
+    padded rows zero (then the output projection's bias)."""
+    model, inputs = build("mochi")
+    inputs["encoder_attention_mask"] = _mochi_text_mask()
+    outputs = []
+    for block in model.transformer_blocks:
+        block.attn1.register_forward_hook(lambda module, args, out: outputs.append(out))
+    run_model(model, inputs)
+    stock, outputs[:] = list(outputs), []
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=1.0, tile="none", **SMALL_BLOCKS))
+    run_model(model, inputs)
+    assert len(outputs) == len(stock) == 3
+    for (video, text), (stock_video, stock_text) in zip(outputs, stock):
+        assert relative_error(video, stock_video) < 1e-5 and relative_error(text, stock_text) < 1e-5
+        assert torch.equal(text[0], stock_text[0])  # the empty prompt's rows: no attention output at all
+
+
+def test_mochi_counts_steps_on_its_rising_timesteps_and_runs_dense_steps_as_stock(monkeypatch):
+    """Mochi's pipeline passes timestep 1000 (1 - sigma), rising over the denoising: the steps count up and a smaller
+    timestep starts a new generation; a dense step (stats on: the processor's own call per batch entry) is stock,
+    its attention time spanning both entries' calls (a clock that ticks once per mark)."""
+    from sparsevid.integration import stats as stats_module
+
+    monkeypatch.setattr(stats_module, "time", SimpleNamespace(perf_counter=itertools.count().__next__))
+    model, inputs = build("mochi")
+    refs = {t: run_model(model, {**inputs, "timestep": torch.tensor([t, t])}) for t in (0, 250)}
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="topk", topk=0.4, dense_steps=1, **SMALL_BLOCKS),
+                              collect_stats=True)
+    steps = []
+    for t in (0, 0, 250, 600, 0):  # a guidance pass of the same step, two steps, a new generation
+        out = run_model(model, {**inputs, "timestep": torch.tensor([t, t])})
+        steps.append(sv.denoising_step(model))
+        stats = sv.attention_stats(model)
+        assert all(s["dense"] == (steps[-1] == 0) for s in stats)
+        if steps[-1] == 0:  # marks: start and end of entry 0's call, end of entry 1's
+            assert all(s["attention_ms"] == 2e3 for s in stats)
+        if t in refs:
+            assert torch.equal(out, refs[t]) == (steps[-1] == 0)
+    assert steps == [0, 0, 1, 2, 0]
 
 
 @pytest.mark.parametrize("name", ["wan_animate", "easyanimate", "cosmos", "kandinsky5", "allegro", "ltx2",

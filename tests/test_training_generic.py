@@ -166,6 +166,49 @@ def test_hunyuan_video_trains_through_the_same_path(tmp_path):
     assert result.finished and all(torch.isfinite(torch.tensor(r["loss"])) for r in result.history)
 
 
+def test_mochi_velocity_follows_its_sampler_inverted_time():
+    """Mochi's scheduler inverts the sigmas (timestep 1000 (1 - t), output x0 - noise): one Euler step of it moves
+    the latents along the velocity predict_velocity gives; a batch without text masks takes every token as valid."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    model, inputs = build("mochi")
+    x_t, text, text_mask = (inputs[name] for name in ("hidden_states", "encoder_hidden_states",
+                                                      "encoder_attention_mask"))
+    scheduler = FlowMatchEulerDiscreteScheduler(invert_sigmas=True)
+    scheduler.set_timesteps(sigmas=[0.8, 0.5])  # noise levels, as MochiPipeline passes them
+    timestep = scheduler.timesteps[0]
+    with torch.no_grad():
+        raw = model(x_t, text, timestep.expand(2), text_mask, return_dict=False)[0]
+        velocity = predict_velocity(model, x_t, torch.tensor([0.8, 0.8]), LatentBatch(x_t, text, text_mask))
+        unmasked = predict_velocity(model, x_t, torch.tensor([0.8, 0.8]), LatentBatch(x_t, text))
+        all_valid = predict_velocity(model, x_t, torch.tensor([0.8, 0.8]),
+                                     LatentBatch(x_t, text, torch.ones_like(text_mask)))
+    stepped = scheduler.step(raw, timestep, x_t, return_dict=False)[0]
+    assert torch.allclose(stepped, x_t + (0.5 - 0.8) * velocity, atol=1e-5)
+    assert torch.equal(unmasked, all_valid) and not torch.allclose(unmasked, velocity, atol=1e-3)
+
+
+def test_mochi_trains_through_the_same_path_and_loads_back(tmp_path):
+    """Mochi: joint attention over each sample's valid text tokens (text masks of different lengths), inverted time."""
+    torch.manual_seed(0)
+    model, inputs = build("mochi")
+    folder = tmp_path / "mochi"
+    for i in range(4):
+        write_latent_sample(folder, i, torch.randn(4, 4, 16, 20), torch.randn(12, 16),
+                            text_mask=inputs["encoder_attention_mask"][i % 2])
+    write_null_text(folder, torch.zeros(12, 16), torch.zeros(12, dtype=torch.bool))
+    loop = LoopConfig(lr=3e-3, warmup_steps=0, ema_decay=None, max_steps=4, log_every=1, bf16=False)
+    result = distill(model, LatentDirectory(folder), DistillConfig(sparse=SPARSE, batch_size=2, null_prob=0.5), loop,
+                     out=tmp_path / "s", log=lambda *_: None)
+    assert result.finished and all(0 < row["loss"] < float("inf") for row in result.history)
+    fresh, _ = build("mochi")
+    base, trained = fresh.state_dict(), model.state_dict()
+    assert load_student(fresh, tmp_path / "s") == SPARSE and sv.is_sparse(fresh)
+    names = trainable_names(model, "attention")  # saved in bf16
+    assert names and not all(torch.equal(trained[n], base[n]) for n in names)
+    assert all(torch.equal(fresh.state_dict()[n], trained[n].bfloat16().float()) for n in names)
+
+
 def test_cli_distill_and_evaluate_on_a_saved_transformer(tmp_path, capsys):
     from sparsevid.cli import main
 

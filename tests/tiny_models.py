@@ -294,18 +294,34 @@ def hunyuan_video_framepack(**config):
     return model, inputs
 
 
+def mochi(**config):
+    """MochiTransformer3DModel on a 4 x 8 x 10 grid after 2x2 patching, batch 2 with different text padding; its RoPE
+    frequencies (zero at initialisation, which would make RoPE the identity) drawn."""
+    model = diffusers.MochiTransformer3DModel(**{
+        "patch_size": 2, "num_attention_heads": 2, "attention_head_dim": 8, "num_layers": 3,
+        "pooled_projection_dim": 16, "in_channels": 4, "text_embed_dim": 16, "time_embed_dim": 4,
+        "max_sequence_length": 16, **config})
+    torch.nn.init.normal_(model.pos_frequencies, std=0.5)
+    text_mask = torch.ones(2, 12, dtype=torch.bool)
+    text_mask[0, 7:] = False
+    text_mask[1, 10:] = False
+    inputs = {"hidden_states": torch.randn(2, 4, 4, 16, 20), "timestep": torch.tensor([300, 300]),
+              "encoder_hidden_states": torch.randn(2, 12, 16), "encoder_attention_mask": text_mask}
+    return model, inputs
+
+
 MODELS = {"wan": wan, "wan22_ti2v": wan22_ti2v, "hunyuan_video": hunyuan_video, "cogvideox": cogvideox,
           "chronoedit": chronoedit, "wan_vace": wan_vace, "skyreels_v2": skyreels_v2, "ltx": ltx,
           "hunyuan_video15": hunyuan_video15, "wan_animate": wan_animate, "consisid": consisid,
           "easyanimate": easyanimate, "cosmos": cosmos, "motif_video": motif_video, "kandinsky5": kandinsky5,
           "allegro": allegro, "ltx2": ltx2, "kandinsky6": kandinsky6,
-          "hunyuan_video_framepack": hunyuan_video_framepack}
+          "hunyuan_video_framepack": hunyuan_video_framepack, "mochi": mochi}
 VIDEO_TOKENS = {"wan": 4 * 8 * 10, "wan22_ti2v": 4 * 8 * 10, "hunyuan_video": 3 * 10 * 10, "cogvideox": 4 * 8 * 10,
                 "chronoedit": 4 * 8 * 10, "wan_vace": 4 * 8 * 10, "skyreels_v2": 4 * 8 * 10, "ltx": 4 * 8 * 10,
                 "hunyuan_video15": 3 * 10 * 10, "wan_animate": 4 * 8 * 10, "consisid": 4 * 8 * 10,
                 "easyanimate": 4 * 8 * 10, "cosmos": 4 * 8 * 10, "motif_video": 3 * 10 * 10, "kandinsky5": 4 * 8 * 10,
                 "allegro": 4 * 8 * 10, "ltx2": 4 * 8 * 10, "kandinsky6": 4 * 8 * 10,
-                "hunyuan_video_framepack": 228 + 3 * 8 * 12}
+                "hunyuan_video_framepack": 228 + 3 * 8 * 12, "mochi": 4 * 8 * 10}
 
 
 def build(name, **config):

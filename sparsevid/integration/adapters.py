@@ -27,6 +27,8 @@ class TokenSite:
         min_dims: tensors with fewer dims are left alone (e.g. a per-sample timestep [B] versus a per-token
             timestep [B, N]).
         channels_first: the output is a 5D patch embedding [B, C, T, H, W] (tokens are dims 2..4).
+        frames_in_batch: the output is a per-frame patch embedding [B*T, H*W, C] (frames folded into the batch; the
+            model then flattens it to [B, T*H*W, C]).
     """
 
     name: str
@@ -34,10 +36,14 @@ class TokenSite:
     argument: bool = False
     min_dims: int = 0
     channels_first: bool = False
+    frames_in_batch: bool = False
 
 
 def _always(config) -> bool:
     return True
+
+
+FLOW_TIMESTEPS = 1000.0  # diffusers' flow-matching schedulers pass timestep = 1000 t at noise level t
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,8 @@ class ModelAdapter:
         objective: what the family's pre-training predicts: "flow" (the rectified-flow velocity noise - x0 at
             x_t = (1 - t) x0 + t noise, timestep 1000 t) or "v_prediction" (DDPM); sparsevid's training path
             fine-tunes flow families.
+        inverted_time: a flow family whose transformer takes timestep 1000 (1 - t) and predicts x0 - noise (Mochi,
+            whose scheduler inverts the sigmas): its timesteps rise over the denoising (see :meth:`flow_timestep`).
         latents: the family whose VAE and text encoder make this transformer's inputs (None: its own ``name``);
             cached training data record it, and data of another family are refused.
         grid_arguments: for transformers that take patched tokens [B, N, C] (LTX), the forward arguments that give
@@ -70,6 +78,10 @@ class ModelAdapter:
             latents [B, T, H, W, C]).
         call_inputs: the forward arguments that take one tuple of numbers per call (LTX's ``rope_interpolation_scale``)
             where training data store a tensor per sample (see :meth:`latent_inputs` for the latents themselves).
+        needs_text_mask: the forward requires ``encoder_attention_mask`` (Mochi): training data without text masks
+            pass every text token as valid.
+        batch_loop: the attention processor attends each batch entry in a separate call over that entry's video
+            and valid text tokens (Mochi); a sparse layer packs the batch into one entry (``packed_batch``).
     """
 
     name: str
@@ -86,6 +98,16 @@ class ModelAdapter:
     grid_arguments: tuple[str, str, str] | None = None
     spatial_dims: tuple[int, int] = (-2, -1)
     call_inputs: tuple[str, ...] = ()
+    inverted_time: bool = False
+    needs_text_mask: bool = False
+    batch_loop: bool = False
+
+    def flow_timestep(self, timestep):
+        """A timestep (tensor, number or None) as this transformer takes it, in the flow convention (1000 t at noise
+        level t), and back (the map is its own inverse): ``1000 - timestep`` where ``inverted_time``."""
+        if not self.inverted_time or timestep is None:
+            return timestep
+        return FLOW_TIMESTEPS - timestep
 
     def latent_inputs(self, latents: torch.Tensor, config) -> dict[str, torch.Tensor | int]:
         """The forward arguments that carry ``latents`` [B, C, T, H, W] in this transformer's layout: ``hidden_states``
@@ -254,6 +276,13 @@ ADAPTERS = (
                  token_sites=(TokenSite("hidden_states", dim=1, argument=True), TokenSite("rope", dim=1),
                               TokenSite("timestep", dim=1, argument=True, min_dims=2)),
                  grid_arguments=("num_frames", "height", "width"), call_inputs=("rope_interpolation_scale",)),
+    # Mochi: text after the video in one attention, but its processor attends each batch entry in a separate call over
+    # [its video, its valid text] (packed into one call by the sparse layer); the patch embedding runs per frame
+    # [B*T, H*W, C]; RoPE tables (cos, sin) [N, H, D/2]; timesteps inverted (1000 (1 - t), velocity x0 - noise).
+    ModelAdapter("mochi", "MochiTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
+                 text_first=False, patch_sizes=_square_patch,
+                 token_sites=(TokenSite("patch_embed", frames_in_batch=True), TokenSite("rope", dim=0)),
+                 inverted_time=True, needs_text_mask=True, batch_loop=True),
 )
 
 
@@ -264,11 +293,6 @@ UNSUPPORTED = {
     "WanAnimate2Transformer3DModel": "its self-attention already runs a structured flex BlockMask over a packed "
                                      "[generation | cached reference] buffer (frame-aligned reference keys from a KV "
                                      "cache), not a softmax over the video tokens that tiles could restrict",
-    "MochiTransformer3DModel": "its attention processor attends each batch entry separately (one attention call per "
-                               "sample, over that sample's valid text tokens), while a sparse layer decides and "
-                               "keeps one mask per call of the layer, and its pipeline's timesteps rise over the "
-                               "denoising (reversed), which the step counter would read as new generations; not "
-                               "supported yet",
     "LatteTransformer3DModel": "its attention is factorised into per-frame spatial and per-position temporal "
                                "attentions (each a short sequence): there is no space-time self-attention to tile",
 }

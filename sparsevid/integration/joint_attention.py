@@ -84,7 +84,8 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
     """Softmax over the union of two disjoint key sets from each set's output [B, H, n, D] and lse [B, H, n].
 
     Computed in float32 (float64 for float64 inputs), returned in out_a's dtype, or written into ``out``
-    [B, H, n, D] (any strides; the cast and the placement are then one copy) and returned. lse_b must be finite.
+    [B, H, n, D] (any strides; the cast and the placement are then one copy) and returned. lse_a must be finite;
+    lse_b may be -inf (an empty key set, whose out_b must then be finite).
     """
     compute = torch.promote_types(out_a.dtype, torch.float32)
     lse = torch.logaddexp(lse_a, lse_b)
@@ -103,8 +104,12 @@ def _full_mask(q_len: int, kv_len: int, block_q: int, block_k: int, device: torc
 
 def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch.Tensor,
                       key_sets: list[torch.Tensor] | None, mask: SparseMask, scale: float | None, backend: str):
-    """Dense attention of video rows [B, H, Nv, D] over the valid text keys: (out [B, H, Nv, D], lse [B, H, Nv])."""
+    """Dense attention of video rows [B, H, Nv, D] over the valid text keys: (out [B, H, Nv, D], lse [B, H, Nv]);
+    an entry without valid text keys (an empty prompt's mask) gets zeros with lse -inf (it adds nothing)."""
     def attend(q, k, v):
+        if k.shape[2] == 0:
+            lse_dtype = torch.promote_types(q.dtype, torch.float32)  # as block_sparse_attention's lse
+            return q.new_zeros(q.shape), q.new_full(q.shape[:3], float("-inf"), dtype=lse_dtype)
         full = _full_mask(q.shape[2], k.shape[2], mask.block_q, mask.block_k, q.device)
         return block_sparse_attention(q, k, v, full, scale=scale, return_lse=True, backend=backend)
 

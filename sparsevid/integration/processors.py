@@ -6,7 +6,8 @@ torch-function mode routes its one ``scaled_dot_product_attention`` call to :met
 which runs in a straight line: the layer's runtime (``sparsevid.schedules.runtime``) gives the mask, the
 joint core (:func:`~sparsevid.integration.joint_attention.joint_sparse_attention`) attends under it, the runtime
 records what the next step's mask needs. Projections, norms, RoPE and output layers therefore stay diffusers'
-code, whatever the model or diffusers version.
+code, whatever the model or diffusers version. (Mochi's processor attends each batch entry in its own call: a
+sparse layer hands it the batch packed into one entry, ``packed_batch``.)
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from ..plan.runtime import LayerRuntime
 from .adapters import ModelAdapter, attention_heads
 from .context_parallel import check_parallel_config, local_heads
 from .joint_attention import TokenLayout, TokenOrder, joint_sparse_attention, text_key_sets, video_tokens
-from .stats import AttentionRecord, Clock, mark
+from .packed_batch import PackedBatch
+from .stats import AttentionRecord, Clock, mark, mark_first
 from .step_context import StepContext
 from .token_order import plan_tile, relative_order, tile_order, with_leading_tokens
 
@@ -83,6 +85,10 @@ class SparseAttnProcessor:
     the original by name: the fifth positional argument is the rotary embedding (see :func:`_rotary_parameters`),
     later positional ones (LTX-2's key rotary embedding) take the original's next parameters; an attention mask
     goes only to processors that take one.
+
+    A processor that attends each batch entry in its own call (Mochi: ``ModelAdapter.batch_loop``) gets the batch
+    packed into one entry when the layer is sparse (``packed_batch``), so that it makes one call; dense, it runs as
+    it is (under stats, its calls per entry are timed as one span).
 
     Under diffusers' Ulysses context parallelism (``enable_parallelism``, before or after applying) the
     sparse core runs between diffusers' all-to-alls on the whole sequence of this rank's heads
@@ -159,13 +165,20 @@ class SparseAttnProcessor:
             record = AttentionRecord(self.layer, None if forward is None else forward.step, plan is None,
                                      layout.video_len, layout.text_len, Clock(hidden_states.device))
             context.records.append(record)
-        interceptor = SDPAInterceptor(functools.partial(self._attend, layout=layout, record=record, heads=heads))
+        handler = functools.partial(self._attend, layout=layout, record=record, heads=heads)
+        calls, packed = 1, None
+        if self.adapter.batch_loop and plan is None:  # dense: the processor's own call per batch entry
+            calls = hidden_states.shape[0]
+        elif self.adapter.batch_loop:
+            packed, args, kwargs = self._pack(args, kwargs, layout)
+            handler = functools.partial(packed.attend, handler)
+        interceptor = SDPAInterceptor(handler)
         with interceptor:
             out = self._native(*args, **kwargs)
-        if interceptor.calls != 1:
-            raise RuntimeError(f"expected the {type(self.original).__name__} processor to make exactly one "
-                               f"scaled_dot_product_attention call, saw {interceptor.calls}")
-        return out
+        if interceptor.calls != calls:
+            raise RuntimeError(f"expected the {type(self.original).__name__} processor to make {calls} "
+                               f"scaled_dot_product_attention call(s), saw {interceptor.calls}")
+        return out if packed is None else packed.outputs(*out)
 
     def _layout(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None) -> TokenLayout:
         video = hidden_states.shape[1]
@@ -190,6 +203,21 @@ class SparseAttnProcessor:
             order = relative_order(context.order, None if wanted is None else tile_order(grid, wanted, device))
             orders[wanted, leading] = with_leading_tokens(order, leading)
         return orders[wanted, leading]
+
+    def _pack(self, args: tuple, kwargs: dict, layout: TokenLayout) -> tuple[PackedBatch, tuple, dict]:
+        """(packing, args, kwargs) of the call with its batch packed into one entry (``packed_batch``); the packing
+        (text rows, repeated RoPE tables) is made once per forward, text mask and RoPE."""
+        attn, hidden_states = args
+        text_mask, rotary = kwargs.get("attention_mask"), kwargs.get(self._rotary_name)
+        values = self.context.values
+        if values.packed is None or values.packed[0] is not text_mask or values.packed[1] is not rotary:
+            values.packed = (text_mask, rotary, PackedBatch.of(text_mask, layout.video_len, rotary))
+        packed = values.packed[2]
+        hidden, text, mask = packed.inputs(hidden_states, kwargs["encoder_hidden_states"])
+        kwargs = {**kwargs, "encoder_hidden_states": text, "attention_mask": mask}
+        if rotary is not None:
+            kwargs[self._rotary_name] = packed.rotary
+        return packed, (attn, hidden), kwargs
 
     def _key_sets(self, attn_mask, layout: TokenLayout, batch: int):
         """The valid text keys per batch entry (read once per forward and attention mask)."""
@@ -218,7 +246,7 @@ class SparseAttnProcessor:
                 record.video_tokens = layout.video_len
                 record.extra["heads"] = (heads.start, heads.stop)
         clock = None if record is None else record.clock
-        mark(clock, "start")
+        mark_first(clock, "start")
         if plan is None:
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)

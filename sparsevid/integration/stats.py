@@ -42,6 +42,13 @@ def mark(clock: Clock | None, name: str) -> None:
         clock.mark(name)
 
 
+def mark_first(clock: Clock | None, name: str) -> None:
+    """:func:`mark` unless ``name`` is marked already: the first of a layer's several attention calls (Mochi's dense
+    call per batch entry) starts its span."""
+    if clock is not None and name not in clock.marks:
+        clock.mark(name)
+
+
 def _host_step(step: torch.Tensor | int | None) -> int | None:
     return None if step is None else int(step)
 

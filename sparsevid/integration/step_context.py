@@ -64,10 +64,12 @@ class ForwardValues:
         token_orders: {(tile, leading tokens): TokenOrder or None}, the reordering from the forward's token order to
             a tile's.
         key_sets: (the attention mask, its valid text keys per batch entry) or None.
+        packed: (text mask, RoPE tables, their ``PackedBatch``) of a processor that attends each entry alone, or None.
     """
 
     token_orders: dict = field(default_factory=dict)
     key_sets: tuple | None = None
+    packed: tuple | None = None
 
 
 @dataclass

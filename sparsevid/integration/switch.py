@@ -48,7 +48,8 @@ def _begin_step(state: SparseState) -> tuple[int, int, int] | None:
 
 
 def _begin_forward(adapter: ModelAdapter, state: SparseState, module, args, kwargs):
-    """Forward pre-hook: advance the denoising step from ``timestep`` (on the device), record the latent grid,
+    """Forward pre-hook: advance the denoising step from ``timestep`` (on the device; in the flow convention, where the
+    timestep falls over the denoising: ``ModelAdapter.flow_timestep``), record the latent grid,
     start the layers' runtimes at this step (only when the plans vary with the step) and choose the video token
     order of this forward (the tile most sparse layers of this step use; raster if none). Refuses a context-parallel
     model that ``enable_parallelism`` made so without telling the processors (those that take no parallel config)."""
@@ -57,12 +58,21 @@ def _begin_forward(adapter: ModelAdapter, state: SparseState, module, args, kwar
     hidden_states = forward_argument(module, "hidden_states", args, kwargs)
     grid = adapter.call_grid(module, args, kwargs)
     context.counter = getattr(module, _COUNTER_BUFFER)  # the buffer follows transformer.to(device)
-    context.begin_forward(forward_argument(module, "timestep", args, kwargs), grid)
+    context.begin_forward(adapter.flow_timestep(forward_argument(module, "timestep", args, kwargs)), grid)
     tile = _begin_step(state) if state.varies_with_step else state.fixed_tile
     if grid is None or not adapter.reorders_forward(module.config):
         tile = None
     order = None if tile is None else tile_order(grid, tile, hidden_states.device)
     context.begin_order(tile, order, hidden_states.device)
+
+
+def _set_processor(attn: torch.nn.Module, processor) -> None:
+    """Give ``attn`` ``processor`` (diffusers' ``set_processor``; Mochi's attention module has none, only the
+    attribute)."""
+    if hasattr(attn, "set_processor"):
+        attn.set_processor(processor)
+    else:
+        attn.processor = processor
 
 
 def _check_layers(config: SparseConfig, num_layers: int) -> None:
@@ -148,7 +158,7 @@ def apply_sparse_attention(transformer, config: SparseConfig | dict | None = Non
     runtimes = [LayerRuntime(i, config) for i in range(len(attentions))]
     processors = [SparseAttnProcessor(proc, runtime, context, adapter) for proc, runtime in zip(originals, runtimes)]
     for attn, processor in zip(attentions, processors):
-        attn.set_processor(processor)
+        _set_processor(attn, processor)
     state = SparseState(config, context, attentions, originals, processors, runtimes, [], config.varies_with_step,
                         forward_tile([runtime.plan for runtime in runtimes]))
     state.hooks.append(transformer.register_forward_pre_hook(functools.partial(_begin_forward, adapter, state),
@@ -173,7 +183,7 @@ def remove_sparse_attention(transformer):
     restored, kept = 0, []
     for layer, (attn, original, processor) in enumerate(zip(state.attentions, state.originals, state.processors)):
         if attn.processor is processor:
-            attn.set_processor(original)
+            _set_processor(attn, original)
             restored += 1
         else:
             kept.append(layer)

@@ -102,6 +102,8 @@ def _apply(site: TokenSite, value, index: torch.Tensor):
         return value
     if site.channels_first:
         return _reorder_channels_first(value, index)
+    if site.frames_in_batch:  # [B*T, H*W, C] -> [B, N, C] reordered -> [B*T, H*W, C]
+        return reorder_tokens(value.reshape(-1, index.numel(), value.shape[-1]), 1, index).reshape(value.shape)
     return reorder_tokens(value, site.dim, index)
 
 

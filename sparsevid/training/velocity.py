@@ -2,7 +2,8 @@
 teacher on the same weights.
 
 The velocity convention is the rectified flow of Wan and HunyuanVideo pre-training: x_t = (1 - t) x0 + t noise
-at t in [0, 1], the transformer gets ``timestep = 1000 t`` and predicts ``noise - x0``.
+at t in [0, 1], the transformer gets ``timestep = 1000 t`` and predicts ``noise - x0`` (a family with inverted time,
+Mochi, gets ``1000 (1 - t)`` and predicts ``x0 - noise``: ``ModelAdapter.inverted_time``).
 """
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ import contextlib
 import torch
 
 from ..integration import adapter_for, dense_attention, is_sparse
+from ..integration.adapters import FLOW_TIMESTEPS
 from .latents import LatentBatch
 from .lora import adapters_off
-
-TIMESTEP_SCALE = 1000.0  # diffusers' flow-matching schedulers pass timestep = 1000 t
 
 
 def check_flow_family(transformer: torch.nn.Module) -> None:
@@ -23,7 +23,7 @@ def check_flow_family(transformer: torch.nn.Module) -> None:
     if adapter.objective != "flow":
         raise TypeError(f"{type(transformer).__name__} was pre-trained with the {adapter.objective!r} objective; "
                         f"sparsevid's training and velocity yardsticks support flow-matching families (Wan, "
-                        f"HunyuanVideo, LTX-Video)")
+                        f"HunyuanVideo, LTX-Video, Mochi)")
 
 
 def predict_velocity(transformer: torch.nn.Module, x_t: torch.Tensor, t: torch.Tensor, batch: LatentBatch,
@@ -42,8 +42,11 @@ def predict_velocity(transformer: torch.nn.Module, x_t: torch.Tensor, t: torch.T
             inputs[name] = _per_call(name, inputs[name])
     if batch.text_mask is not None:
         inputs["encoder_attention_mask"] = batch.text_mask
-    out = transformer(timestep=t * TIMESTEP_SCALE, return_dict=False, **inputs)[0]
-    return adapter.latent_output(out, x_t.shape, module.config)
+    elif adapter.needs_text_mask:  # every text token valid
+        inputs["encoder_attention_mask"] = torch.ones(batch.text.shape[:2], dtype=torch.bool, device=batch.text.device)
+    out = transformer(timestep=adapter.flow_timestep(t * FLOW_TIMESTEPS), return_dict=False, **inputs)[0]
+    velocity = adapter.latent_output(out, x_t.shape, module.config)
+    return -velocity if adapter.inverted_time else velocity
 
 
 def _per_call(name: str, values: torch.Tensor) -> tuple[float, ...]:
