@@ -62,7 +62,7 @@ ADAPTER = {adapter.name: adapter for adapter in ADAPTERS}
 REFUSED = [name for name in ADAPTER if name not in PARALLEL_FAMILIES]
 # enable_parallelism hands its config to the processors that take one, where a sparse one refuses it; the processors
 # of these families take none, so a sparse model of theirs refuses at its first forward.
-NO_PARALLEL_PROCESSOR = ("cogvideox", "consisid", "easyanimate", "cosmos", "allegro")
+NO_PARALLEL_PROCESSOR = ("cogvideox", "consisid", "easyanimate", "cosmos", "allegro", "mochi")
 
 
 def _ulysses(degree=WORLD, **kwargs):

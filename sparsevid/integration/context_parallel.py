@@ -21,7 +21,7 @@ from .adapters import ADAPTERS, ModelAdapter
 PARALLEL_FAMILIES = ("wan", "chronoedit", "ltx", "ltx2")
 # Families whose sparse self-attention attends text tokens jointly with the video.
 JOINT_FAMILIES = ("hunyuan_video", "hunyuan_video15", "hunyuan_video_framepack", "cogvideox", "consisid",
-                  "motif_video", "easyanimate")
+                  "motif_video", "easyanimate", "mochi")
 
 
 def _family_refusal(adapter: ModelAdapter) -> str:
