@@ -284,10 +284,11 @@ def grid_markdown(grid: dict) -> str:
     """The report section: settings, the table and every claim with its verdict and numbers."""
     s = grid["settings"]
     floor = grid.get("noise_floor")
-    data = ("the model's whole distribution (data like pre-training)" if fine_tuned_on_whole_distribution(s)
-            else f"the slice {json.dumps(s['slice'])}")
+    data = ("clips of the model's whole distribution (data like pre-training)" if fine_tuned_on_whole_distribution(s)
+            else f"samples of the teacher (dense) for the captions of the slice {json.dumps(s['slice'])}"
+            if s.get("fine_tuning") == "synthetic" else f"clips of the slice {json.dumps(s['slice'])}")
     lines = [f"Teacher `{s['model']}` on {s['device']}; every student: {s['steps']} steps x batch {s['batch']} on "
-             f"{s['clips']} distinct clips of {data}, lr {s['lr']}, trainable "
+             f"{s['clips']} distinct {data}, lr {s['lr']}, trainable "
              f"{s['trainable']}"
              + ("" if s.get("train_shift") is None else f", noise levels drawn at time shift {s['train_shift']}")
              + f". Judged on {len(s['captions'])} held-out captions x {len(s['seeds'])} seeds "
