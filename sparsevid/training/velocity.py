@@ -2,7 +2,8 @@
 teacher on the same weights.
 
 The velocity convention is the rectified flow of Wan and HunyuanVideo pre-training: x_t = (1 - t) x0 + t noise
-at t in [0, 1], the transformer gets ``timestep = 1000 t`` and predicts ``noise - x0``.
+at t in [0, 1], the transformer gets ``timestep = 1000 t`` and predicts ``noise - x0`` (every family with
+``ModelAdapter.objective`` "flow").
 """
 from __future__ import annotations
 
@@ -11,19 +12,21 @@ import contextlib
 import torch
 
 from ..integration import adapter_for, dense_attention, is_sparse
+from .inputs import forward_inputs
 from .latents import LatentBatch
 from .lora import adapters_off
 
-TIMESTEP_SCALE = 1000.0  # diffusers' flow-matching schedulers pass timestep = 1000 t
-
 
 def check_flow_family(transformer: torch.nn.Module) -> None:
-    """TypeError unless ``transformer`` is a supported diffusers video transformer trained by flow matching."""
+    """TypeError unless ``transformer`` is a supported diffusers video transformer trained by flow matching that
+    sparsevid's training path can call (``ModelAdapter.training_refused``)."""
     adapter = adapter_for(transformer)
+    name = type(transformer).__name__
     if adapter.objective != "flow":
-        raise TypeError(f"{type(transformer).__name__} was pre-trained with the {adapter.objective!r} objective; "
-                        f"sparsevid's training and velocity yardsticks support flow-matching families (Wan, "
-                        f"HunyuanVideo, LTX-Video)")
+        raise TypeError(f"{name} was pre-trained with the {adapter.objective!r} objective; sparsevid's training and "
+                        f"velocity yardsticks support flow-matching families (Wan, HunyuanVideo, LTX-Video, ...)")
+    if adapter.training_refused is not None:
+        raise TypeError(f"{name} cannot be fine-tuned by sparsevid's training path: {adapter.training_refused}")
 
 
 def predict_velocity(transformer: torch.nn.Module, x_t: torch.Tensor, t: torch.Tensor, batch: LatentBatch,
@@ -32,26 +35,13 @@ def predict_velocity(transformer: torch.nn.Module, x_t: torch.Tensor, t: torch.T
     noise levels ``t`` [B] in [0, 1], conditioned on ``batch``'s text (and extra inputs).
 
     ``module``: the diffusers transformer itself when ``transformer`` is a wrapper that forwards to it (e.g.
-    ``DistributedDataParallel``); its family decides the latent layout (CogVideoX-style models take frames
-    before channels, LTX-style ones patched tokens with the grid as arguments: ``ModelAdapter.latent_inputs``)."""
+    ``DistributedDataParallel``); its family decides the call (:func:`.inputs.forward_inputs`: the latent layout,
+    conditioning channels, per-call inputs) and reads the output back as latents."""
     module = transformer if module is None else module
     adapter = adapter_for(module)
-    inputs = {"encoder_hidden_states": batch.text, **batch.extra, **adapter.latent_inputs(x_t, module.config)}
-    for name in adapter.call_inputs:
-        if name in inputs:
-            inputs[name] = _per_call(name, inputs[name])
-    if batch.text_mask is not None:
-        inputs["encoder_attention_mask"] = batch.text_mask
-    out = transformer(timestep=t * TIMESTEP_SCALE, return_dict=False, **inputs)[0]
+    out = transformer(return_dict=False, **forward_inputs(adapter, module, x_t, t, batch))
+    out = out if isinstance(out, torch.Tensor) else out[0]  # Kandinsky 5 returns the tensor itself
     return adapter.latent_output(out, x_t.shape, module.config)
-
-
-def _per_call(name: str, values: torch.Tensor) -> tuple[float, ...]:
-    """One tuple of numbers from a batch's per-sample rows ``values`` [B, K] (ValueError if the rows differ)."""
-    if not torch.equal(values, values[:1].expand_as(values)):
-        raise ValueError(f"extra[{name!r}] differs between the batch's samples ({values.tolist()}), but the "
-                         f"transformer takes one value per call: batch only samples that share it (cache clips at one --fps)")
-    return tuple(values[0].tolist())
 
 
 class DenseTeacher:
