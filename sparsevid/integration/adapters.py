@@ -46,6 +46,12 @@ def _always(config) -> bool:
 FLOW_TIMESTEPS = 1000.0  # diffusers' flow-matching schedulers pass timestep = 1000 t at noise level t
 
 
+def _in_out_channels(config) -> tuple[int, int]:
+    """(latent channels, conditioning channels): the input channels beyond the predicted ones are conditioning."""
+    predicts = getattr(config, "out_channels", None) or config.in_channels
+    return predicts, config.in_channels - predicts
+
+
 @dataclass(frozen=True)
 class ModelAdapter:
     """Model-family facts.
@@ -82,6 +88,22 @@ class ModelAdapter:
             pass every text token as valid.
         batch_loop: the attention processor attends each batch entry in a separate call over that entry's video
             and valid text tokens (Mochi); a sparse layer packs the batch into one entry (``packed_batch``).
+        call_tensors: likewise, the forward arguments that take one tensor per call (FramePack's frame indices [T]).
+        channels: (latent channels, conditioning channels) from the model config: the transformer's input is the
+            noisy latents with that many conditioning channels (reference or image latents and their mask)
+            concatenated after them, as its pipeline builds it.
+        zero_condition: without conditioning latents in the data the conditioning channels are zeros (what the
+            family's text-to-video pipeline passes); else the data must carry them.
+        required_inputs: the forward arguments a training call cannot do without (beyond latents, timestep and
+            text), which the data carry as ``text_mask`` (``encoder_attention_mask``) or ``extra.<name>``.
+        text_mask: the transformer takes the text's padding mask (``encoder_attention_mask``); else the data's mask
+            is not passed and the text states are attended as they are, padding included (as its pipeline does).
+        grid_positions: the forward argument that takes the token grid's positions, one ``arange`` per axis
+            (Kandinsky 5's ``visual_rope_pos``).
+        text_positions: the forward argument that takes the text tokens' positions (Kandinsky 5's ``text_rope_pos``);
+            its pipeline pads a batch's prompts to the longest, so the text is cut to the batch's longest prompt.
+        projections: the linear projections of a self-attention module (q, k, v, out) that LoRA adapts.
+        training_refused: why sparsevid's training path cannot fine-tune this flow family (None: it can).
     """
 
     name: str
@@ -108,14 +130,28 @@ class ModelAdapter:
         if not self.inverted_time or timestep is None:
             return timestep
         return FLOW_TIMESTEPS - timestep
+    call_tensors: tuple[str, ...] = ()
+    channels: Callable[[object], tuple[int, int]] = _in_out_channels
+    zero_condition: bool = False
+    required_inputs: tuple[str, ...] = ()
+    text_mask: bool = True
+    grid_positions: str | None = None
+    text_positions: str | None = None
+    projections: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
+    training_refused: str | None = None
 
-    def latent_inputs(self, latents: torch.Tensor, config) -> dict[str, torch.Tensor | int]:
+    def latent_inputs(self, latents: torch.Tensor, config) -> dict[str, torch.Tensor | int | list]:
         """The forward arguments that carry ``latents`` [B, C, T, H, W] in this transformer's layout: ``hidden_states``
-        [B, C, T, H, W], [B, T, C, H, W] (``frames_dim`` 1), or patched tokens [B, T' H' W', C p_t p_h p_w] (tokens in
-        raster order, each its channels then its patch in raster order) with T, H, W as the ``grid_arguments``, as
-        LTXPipeline calls its transformer (every LTX-Video model has patch size 1, where they are the token grid)."""
+        [B, C, T, H, W], [B, T, C, H, W] (``frames_dim`` 1), [B, T, H, W, C] (channels last: ``spatial_dims`` (2, 3)),
+        or patched tokens [B, T' H' W', C p_t p_h p_w] (tokens in raster order, each its channels then its patch in
+        raster order) with T, H, W as the ``grid_arguments``, as LTXPipeline calls its transformer (every LTX-Video
+        model has patch size 1, where they are the token grid); and the ``grid_positions`` of the patched grid."""
         if self.grid_arguments is None:
-            return {"hidden_states": latents.transpose(1, 2) if self.frames_dim == 1 else latents}
+            inputs = {"hidden_states": latents.permute(self._layout())}
+            if self.grid_positions is not None:
+                sizes = (n // p for n, p in zip(latents.shape[2:], self.patch_sizes(config)))
+                inputs[self.grid_positions] = [torch.arange(n, device=latents.device) for n in sizes]
+            return inputs
         b, c, t, h, w = latents.shape
         p_t, p_h, p_w = self.patch_sizes(config)
         tokens = latents.reshape(b, c, t // p_t, p_t, h // p_h, p_h, w // p_w, p_w).permute(0, 2, 4, 6, 1, 3, 5, 7)
@@ -126,11 +162,18 @@ class ModelAdapter:
         """The transformer's ``output`` (laid out as :meth:`latent_inputs`'s ``hidden_states``) as latents of
         ``shape`` [B, C, T, H, W]."""
         if self.grid_arguments is None:
-            return output.transpose(1, 2) if self.frames_dim == 1 else output
+            layout = self._layout()
+            return output.permute(tuple(layout.index(dim) for dim in range(5)))
         b, c, t, h, w = shape
         p_t, p_h, p_w = self.patch_sizes(config)
         patches = output.reshape(b, t // p_t, h // p_h, w // p_w, c, p_t, p_h, p_w).permute(0, 4, 1, 5, 2, 6, 3, 7)
         return patches.reshape(shape)
+
+    def _layout(self) -> tuple[int, ...]:
+        """The dims of latents [B, C, T, H, W] in the order of this transformer's 5D ``hidden_states``."""
+        if self.spatial_dims == (2, 3):
+            return 0, 2, 3, 4, 1
+        return (0, 2, 1, 3, 4) if self.frames_dim == 1 else (0, 1, 2, 3, 4)
 
     def self_attentions(self, transformer: torch.nn.Module) -> list[torch.nn.Module]:
         """The video self-attention modules of ``transformer``, in layer order."""
@@ -177,9 +220,19 @@ def _no_token_replace(config) -> bool:
     return getattr(config, "image_condition_type", None) != "token_replace"
 
 
+def _visual_cond_channels(config) -> tuple[int, int]:
+    """Kandinsky's (latent, conditioning) channels: with visual_cond, a conditioning latent and its mask channel."""
+    return config.in_visual_dim, config.in_visual_dim + 1 if config.visual_cond else 0
+
+
+KANDINSKY_PROJECTIONS = ("to_query", "to_key", "to_value", "out_layer")
+
 # Wan: RoPE tables [1, N, 1, D]; Wan2.2 TI2V passes a per-token timestep [B, N].
 WAN_TOKEN_SITES = (TokenSite("patch_embedding", channels_first=True), TokenSite("rope", dim=1),
                    TokenSite("timestep", dim=1, argument=True, min_dims=2))
+
+FRAMEPACK_INDICES = ("indices_latents", "indices_latents_clean", "indices_latents_history_2x",
+                     "indices_latents_history_4x")
 
 # CogVideoX: the patch embedding returns [text, video] tokens; RoPE tables [N, D] come as an argument.
 COGVIDEOX_TOKEN_SITES = (TokenSite("patch_embed", dim=1), TokenSite("image_rotary_emb", dim=0, argument=True))
@@ -200,7 +253,7 @@ ADAPTERS = (
     ModelAdapter("wan_vace", "WanVACETransformer3DModel", (("vace_blocks", "attn1"), ("blocks", "attn1")),
                  frames_dim=2, text_first=False, patch_sizes=_wan_patch,
                  token_sites=WAN_TOKEN_SITES + (TokenSite("vace_patch_embedding", channels_first=True),),
-                 latents="wan"),
+                 latents="wan", required_inputs=("control_hidden_states",)),
     # HunyuanVideo: RoPE tables [N, D].
     ModelAdapter("hunyuan_video", "HunyuanVideoTransformer3DModel",
                  (("transformer_blocks", "attn"), ("single_transformer_blocks", "attn")), frames_dim=2,
@@ -215,13 +268,17 @@ ADAPTERS = (
                  text_first=True, patch_sizes=_square_patch, token_sites=COGVIDEOX_TOKEN_SITES,
                  objective="v_prediction", latents="cogvideox"),
     # Wan-Animate: Wan's layout, but the pose latents are added to the patch embedding by frame and the face
-    # adapter attends frame by frame (raster positions): every sparse layer tiles its own q, k, v.
+    # adapter attends frame by frame (raster positions): every sparse layer tiles its own q, k, v. Its input is the
+    # noisy latents followed by the reference latents and their mask (conditioning channels), with pose latents and
+    # the face video in pixels beside.
     ModelAdapter("wan_animate", "WanAnimateTransformer3DModel", (("blocks", "attn1"),), frames_dim=2,
-                 text_first=False, patch_sizes=_wan_patch, token_sites=(), reorders_forward=_never, latents="wan"),
+                 text_first=False, patch_sizes=_wan_patch, token_sites=(), reorders_forward=_never, latents="wan",
+                 required_inputs=("pose_hidden_states", "face_pixel_values")),
     # EasyAnimate: text before video in one attention; the patch embedding runs per frame (no module output holds the
-    # video tokens [B, N, C]), so every sparse layer tiles its own q, k, v.
+    # video tokens [B, N, C]), so every sparse layer tiles its own q, k, v. It takes no text mask (its pipeline pads
+    # the text to a fixed length and the attention reads all of it).
     ModelAdapter("easyanimate", "EasyAnimateTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
-                 text_first=True, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never),
+                 text_first=True, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never, text_mask=False),
     # Cosmos (Predict 1 and 2): its patch embedding is channels-last [B, T, H, W, C] and video-to-world passes a
     # per-frame timestep [B, 1, T, 1, 1] that the forward expands per token: every sparse layer tiles its own q, k, v.
     # Predict 1 was trained with EDM preconditioning (sparsevid's training path takes flow families only).
@@ -229,10 +286,14 @@ ADAPTERS = (
                  text_first=False, patch_sizes=_wan_patch, token_sites=(), reorders_forward=_never, objective="edm"),
     # Kandinsky 5: channels-last latents [B, T, H, W, C], flattened inside the forward (in raster order, or in 8x8
     # patches for its own NABLA sparse attention, whose mask over video tokens sparse attention refuses): every sparse
-    # layer tiles its own q, k, v.
+    # layer tiles its own q, k, v. Its forward takes the RoPE positions of the grid and of the text (no text mask) and
+    # the pipeline's per-resolution RoPE scale_factor.
     ModelAdapter("kandinsky5", "Kandinsky5Transformer3DModel", (("visual_transformer_blocks", "self_attention"),),
                  frames_dim=1, text_first=False, patch_sizes=_wan_patch, token_sites=(), output_module="out_layer",
-                 reorders_forward=_never, spatial_dims=(2, 3)),
+                 reorders_forward=_never, spatial_dims=(2, 3), call_inputs=("scale_factor",),
+                 channels=_visual_cond_channels, zero_condition=True,
+                 required_inputs=("pooled_projections", "scale_factor"), text_mask=False,
+                 grid_positions="visual_rope_pos", text_positions="text_rope_pos", projections=KANDINSKY_PROJECTIONS),
     # Allegro: its patch embedding runs per frame and its RoPE comes as per-token grid positions: every sparse layer
     # tiles its own q, k, v. Trained with a discrete DDPM objective (not flow).
     ModelAdapter("allegro", "AllegroTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
@@ -244,29 +305,43 @@ ADAPTERS = (
     # q, k, v.
     ModelAdapter("ltx2", "LTX2VideoTransformer3DModel", (("transformer_blocks", "attn1"),), frames_dim=2,
                  text_first=False, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never,
-                 grid_arguments=("num_frames", "height", "width")),
+                 grid_arguments=("num_frames", "height", "width"),
+                 training_refused="it denoises audio and video together in every forward (noisy audio latents are a "
+                                  "required input and their velocity an output, at the video's noise level), while "
+                                  "sparsevid's training data and objective hold video latents only"),
     # Kandinsky 6 (video and audio): Kandinsky 5's channels-last video layout; its video self-attentions become sparse
-    # (audio, text and audio-video attentions stay dense); every sparse layer tiles its own q, k, v.
+    # (audio, text and audio-video attentions stay dense); every sparse layer tiles its own q, k, v. Audio is optional
+    # (its pipeline's sample_audio=False): training fine-tunes the video-only forward.
     ModelAdapter("kandinsky6", "Kandinsky6Transformer3DModel",
                  (("visual_transformer_blocks", "video_dec_block.self_attention"),), frames_dim=1, text_first=False,
                  patch_sizes=_wan_patch, token_sites=(), output_module="out_layer", reorders_forward=_never,
-                 spatial_dims=(2, 3)),
+                 spatial_dims=(2, 3), channels=_visual_cond_channels, zero_condition=True,
+                 required_inputs=("pooled_projections",), projections=KANDINSKY_PROJECTIONS),
     # HunyuanVideo FramePack: HunyuanVideo's blocks over [history (4x, 2x, 1x clean latents), video] tokens and text;
     # the history tokens lead the video and keep their place; its RoPE module also makes the history's tables (in
     # raster order, pooled): every sparse layer tiles its own video q, k, v.
+    # Training data carry the history latents per sample and their frame indices (one set per batch).
     ModelAdapter("hunyuan_video_framepack", "HunyuanVideoFramepackTransformer3DModel",
                  (("transformer_blocks", "attn"), ("single_transformer_blocks", "attn")), frames_dim=2,
-                 text_first=False, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never),
+                 text_first=False, patch_sizes=_square_patch, token_sites=(), reorders_forward=_never,
+                 call_tensors=FRAMEPACK_INDICES,
+                 required_inputs=("encoder_attention_mask", "pooled_projections", "guidance", "image_embeds",
+                                  "latents_clean", "latents_history_2x", "latents_history_4x", *FRAMEPACK_INDICES)),
     # HunyuanVideo 1.5: RoPE tables [N, D]; text (after the video) is padded per sample through a [B, 1, N, N] mask.
+    # Its input is the noisy latents, conditioning latents and a mask channel (zeros for text-to-video); two text
+    # encoders' states and image embeddings (zeros for text-to-video).
     ModelAdapter("hunyuan_video15", "HunyuanVideo15Transformer3DModel", (("transformer_blocks", "attn"),),
                  frames_dim=2, text_first=False, patch_sizes=_square_patch,
-                 token_sites=(TokenSite("x_embedder", dim=1), TokenSite("rope", dim=0))),
+                 token_sites=(TokenSite("x_embedder", dim=1), TokenSite("rope", dim=0)), zero_condition=True,
+                 required_inputs=("encoder_attention_mask", "encoder_hidden_states_2", "encoder_attention_mask_2",
+                                  "image_embeds")),
     # Motif-Video: HunyuanVideo's layout (RoPE tables [N, D], text after the video); its decoder layers attend the
-    # embedded video with the main stack's video tokens as context (both in the forward's token order).
+    # embedded video with the main stack's video tokens as context (both in the forward's token order). Its input is
+    # the noisy latents, conditioning latents and a mask channel (zeros for text-to-video).
     ModelAdapter("motif_video", "MotifVideoTransformer3DModel",
                  (("transformer_blocks", "attn"), ("single_transformer_blocks", "attn")), frames_dim=2,
                  text_first=False, patch_sizes=_square_patch,
-                 token_sites=(TokenSite("x_embedder", dim=1), TokenSite("rope", dim=0))),
+                 token_sites=(TokenSite("x_embedder", dim=1), TokenSite("rope", dim=0)), zero_condition=True),
     # LTX-Video: takes patched tokens [B, N, C] and the token grid as arguments; RoPE (cos, sin) [B, N, D]; image-
     # to-video and condition pipelines pass a per-token timestep [B, N]. A call without the grid (video_coords only)
     # runs sparse in raster order. The tokens are reordered as an argument, before diffusers' context-parallel plan

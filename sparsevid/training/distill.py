@@ -158,7 +158,7 @@ class Draws:
 def check_source(transformer: torch.nn.Module, source) -> None:
     """ValueError when ``source``'s samples do not fit ``transformer``: the family whose pipeline cached them (when it
     is one sparsevid knows; a pipeline of one's own, such as a pixel-space model's, is judged by the shapes alone),
-    latent channels, text width."""
+    latent channels (those it predicts; conditioning channels come as ``extra.condition_latents``), text width."""
     adapter = adapter_for(transformer)
     made_by = getattr(source, "settings", {}).get("family")
     takes = adapter.latents or adapter.name
@@ -166,11 +166,12 @@ def check_source(transformer: torch.nn.Module, source) -> None:
         raise ValueError(f"the data were cached by a {made_by!r} pipeline, but the {type(transformer).__name__} "
                          f"takes {takes!r} latents and text states: data made for another model")
     config = transformer.config
-    channels = getattr(config, "in_channels", None)
-    if channels is not None and source.latent_shape[0] != channels:
+    channels = adapter.channels(config)[0]
+    if source.latent_shape[0] != channels:
         raise ValueError(f"the data's latents have {source.latent_shape[0]} channels but the "
                          f"{type(transformer).__name__} takes {channels}: data made for another model?")
-    text_dim = next((getattr(config, name) for name in ("text_dim", "text_embed_dim") if hasattr(config, name)), None)
+    text_dim = next((getattr(config, name) for name in ("text_dim", "text_embed_dim", "in_text_dim")
+                     if hasattr(config, name)), None)
     text_shape = getattr(source, "text_shape", None)
     if text_dim is not None and text_shape is not None and text_shape[-1] != text_dim:
         raise ValueError(f"the data's text states have width {text_shape[-1]} but the {type(transformer).__name__} "

@@ -13,17 +13,18 @@ import torch
 from ..integration import adapter_for
 
 ADAPTER_NAME = "sparsevid"
-PROJECTIONS = ("to_q", "to_k", "to_v", "to_out.0")  # the video projections of a diffusers attention module
 
 
 def lora_targets(transformer: torch.nn.Module) -> list[str]:
-    """Module names of the linear projections of ``transformer``'s video self-attentions (q, k, v, out)."""
-    attentions = {id(m) for m in adapter_for(transformer).self_attentions(transformer)}
+    """Module names of the linear projections of ``transformer``'s video self-attentions (q, k, v, out: the family's
+    ``ModelAdapter.projections``)."""
+    adapter = adapter_for(transformer)
+    attentions = {id(m) for m in adapter.self_attentions(transformer)}
     targets = []
     for name, module in transformer.named_modules():
         if id(module) in attentions:
-            targets += [f"{name}.{p}" for p in PROJECTIONS
-                        if isinstance(transformer.get_submodule(f"{name}.{p}"), torch.nn.Linear)]
+            children = dict(module.named_modules())  # single-stream blocks have no output projection (to_out None)
+            targets += [f"{name}.{p}" for p in adapter.projections if isinstance(children.get(p), torch.nn.Linear)]
     return targets
 
 
@@ -31,14 +32,14 @@ def add_lora(transformer: torch.nn.Module, rank: int, alpha: float, seed: int = 
     """Add a LoRA adapter of ``rank`` (scale ``alpha / rank``; B starts at zero, so the model is unchanged) to
     every video self-attention projection of ``transformer``; returns the adapted module names. The random A
     matrices are drawn from ``seed`` (the same on every rank of a job: sharded training does not broadcast them)."""
-    from peft import LoraConfig
+    from peft import LoraConfig, inject_adapter_in_model
 
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise ValueError(f"lora rank must be a positive int, got {rank!r}")
     targets = lora_targets(transformer)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        transformer.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets),
+        torch.manual_seed(seed)  # peft itself: diffusers' add_adapter is missing from some families (EasyAnimate)
+        inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets), transformer,
                                 adapter_name=ADAPTER_NAME)
     return targets
 
@@ -53,11 +54,16 @@ def lora_tensors(state: dict[str, torch.Tensor], targets: list[str]) -> dict[str
 @contextlib.contextmanager
 def adapters_off(transformer: torch.nn.Module):
     """Inside ``with``, ``transformer``'s adapters are switched off (the base model)."""
-    transformer.disable_adapters()
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [module for module in transformer.modules() if isinstance(module, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
     try:
         yield transformer
     finally:
-        transformer.enable_adapters()
+        for layer in layers:
+            layer.enable_adapters(True)
 
 
 @torch.no_grad()

@@ -12,18 +12,21 @@ import contextlib
 import torch
 
 from ..integration import adapter_for, dense_attention, is_sparse
-from ..integration.adapters import FLOW_TIMESTEPS
+from .inputs import forward_inputs
 from .latents import LatentBatch
 from .lora import adapters_off
 
 
 def check_flow_family(transformer: torch.nn.Module) -> None:
-    """TypeError unless ``transformer`` is a supported diffusers video transformer trained by flow matching."""
+    """TypeError unless ``transformer`` is a supported diffusers video transformer trained by flow matching that
+    sparsevid's training path can call (``ModelAdapter.training_refused``)."""
     adapter = adapter_for(transformer)
+    name = type(transformer).__name__
     if adapter.objective != "flow":
-        raise TypeError(f"{type(transformer).__name__} was pre-trained with the {adapter.objective!r} objective; "
-                        f"sparsevid's training and velocity yardsticks support flow-matching families (Wan, "
-                        f"HunyuanVideo, LTX-Video, Mochi)")
+        raise TypeError(f"{name} was pre-trained with the {adapter.objective!r} objective; sparsevid's training and "
+                        f"velocity yardsticks support flow-matching families (Wan, HunyuanVideo, LTX-Video, Mochi, ...)")
+    if adapter.training_refused is not None:
+        raise TypeError(f"{name} cannot be fine-tuned by sparsevid's training path: {adapter.training_refused}")
 
 
 def predict_velocity(transformer: torch.nn.Module, x_t: torch.Tensor, t: torch.Tensor, batch: LatentBatch,
@@ -32,29 +35,14 @@ def predict_velocity(transformer: torch.nn.Module, x_t: torch.Tensor, t: torch.T
     noise levels ``t`` [B] in [0, 1], conditioned on ``batch``'s text (and extra inputs).
 
     ``module``: the diffusers transformer itself when ``transformer`` is a wrapper that forwards to it (e.g.
-    ``DistributedDataParallel``); its family decides the latent layout (CogVideoX-style models take frames
-    before channels, LTX-style ones patched tokens with the grid as arguments: ``ModelAdapter.latent_inputs``)."""
+    ``DistributedDataParallel``); its family decides the call (:func:`.inputs.forward_inputs`: the latent layout,
+    conditioning channels, per-call inputs) and reads the output back as latents."""
     module = transformer if module is None else module
     adapter = adapter_for(module)
-    inputs = {"encoder_hidden_states": batch.text, **batch.extra, **adapter.latent_inputs(x_t, module.config)}
-    for name in adapter.call_inputs:
-        if name in inputs:
-            inputs[name] = _per_call(name, inputs[name])
-    if batch.text_mask is not None:
-        inputs["encoder_attention_mask"] = batch.text_mask
-    elif adapter.needs_text_mask:  # every text token valid
-        inputs["encoder_attention_mask"] = torch.ones(batch.text.shape[:2], dtype=torch.bool, device=batch.text.device)
-    out = transformer(timestep=adapter.flow_timestep(t * FLOW_TIMESTEPS), return_dict=False, **inputs)[0]
+    out = transformer(return_dict=False, **forward_inputs(adapter, module, x_t, t, batch))
+    out = out if isinstance(out, torch.Tensor) else out[0]  # Kandinsky 5 returns the tensor itself
     velocity = adapter.latent_output(out, x_t.shape, module.config)
     return -velocity if adapter.inverted_time else velocity
-
-
-def _per_call(name: str, values: torch.Tensor) -> tuple[float, ...]:
-    """One tuple of numbers from a batch's per-sample rows ``values`` [B, K] (ValueError if the rows differ)."""
-    if not torch.equal(values, values[:1].expand_as(values)):
-        raise ValueError(f"extra[{name!r}] differs between the batch's samples ({values.tolist()}), but the "
-                         f"transformer takes one value per call: batch only samples that share it (cache clips at one --fps)")
-    return tuple(values[0].tolist())
 
 
 class DenseTeacher:
