@@ -25,6 +25,9 @@
 #   throughput14b_compiled  benchmark distill_14b_compiled (the diffusion step of throughput14b compiled)
 #   predict     benchmark predict (mask prediction: every kernel config, Wan 1.3B and 14B shapes)
 #   limits      benchmark predict_limits (kernel device times, pool vs a plain read, TF32 logits, budget)
+#   per_head    GPU tests of per-head budgets (no sync, the scalar plan's kernels and no host-to-device copy after the
+#               first call, eager and inductor); benchmark predict_per_head (per-head vs scalar top-k 5% plans, Wan
+#               1.3B and 14B: predict and predict + forward, eager and compiled; target: at most +2% attention time)
 #   training    one call of the claims grid on the built-in model (sparsevid_lab.studies.claims_grid; repeat the part
 #               until OUT/claims/grid.md lists nothing missing: each call resumes where the last stopped);
 #               arguments after the part name go to the grid, e.g. `training --targets 0.95`
@@ -71,7 +74,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|fp8|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|training|training_full|training_shift|motion|\
+PARTS="kernels|fp8|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|training|training_full|training_shift|motion|\
 demo_student|tests|parallel|ddp|runtime|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
 families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
@@ -134,6 +137,11 @@ motion)
     ;;
 limits)
     bench predict_limits 180
+    ;;
+per_head)
+    SPARSEVID_AUTOTUNE=off step per_head_tests 240 "$PYTHON" -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
+        --durations=0 tests/test_calibration_gpu.py
+    bench predict_per_head 540
     ;;
 training)
     step claims_grid 580 "$PYTHON" -m sparsevid_lab.studies.claims_grid --out "$OUT/claims" --budget-minutes 9 \

@@ -54,6 +54,9 @@ BENCHMARKS = {
         "benchmarks.bench_predict",
         "predict_mask + block_sparse_attention through the public API vs the forward alone (Wan 1.3B shape)",
         ("--parts", "api", "--shapes", "wan1.3b", "--recall-grid", "none")),
+    "predict_per_head": Benchmark(
+        "benchmarks.bench_predict_per_head",
+        "per-head vs scalar top-k 5% plans, Wan 1.3B and 14B: predict and predict + forward, eager and compiled"),
     "predict_limits": Benchmark(
         "benchmarks.predict_limits",
         "what bounds mask prediction: kernel device times, pool vs a plain read, TF32 logits, the targets' budget"),

@@ -102,22 +102,6 @@ def test_inductor_compiled_triton_model_matches_eager_on_cuda(name, mode):
     assert relative_error(outs[0].float(), eager.float()) < 1e-2  # fp16: inductor fuses the projections differently
 
 
-def test_the_prediction_op_returns_unaliased_outputs_that_match_predict_mask():
-    from sparsevid.ops.predict_op import _predict_mask_op, _unaliased
-
-    q, k = torch.randn(2, 3, 200, 16), torch.randn(2, 3, 333, 16)
-    keep, count, index, mass = _predict_mask_op(q, k, "hybrid", 3.0, True, 0.8, 64, 64, None, True, False, None, 1,
-                                                "reference")
-    expected, stats = sv.predict_mask(q, k, rule="hybrid", topk=3, topp=0.8, block_q=64, block_k=64, keep_sink=True,
-                                      backend="reference")
-    assert torch.equal(keep, expected.keep) and torch.equal(mass, stats.kept_mass)
-    assert torch.equal(count, expected.kv_count) and torch.equal(index, expected.kv_index)
-    buffer = torch.arange(10)
-    first, second = _unaliased(buffer.split([4, 6]))
-    assert first.data_ptr() == buffer.data_ptr() and second.untyped_storage().data_ptr() != buffer.data_ptr()
-    assert torch.equal(second, torch.arange(4, 10))
-
-
 def test_the_cpu_gather_backend_compiles_into_one_graph_forward_and_backward():
     """The default backend on the CPU ("auto": the gather backend) is a custom op under torch.compile, so a sparse
     Wan transformer compiles with fullgraph=True and trains: output and gradients as eager."""

@@ -12,14 +12,15 @@ same masks up to rows whose threshold falls between two scores closer than fp32 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from .budgets import resolve_budgets, reused_budgets
 from .mask import SparseMask, num_blocks
 from .pooling import block_similarity, pool_blocks, pooled_scores
-from .selection import (add_option_blocks, diagonal_blocks, resolve_similarity_threshold, resolve_topk, resolve_topp,
-                        threshold_keep)
+from .selection import add_option_blocks, diagonal_blocks, resolve_similarity_threshold, threshold_keep
 from .settings import PredictSettings, merge_settings, warn_if_every_tile_kept, with_settings_signature
 from .validation import check_head_tensors, check_triton_inputs, resolve_auto
 
@@ -87,24 +88,20 @@ def prediction_options(q: torch.Tensor, k: torch.Tensor, settings: PredictSettin
     such part), similarity threshold, option flags, blocks, scale, and ``within`` as a bool map or None.
     ``settings`` and ``options`` as in :func:`predict_mask`."""
     settings = merge_settings(settings, options, "prediction_options")
-    return _resolve(q, k, settings, within)
+    return _resolve(q, k, settings, within, resolve_budgets)
 
 
-def _to_device(value, q: torch.Tensor):
-    """A resolved per-head budget [H] on q's device, copied without waiting for the device (values checked on the
-    host, as per-head budgets from a CPU tensor are, then moved once); scalars as they are."""
-    return value.to(q.device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-
-
-def _resolve(q: torch.Tensor, k: torch.Tensor, settings: PredictSettings, within: SparseMask | None) -> dict:
+def _resolve(q: torch.Tensor, k: torch.Tensor, settings: PredictSettings, within: SparseMask | None,
+             budgets: Callable[..., tuple]) -> dict:
+    """The backends' arguments, the rule's budgets from ``budgets``: ``resolve_budgets`` or ``reused_budgets``."""
     check_head_tensors(q=q, k=k)
     if settings.backend == "triton":
         check_triton_inputs(q)
     heads = q.shape[1]
     kb = num_blocks(k.shape[2], settings.block_k)
     scale = settings.scale
-    return dict(rule_topk=_to_device(resolve_topk(settings.topk, kb, heads), q) if settings.uses_topk else None,
-                rule_topp=_to_device(resolve_topp(settings.topp, heads), q) if settings.uses_topp else None,
+    rule_topk, rule_topp = budgets(settings, kb, heads, q.device)
+    return dict(rule_topk=rule_topk, rule_topp=rule_topp,
                 similarity_threshold=resolve_similarity_threshold(settings.similarity_threshold, heads),
                 min_blocks=int(settings.min_blocks), keep_sink=settings.keep_sink,
                 keep_diagonal=settings.keep_diagonal, block_q=settings.block_q, block_k=settings.block_k,
@@ -152,8 +149,23 @@ def predict_mask(q: torch.Tensor, k: torch.Tensor, settings: PredictSettings | N
         warnings.warn("predict_mask(backend='torch') is deprecated: the plain-PyTorch backend is called "
                       "'reference'", FutureWarning, stacklevel=2)
         options["backend"] = "reference"
-    settings = merge_settings(settings, options, "predict_mask")
-    resolved = _resolve(q, k, settings, within)
+    return _predict(q, k, merge_settings(settings, options, "predict_mask"), within, resolve_budgets)
+
+
+@torch.compiler.disable
+def predict_reused(q: torch.Tensor, k: torch.Tensor, settings: PredictSettings,
+                   within: SparseMask | None = None) -> tuple[SparseMask, MaskStats]:
+    """:func:`predict_mask` of q [B, H, N, D], k [B, H, M, D] under ``settings`` used for many calls (a layer plan's):
+    their per-head budgets are checked, converted and moved to q's device on the first call for each device, head
+    count and key-block count only (``budgets.reused_budgets``), so that a call with per-head budgets costs the host
+    what one with scalar budgets does. Same results as :func:`predict_mask`."""
+    return _predict(q, k, settings, within, reused_budgets)
+
+
+def _predict(q: torch.Tensor, k: torch.Tensor, settings: PredictSettings, within: SparseMask | None,
+             budgets: Callable[..., tuple]) -> tuple[SparseMask, MaskStats]:
+    """predict_mask's work for merged ``settings``, the rule's budgets from ``budgets`` (as in ``_resolve``)."""
+    resolved = _resolve(q, k, settings, within, budgets)
     n, m = q.shape[2], k.shape[2]
     block_q, block_k = settings.block_q, settings.block_k
     if within is None:

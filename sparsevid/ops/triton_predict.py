@@ -496,11 +496,13 @@ class PredictLaunch:
         sizes = (b * h * qb * logits_stride, b * h * qb * d, b * h * kb * d, b * h * qb, b * h * kb)
         logits, pooled_q, pooled_k, sim_q, sim_k = torch.empty(sum(sizes), device=device,
                                                                dtype=torch.float32).split(sizes)
+        # The outputs are separate tensors: the prediction op returns them, and a custom op's outputs may not share
+        # memory.
         kept_mass = torch.empty((b, h, qb), device=device, dtype=torch.float32)
-        count, index = torch.empty(b * h * qb * (kb + 1), device=device, dtype=torch.int32).split(
-            (b * h * qb, b * h * qb * kb))
+        count = torch.empty((b, h, qb), device=device, dtype=torch.int32)
+        index = torch.empty((b, h, qb, kb), device=device, dtype=torch.int32)
         keep = torch.empty((b, h, qb, kb), device=device, dtype=torch.bool)
-        self.outputs = (keep, count.view(b, h, qb), index.view(b, h, qb, kb), kept_mass)
+        self.outputs = (keep, count, index, kept_mass)
 
         topk_arg, topk_table = _scalar_or_table(rule_topk if rule_topk is not None else 0, device, torch.int32)
         topp_arg, topp_table = _scalar_or_table(rule_topp if rule_topp is not None else 0.0, device,

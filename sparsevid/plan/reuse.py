@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ops import PredictSettings, SparseMask, predict_mask, select_from_mass
+from ..ops import PredictSettings, SparseMask, select_from_mass
 from ..ops.attention import TILE_MASS_BACKENDS
+from ..ops.budgets import ByIdentity, has_head_budgets, head_slice
+from ..ops.predict import predict_reused
 from ..ops.predict_op import predict_mask_traced
 from .config import LayerPlan
-from .heads import has_head_budgets, head_slice, predict_heads_traced
 
 
 @dataclass
@@ -52,39 +53,27 @@ def predict_plan_mask(q, k, plan: LayerPlan, scale, within: SparseMask | None = 
     """The mask a layer's plan predicts for video q, k [B, H', Nv, D] (``within``: search only its tiles), and
     the pooled mass each query-block row keeps, float32 [B, H', QB]. ``heads``: the global heads the call holds
     (None: all of the layer's), whose slice of per-head budgets applies. Without ``within`` torch.compile
-    traces it (a custom op)."""
+    traces it (a custom op, ``sparsevid.ops.predict_op``). Per-head budgets are resolved and moved to the device
+    once per plan, slice, key-block count and device, eagerly (``call_settings``, ``predict_reused``) and compiled."""
     if within is None and torch.compiler.is_compiling():
-        if has_head_budgets(plan.predict_settings):
-            return predict_heads_traced(q, k, plan.predict_settings, scale, heads)
-        return predict_mask_traced(q, k, plan.predict_settings, scale=scale)
-    settings = call_settings(plan.predict_settings, scale, heads)
-    if within is None:
-        return predict_mask_traced(q, k, settings)
-    mask, stats = predict_mask(q, k, settings, within=within)
+        return predict_mask_traced(q, k, plan.predict_settings, scale, heads)
+    mask, stats = predict_reused(q, k, call_settings(plan.predict_settings, scale, heads), within=within)
     return mask, stats.kept_mass
 
 
-# (id of a plan's settings, type and value of a scale, heads) -> (those settings, the settings of such a call).
-_CALLS: dict[tuple, tuple[PredictSettings, PredictSettings]] = {}
+_CALLS = ByIdentity()
 
 
 def call_settings(settings: PredictSettings, scale: float | None, heads: range | None = None) -> PredictSettings:
     """``settings`` with this call's scale and, for per-head budgets, the slice of the global ``heads`` the call
     holds (None: all). Cached by the settings' identity (plans share their settings objects, and equality would
-    not tell a count topk=1 from a fraction topk=1.0): a layer's eager calls repeat it, and a new settings
-    object is checked field by field."""
-    key = (id(settings), type(scale), scale, heads)
-    cached = _CALLS.get(key)
-    if cached is not None and cached[0] is settings:
-        return cached[1]
-    if len(_CALLS) >= 256:
-        _CALLS.clear()
-    changes = {"scale": scale}
-    if has_head_budgets(settings):
-        changes["topk"], changes["topp"] = head_slice(settings, heads)
-    scaled = settings.replace(**changes)
-    _CALLS[key] = (settings, scaled)
-    return scaled
+    not tell a count topk=1 from a fraction topk=1.0): a layer's eager calls repeat it, a new settings object is
+    checked field by field, and ``predict_reused`` resolves the per-head budgets of each returned object once."""
+    def make() -> PredictSettings:
+        sliced = head_slice(settings, heads) if has_head_budgets(settings) else settings
+        return sliced.replace(scale=scale)
+
+    return _CALLS.get((settings,), (type(scale), scale, heads), make)
 
 
 class MaskReuse:
