@@ -81,9 +81,13 @@ def test_compile_repeated_blocks_matches_eager():
     assert relative_error(run_model(model, inputs), eager) < 1e-5
 
 
+# Every family in inductor's default mode; max-autotune (minutes of GEMM benchmarking per model) on three.
+CUDA_COMPILE_CASES = [("default", name) for name in MODELS] + [
+    ("max-autotune-no-cudagraphs", name) for name in ("wan", "hunyuan_video", "cogvideox")]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["wan", "hunyuan_video", "cogvideox"])
-@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs"])  # ids "default-wan", ...: default first
+@pytest.mark.parametrize("mode, name", CUDA_COMPILE_CASES)  # ids "default-wan", ...: default first
 def test_inductor_compiled_triton_model_matches_eager_on_cuda(name, mode):
     model, inputs = build(name)
     model = model.to("cuda", torch.float16)
@@ -97,9 +101,12 @@ def test_inductor_compiled_triton_model_matches_eager_on_cuda(name, mode):
     sv.apply_sparse_attention(model, sv.SparseConfig(**{**SPARSE, "backend": "triton"}))
     eager = run_model(model, inputs)
     compiled = torch.compile(model, mode=mode, fullgraph=name == "wan")
-    with torch._dynamo.config.patch(error_on_recompile=name == "wan"):
-        outs = [run_model(compiled, {**inputs, "timestep": torch.tensor([t], device="cuda")}) for t in (700, 700, 500)]
-    assert relative_error(outs[0].float(), eager.float()) < 1e-2  # fp16: inductor fuses the projections differently
+    out = run_model(compiled, inputs)
+    assert relative_error(out.float(), eager.float()) < 1e-2  # fp16: inductor fuses the projections differently
+    if name == "wan":  # one graph serves every denoising step
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for t in (700, 500):
+                run_model(compiled, {**inputs, "timestep": torch.tensor([t], device="cuda")})
 
 
 def test_the_cpu_gather_backend_compiles_into_one_graph_forward_and_backward():
