@@ -1,11 +1,14 @@
-"""FP8 block-sparse attention forward vs the bf16 (native) kernel on the same mask, and dense cuDNN SDPA.
+"""The quantized block-sparse forwards (precision "fp8" and "int8") vs the bf16 (native) kernel on the same masks,
+and dense cuDNN SDPA.
 
-For every shape and sparsity one random 128x64 block mask serves both precisions. Times (medians of
-``triton.testing.do_bench``): the public FP8 call (quantization included), its quantization alone, the FP8
-kernel alone on quantized inputs, the bf16 sparse kernel, dense cuDNN SDPA. Accuracy, on the timed full-size
-inputs (Gaussian) and on video-like inputs (:func:`video_like_inputs`): cosine similarity and relative L1
-error of the FP8 output against the bf16 sparse kernel's. Writes JSON, a Markdown table and the speed-up
-figure under --out (:func:`benchmarks.report.write_result`) and prints the table.
+For every shape and sparsity one 128x64 block mask serves every sparse competitor: the mask ``predict_mask``
+(top-k, keep fraction 1 - sparsity) predicts from the timed inputs, or the full mask. Times (medians of
+``triton.testing.do_bench``): for each quantized precision the public call (quantization included), its
+quantization alone and its kernel alone on quantized inputs; prediction + the int8 call and prediction + the bf16
+call through the public API; the bf16 sparse kernel; dense cuDNN SDPA. Accuracy of each quantized output against
+the bf16 sparse kernel's (cosine similarity, relative L1), on the timed inputs (Gaussian) and on video-like inputs
+(:func:`video_like_inputs`). Writes JSON, a Markdown table and the speed-up figure under --out
+(:func:`benchmarks.report.write_result`, after every row) and prints the table.
 
     python -m benchmarks attention_fp8
 """
@@ -15,19 +18,21 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import sparsevid as sv
-from sparsevid.ops import triton_fp8_attention
+from sparsevid.ops import triton_fp8_attention, triton_int8_attention
 from .bench_attention import SHAPES, attention_flops, bench, fmt
 from .report import write_result
 from .run_info import run_metadata
 
 # The issue's accuracy targets against the bf16 sparse kernel (video-like inputs).
 TARGET_COSINE, TARGET_REL_L1 = 0.999, 0.03
+QUANTIZED = ("fp8", "int8")
 
 
 def video_like_inputs(b, h, n, m, d, outlier: bool = False, generator=None, device="cuda"):
@@ -54,80 +59,110 @@ def output_metrics(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
             "rel_l1": float((out - ref).abs().sum() / ref.abs().sum())}
 
 
-def accuracy(q, k, v, mask) -> dict[str, float]:
-    """FP8 against the bf16 sparse kernel on the same inputs and mask."""
-    fp8 = sv.block_sparse_attention(q, k, v, mask, precision="fp8")
-    return output_metrics(fp8, sv.block_sparse_attention(q, k, v, mask))
+def accuracy(q, k, v, mask) -> dict[str, dict[str, float]]:
+    """Each quantized precision against the bf16 sparse kernel on the same inputs and mask."""
+    native = sv.block_sparse_attention(q, k, v, mask)
+    return {p: output_metrics(sv.block_sparse_attention(q, k, v, mask, precision=p), native) for p in QUANTIZED}
+
+
+def bench_mask(q, k, sparsity: float, block_q: int, block_k: int):
+    """(mask, predict): the mask every competitor runs with at ``sparsity`` (the full mask at 0) and the
+    prediction that gives it (None at 0)."""
+    n, m = q.shape[2], k.shape[2]
+    if sparsity == 0:
+        return sv.SparseMask.full(n, m, block_q, block_k), None
+    options = dict(rule="topk", topk=1.0 - sparsity, block_q=block_q, block_k=block_k)
+    return sv.predict_mask(q, k, **options)[0], (lambda: sv.predict_mask(q, k, **options)[0])
+
+
+def time_row(q, k, v, mask, predict, block_q: int, block_k: int) -> dict[str, float]:
+    """Every timing of one mask (ms)."""
+    d = q.shape[-1]
+    x8 = triton_fp8_attention.quantize(q, k, v, block_q, block_k)
+    xi = triton_int8_attention.quantize_kv(k, v, block_k)
+    times = {
+        "bf16_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask)),
+        "fp8_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask, precision="fp8")),
+        "fp8_kernel_ms": bench(lambda: triton_fp8_attention.fp8_forward(
+            x8, mask.kv_count, mask.kv_index, block_q, block_k, d ** -0.5, q)),
+        "int8_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask, precision="int8")),
+        "int8_kernel_ms": bench(lambda: triton_int8_attention.int8_forward(
+            q, xi, mask.kv_count, mask.kv_index, block_q, block_k, d ** -0.5)),
+    }
+    if predict is not None:
+        times["predict_ms"] = bench(predict)
+        times["predict_int8_ms"] = bench(lambda: sv.block_sparse_attention(q, k, v, predict(), precision="int8"))
+        times["predict_bf16_ms"] = bench(lambda: sv.block_sparse_attention(q, k, v, predict()))
+    return times
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder of the result (<gpu>.json/.md/.png)")
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--sparsities", default="0.95,0.9,0.5,0")
+    parser.add_argument("--sparsities", default="0.95,0.9,0.5,0/0.95",
+                        help="per shape (in --shapes order, '/'-separated; the last serves the rest)")
     parser.add_argument("--block", default="128x64", help="block_q x block_k of the mask")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention_fp8.py needs a CUDA GPU")
     block_q, block_k = (int(s) for s in args.block.split("x"))
-    meta = run_metadata("cuda", dtype="bfloat16 inputs; fp8 e4m3 products", block=args.block)
+    meta = run_metadata("cuda", dtype="bfloat16 inputs; fp8: e4m3 products; int8: int8 QK^T, e4m3 PV",
+                        block=args.block)
     print(json.dumps(meta), flush=True)
     rows, missed = [], []
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for shape_name in args.shapes.split(","):
+    shapes = args.shapes.split(",")
+    per_shape = args.sparsities.split("/")
+    warnings.filterwarnings("ignore", message=".*keeps every tile.*")
+    for i, shape_name in enumerate(shapes):
         b, h, n, d = SHAPES[shape_name]
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
         video = video_like_inputs(b, h, n, n, d, outlier=True, generator=gen)
         with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             cudnn_ms = bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
         with torch.no_grad():
-            quant_ms = bench(lambda: triton_fp8_attention.quantize(q, k, v, block_q, block_k))
-        for sparsity in (float(s) for s in args.sparsities.split(",")):
-            mask = sv.random_block_mask(b, h, n, n, sparsity, block_q, block_k, device="cuda")
+            quant = {"fp8_quant_ms": bench(lambda: triton_fp8_attention.quantize(q, k, v, block_q, block_k)),
+                     "int8_quant_ms": bench(lambda: triton_int8_attention.quantize_kv(k, v, block_k))}
+        for sparsity in (float(s) for s in per_shape[min(i, len(per_shape) - 1)].split(",")):
             with torch.no_grad():
-                x = triton_fp8_attention.quantize(q, k, v, block_q, block_k)
-                times = {
-                    "bf16_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask)),
-                    "fp8_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask, precision="fp8")),
-                    "fp8_kernel_ms": bench(lambda: triton_fp8_attention.fp8_forward(
-                        x, mask.kv_count, mask.kv_index, block_q, block_k, d ** -0.5, q)),
-                }
+                mask, predict = bench_mask(q, k, sparsity, block_q, block_k)
+                times = time_row(q, k, v, mask, predict, block_q, block_k)
                 acc = {"gaussian": accuracy(q, k, v, mask), "video_like": accuracy(*video, mask)}
             flops = attention_flops(n, n, h, b, d, 1.0 - mask.sparsity, backward=False)
             row = {"shape": shape_name, "B": b, "H": h, "N": n, "D": d, "block": args.block,
-                   "target_sparsity": sparsity, "sparsity": mask.sparsity, "sdpa_cudnn_ms": cudnn_ms,
-                   "fp8_quant_ms": quant_ms, **times,
-                   "fp8_kernel_tflops": flops / times["fp8_kernel_ms"] / 1e9,
-                   "bf16_tflops": flops / times["bf16_ms"] / 1e9,
-                   "speedup_fp8_vs_cudnn": cudnn_ms / times["fp8_ms"],
-                   "speedup_bf16_vs_cudnn": cudnn_ms / times["bf16_ms"],
-                   "speedup_fp8_vs_bf16": times["bf16_ms"] / times["fp8_ms"],
-                   "speedup_fp8_kernel_vs_bf16": times["bf16_ms"] / times["fp8_kernel_ms"],
+                   "target_sparsity": sparsity, "sparsity": mask.sparsity, "sdpa_cudnn_ms": cudnn_ms, **quant,
+                   **times, "bf16_tflops": flops / times["bf16_ms"] / 1e9,
+                   **{f"{p}_kernel_tflops": flops / times[f"{p}_kernel_ms"] / 1e9 for p in QUANTIZED},
+                   **{f"speedup_{name[:-3]}_vs_cudnn": cudnn_ms / times[name] for name in times
+                      if name != "predict_ms"},
                    "fp8_config": str(triton_fp8_attention._bsa_fp8_fwd_kernel.best_config),
+                   "int8_config": str(triton_int8_attention._bsa_int8_fwd_kernel.best_config),
                    "accuracy_vs_bf16": acc}
             rows.append(row)
             print(json.dumps(row), flush=True)
-            video_acc = acc["video_like"]
+            write_result(args.out, meta, {"rows": rows}, markdown(rows), figure(rows, meta))
+            video_acc = acc["video_like"]["int8"]
             if not (video_acc["cosine"] >= TARGET_COSINE and video_acc["rel_l1"] <= TARGET_REL_L1):
                 missed.append(f"{shape_name} {sparsity}: {video_acc}")
-    table = markdown(rows)
-    write_result(args.out, meta, {"rows": rows}, table, figure(rows, meta))
-    print(table)
+    print(markdown(rows))
     if missed:
-        print("video-like accuracy below the targets:", *missed, sep="\n  ")
+        print("video-like accuracy of int8 below the targets:", *missed, sep="\n  ")
         return 1
     return 0
 
 
 def figure(rows: list[dict], meta: dict):
-    """Speed-up over dense cuDNN SDPA by sparsity: FP8 (quantization included) and bf16, one line per shape."""
+    """Speed-up over dense cuDNN SDPA by sparsity: each precision's public call (quantization included), one line
+    per shape and precision."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for shape in sorted({r["shape"] for r in rows}):
-        for key, style, label in (("speedup_fp8_vs_cudnn", "-o", "fp8"), ("speedup_bf16_vs_cudnn", "--s", "bf16")):
+        for key, style, label in (("speedup_int8_vs_cudnn", "-o", "int8"), ("speedup_fp8_vs_cudnn", "-^", "fp8"),
+                                  ("speedup_bf16_vs_cudnn", "--s", "bf16")):
             pts = sorted((r["sparsity"], r[key]) for r in rows if r["shape"] == shape)
             ax.plot(*zip(*pts), style, label=f"{shape} {label}")
     ax.set_xlabel("sparsity (fraction of tiles skipped)")
@@ -135,24 +170,29 @@ def figure(rows: list[dict], meta: dict):
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    ax.set_title(f"sparsevid FP8 vs bf16 block-sparse forward, {meta['gpu']}, {meta['commit']}")
+    ax.set_title(f"sparsevid quantized vs bf16 block-sparse forward, {meta['gpu']}, {meta['commit']}")
     fig.tight_layout()
     return fig
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| shape | sparsity | cuDNN | bf16 sparse | fp8 (all) | fp8 quant | fp8 kernel | fp8 x cuDNN | "
-             "bf16 x cuDNN | fp8 x bf16 | cos (gauss) | rel L1 (gauss) | cos (video) | rel L1 (video) |",
-             "|---" * 14 + "|"]
+    lines = ["| shape | sparsity | cuDNN | bf16 | fp8 quant | fp8 kernel | fp8 all | int8 quant | int8 kernel | "
+             "int8 all | predict | predict+int8 | predict+bf16 | int8 kernel x cuDNN | int8 all x cuDNN | "
+             "predict+int8 x cuDNN | cos / rel L1 fp8 (gauss, video) | cos / rel L1 int8 (gauss, video) |",
+             "|---" * 18 + "|"]
     for r in rows:
-        g, vl = r["accuracy_vs_bf16"]["gaussian"], r["accuracy_vs_bf16"]["video_like"]
+        acc = r["accuracy_vs_bf16"]
         cells = [r["shape"], f"{r['sparsity']:.3f}",
-                 *(fmt(r[key]) for key in ("sdpa_cudnn_ms", "bf16_ms", "fp8_ms", "fp8_quant_ms", "fp8_kernel_ms",
-                                           "speedup_fp8_vs_cudnn", "speedup_bf16_vs_cudnn", "speedup_fp8_vs_bf16")),
-                 f"{g['cosine']:.5f}", f"{g['rel_l1']:.4f}", f"{vl['cosine']:.5f}", f"{vl['rel_l1']:.4f}"]
+                 *(fmt(r[key]) if key in r else "" for key in (
+                     "sdpa_cudnn_ms", "bf16_ms", "fp8_quant_ms", "fp8_kernel_ms", "fp8_ms", "int8_quant_ms",
+                     "int8_kernel_ms", "int8_ms", "predict_ms", "predict_int8_ms", "predict_bf16_ms",
+                     "speedup_int8_kernel_vs_cudnn", "speedup_int8_vs_cudnn", "speedup_predict_int8_vs_cudnn")),
+                 *(", ".join(f"{acc[kind][p]['cosine']:.5f} / {acc[kind][p]['rel_l1']:.4f}"
+                             for kind in ("gaussian", "video_like")) for p in QUANTIZED)]
         lines.append("| " + " | ".join(cells) + " |")
-    return ("Forward times in ms (medians of triton.testing.do_bench); fp8 (all) = quantization + kernel through "
-            "the public API; accuracy of the fp8 output against the bf16 sparse kernel's.\n\n" + "\n".join(lines))
+    return ("Forward times in ms (medians of triton.testing.do_bench); 'all' = quantization + kernel through the "
+            "public API; predict = predict_mask (top-k) of the same mask; accuracy of each quantized output against "
+            "the bf16 sparse kernel's.\n\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -46,8 +46,9 @@
 #   demo_student  the demo's sparse student: the shipped model distilled for top-k 0.25 (75%) at the CPU clip
 #               (16 x 64 x 64, whole procedural distribution, attention trainable, ~2 min), exported as an asset
 #               (OUT/demo_student: copy the student's files to lab/sparsevid_lab/assets/sparse_student/)
-#   fp8         the FP8 forward's GPU tests (one fixed config) and benchmark attention_fp8 (fp8 vs bf16 sparse at
-#               95/90/50%/full, Wan 1.3B and 14B shapes: ms, quantization ms, accuracy)
+#   fp8         the quantized forwards' GPU tests (precision fp8 and int8, one fixed config) and benchmark
+#               attention_fp8 (int8 and fp8 vs bf16 sparse on the same masks, Wan 1.3B at 95/90/50%/full and 14B at
+#               95%/full: kernel, quantization, public call and prediction + call ms, accuracy)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
 #   parallel    (two GPUs) benchmark context_parallel (Wan 14B forward, one vs two GPUs); distillation under DDP
 #   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
@@ -159,9 +160,9 @@ demo_student)
         --warmup 20 --train-shift 2.0 --log-every 25 --no-progress
     ;;
 fp8)
-    SPARSEVID_AUTOTUNE=off step fp8_tests 150 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu \
-        tests/test_attention_gpu.py -k fp8
-    bench attention_fp8 200
+    SPARSEVID_AUTOTUNE=off step fp8_tests 200 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu \
+        --durations=5 tests/test_attention_gpu.py -k "fp8 or int8"
+    bench attention_fp8 270
     ;;
 tests)
     SPARSEVID_AUTOTUNE=off step gpu_tests 300 "$PYTHON" -m pytest -q -rfE --tb=line -p no:cacheprovider -m gpu tests

@@ -33,8 +33,9 @@ BENCHMARKS = {
          "--backward-shapes", "none")),
     "attention_fp8": Benchmark(
         "benchmarks.bench_attention_fp8",
-        "FP8 vs bf16 block-sparse forward, 128x64, 95/90/50%/full, Wan 1.3B and 14B: ms, quantization ms, accuracy",
-        ("--shapes", "wan1.3b-480p,wan14b-720p", "--sparsities", "0.95,0.9,0.5,0")),
+        "int8 and fp8 vs bf16 block-sparse forward, 128x64, Wan 1.3B at 95/90/50%/full and 14B at 95%/full: ms "
+        "(kernel, quantization, public call, with prediction), accuracy",
+        ("--shapes", "wan1.3b-480p,wan14b-720p", "--sparsities", "0.95,0.9,0.5,0/0.95,0")),
     "attention_cpu": Benchmark(
         "benchmarks.bench_attention_cpu",
         "CPU attention at the built-in demo's shape: the gather backend vs dense SDPA and the reference backend"),

@@ -142,3 +142,65 @@ def test_fp8_every_output_element_is_written(nan_poisoned_outputs):
     out, lse = sv.block_sparse_attention(q, k, v, mask, return_lse=True, precision="fp8")
     assert torch.isfinite(out).all() and not torch.isnan(lse).any()
     assert torch.equal(out[:, :, 7 * 128:8 * 128], torch.zeros_like(out[:, :, 7 * 128:8 * 128]))
+
+
+# --------------------------------------------------------------------------- precision="int8"
+
+INT8_CASES = FP8_CASES + [
+    pytest.param((1, 2, 5000, 7333, 128, 128, 64, 0.9), id="N5000-M7333-d128-128x64-90"),
+    pytest.param((1, 3, 2048, 1000, 64, 64, 64, 0.7), id="N2048-M1000-d64-64x64"),
+]
+
+
+@pytest.mark.parametrize("inputs", ["gaussian", "video-like", "outlier"])
+@pytest.mark.parametrize("case", INT8_CASES)
+def test_int8_kernel_against_emulation_and_float64(case, inputs, nan_poisoned_outputs):
+    """precision="int8" on the GPU. The K/V quantizer matches the PyTorch one bit for bit given its smoothing
+    vector (K's int8 values and scales, V's e4m3 values and power-of-two scales: every division correctly rounded);
+    the kernel's lse matches the emulation's (the same int8 logits, fp32 against float64); its output is within
+    1.25x of the emulation's error vs float64 (the kernel rounds P against a running max, the emulation against
+    the final one), and that error within the budget of two e4m3 operands (V and P): 2 eps, eps = V's own e4m3
+    rounding error (about 0.026); rows with no kept tile give zeros and lse -inf; every element is written."""
+    from benchmarks.bench_attention_fp8 import video_like_inputs
+    from sparsevid.ops import fp8_reference, int8, int8_reference, triton_int8_attention
+
+    b, h, n, m, d, block_q, block_k, sparsity = case
+    mask = sv.random_block_mask(b, h, n, m, sparsity, block_q, block_k, device="cuda")
+    keep = mask.keep.expand(b, h, -1, -1).clone()
+    if keep.shape[2] > 2:
+        keep[:, :, 1] = False  # an empty row of blocks
+    mask = sv.SparseMask.from_dense(keep, n, m, block_q, block_k)
+    if inputs == "gaussian":
+        q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16) for t in (n, m, m))
+    else:
+        q, k, v = video_like_inputs(b, h, n, m, d, outlier=inputs == "outlier")
+    scale = d ** -0.5
+    with torch.no_grad():
+        x = triton_int8_attention.quantize_kv(k, v, block_k)
+        sampled = k[:, :, int8.smoothing_tokens(m, k.device)].double()
+        assert ((x.k_mean - sampled.mean(dim=2)).abs() <= 256 * 2.0 ** -24 * sampled.abs().amax(2)).all()
+        x_ref = int8_reference.quantize_int8_kv(k, v, block_k, k_mean=x.k_mean)
+        for name, fast, slow in zip(x._fields, x, x_ref):
+            assert torch.equal(fast.float(), slow.float()), name
+        out, lse = sv.block_sparse_attention(q, k, v, mask, return_lse=True, backend="triton", precision="int8")
+        emu, emu_lse = int8_reference.emulate_int8_attention(q, x, mask, scale)
+        ref = sv.block_sparse_attention(q.double(), k.double(), v.double(), mask, backend="reference")
+        v8, v_scale = fp8_reference.quantize_fp8_blocks(v.float(), block_k)
+        eps = rel_err(v8.double() * v_scale.double().repeat_interleave(block_k, 2)[:, :, :m, None], v)
+    assert out.dtype == q.dtype and torch.isfinite(out).all()
+    assert rel_err(lse, emu_lse) < 1e-4
+    assert rel_err(out, ref) <= 1.25 * rel_err(emu, ref)
+    assert rel_err(out, ref) <= 2 * eps
+    empty = ~keep.any(-1).repeat_interleave(block_q, -1)[..., :n]
+    assert torch.equal(out[empty], torch.zeros_like(out[empty])) and (lse[empty] == float("-inf")).all()
+
+
+def test_int8_full_mask_matches_dense_attention(nan_poisoned_outputs):
+    """With every tile kept the int8 forward is dense attention within its budget (V and P in e4m3)."""
+    b, h, n, d = 1, 2, 4133, 128
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    mask = sv.SparseMask.full(n, n, 128, 64)
+    with torch.no_grad():
+        out = sv.block_sparse_attention(q, k, v, mask, precision="int8")
+        dense = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    assert rel_err(out, dense) <= 0.06  # 2 eps

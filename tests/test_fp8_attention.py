@@ -213,14 +213,16 @@ def test_old_gpu_refused_by_name(monkeypatch):
         fp8.check_fp8_device(fake)
 
 
-def test_triton_fp8_traces_under_torch_compile():
-    """Under torch.compile the Triton FP8 path is the custom op torch.ops.sparsevid.block_sparse_attn_fp8 (its
-    fake gives the shapes); the compiled call returns what the eager one does."""
+@pytest.mark.parametrize("precision", ["fp8", "int8"])
+def test_triton_quantized_traces_under_torch_compile(precision):
+    """Under torch.compile the Triton path of a quantized precision is the custom op
+    torch.ops.sparsevid.block_sparse_attn_quantized (its fake gives the shapes); the compiled call returns what the
+    eager one does."""
     q, k, v = _inputs(1, 2, 200, 333, 64)
     mask = _mask(1, 2, 200, 333, 128, 64)
 
     def attend(q, k, v):
-        return sv.block_sparse_attention(q, k, v, mask, return_lse=True, backend="triton", precision="fp8")
+        return sv.block_sparse_attention(q, k, v, mask, return_lse=True, backend="triton", precision=precision)
 
     graphs = []
 
@@ -232,4 +234,4 @@ def test_triton_fp8_traces_under_torch_compile():
     eager_out, eager_lse = attend(q, k, v)
     assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
     targets = [node.target for node in graphs[0].graph.nodes if node.op == "call_function"]
-    assert torch.ops.sparsevid.block_sparse_attn_fp8.default in targets
+    assert torch.ops.sparsevid.block_sparse_attn_quantized.default in targets

@@ -1,8 +1,9 @@
-"""The FP8 kernels compile for a Hopper GPU (sm_90) on any machine, and their products are e4m3 tensor-core
-instructions (wgmma). The interpreter (the CPU tests) runs the Python body and accepts what the GPU compiler may
-reject, so each variant is compiled for the real target in a subprocess with the interpreter off: every
-autotuning config of the forward for a 128x64 mask, with and without tensor descriptors, and the quantizer's
-two launches.
+"""The quantized kernels compile for a Hopper GPU (sm_90) on any machine, and their products are the tensor-core
+instructions meant (wgmma): e4m3 x e4m3 -> f32 for precision="fp8"; s8 x s8 -> s32 (Q K^T) and e4m3 x e4m3 -> f32
+(P V) for precision="int8". The interpreter (the CPU tests) runs the Python body and accepts what the GPU compiler
+may reject, so each variant is compiled for the real target in a subprocess with the interpreter off: every
+autotuning config of the fp8 forward for a 128x64 mask, with and without tensor descriptors, the int8 forward's
+first config both ways, and the quantizers' launches.
 """
 from __future__ import annotations
 
@@ -11,23 +12,28 @@ import os
 import subprocess
 import sys
 
-QUANT_KERNELS = ("_fp8_stats_kernel", "_fp8_quant_kernel")
+QUANT_KERNELS = (("triton_fp8_attention", "_fp8_stats_kernel"), ("triton_fp8_attention", "_fp8_quant_kernel"),
+                 ("triton_int8_attention", "_int8_smooth_kernel"), ("triton_int8_attention", "_int8_kv_kernel"))
 QUANT_TYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Q8": "*fp8e4nv", "Q8Lo": "*fp8e4nv", "K8": "*fp8e4nv",
                "V8": "*fp8e4nv", "Counter": "*i32"}
+INT8_QUANT_TYPES = {**QUANT_TYPES, "K8": "*i8", "SAMPLES": "i32"}
+# The int8 forward reads Q in its own dtype and K as int8.
+INT8_TYPES = {"Q": "*bf16", "K": "*i8"}
 
 
 def _type(name: str, constexprs: dict, sub: int, use_tma: bool, out: str, types: dict) -> str:
-    """The argument types of the FP8 kernels: ``types`` first (the quantizer's), else fp8 Q/K/V (V as a
-    [B, H, D, M] descriptor), ``out`` for Out, fp32 scales and statistics, int32 tables and sizes."""
+    """The argument types of the quantized kernels: K and V as descriptors with ``use_tma``, then ``types`` (the
+    quantizers', the int8 forward's), else fp8 Q/K/V (V as a [B, H, D, M] descriptor), ``out`` for Out, fp32 scales and statistics, int32 tables and sizes."""
+    if name in ("K", "V") and use_tma:
+        box = [1, 1, sub, 128] if name == "K" else [1, 1, 128, sub]
+        element = types.get(name, "*fp8e4nv")[1:]
+        return f"tensordesc<{element}{box}>"
     if name in types:
         return types[name]
     if name == "Out":
         return out
     if name in constexprs:
         return "constexpr"
-    if name in ("K", "V") and use_tma:
-        box = [1, 1, sub, 128] if name == "K" else [1, 1, 128, sub]
-        return f"tensordesc<fp8e4nv{box}>"
     types = {"Q": "*fp8e4nv", "QLo": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "KvCount": "*i32", "KvIndex": "*i32",
              "scale_log2": "fp32"}
     if name in types:
@@ -42,6 +48,7 @@ def compile_all() -> None:
     from triton.compiler import ASTSource
 
     from sparsevid.ops import triton_fp8_attention as t8
+    from sparsevid.ops import triton_int8_attention as t_int8
 
     def build(fn, constexprs, out, sub=0, use_tma=False, num_warps=4, num_stages=2, types=()):
         names = inspect.signature(fn.fn).parameters
@@ -50,13 +57,24 @@ def compile_all() -> None:
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
                                                                          "num_stages": num_stages})
 
-    for name in QUANT_KERNELS:
-        fn = getattr(t8, name)
-        sizes = {"HEAD_DIM": 128, "BLOCK_D": 128, "TILE": 64, "CHUNK": 256, "PART_BLOCK": 32, "BLOCK_Q": 128,
-                 "BLOCK_K": 64}
+    for module, name in QUANT_KERNELS:
+        fn = getattr(t8 if module == t8.__name__.rsplit(".", 1)[1] else t_int8, name)
+        sizes = {"HEAD_DIM": 128, "BLOCK_D": 128, "TILE": 64, "CHUNK": 256 if module == "triton_fp8_attention" else 64,
+                 "PART_BLOCK": 32, "BLOCK_Q": 128, "BLOCK_K": 64, "NUM_CHUNKS": 4}
         constexprs = {c: v for c, v in sizes.items() if c in inspect.signature(fn.fn).parameters}
-        build(fn, constexprs, "", num_warps=8, types=QUANT_TYPES)
+        build(fn, constexprs, "", num_warps=8,
+              types=QUANT_TYPES if module == "triton_fp8_attention" else INT8_QUANT_TYPES)
         print("compiled quant", name)
+    fwd = t_int8._bsa_int8_fwd_kernel
+    config = fwd.configs[0]
+    for use_tma in (False, True):
+        constexprs = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 64, "USE_TMA": use_tma,
+                      **config.kwargs}
+        kernel = build(fwd.fn, constexprs, "*bf16", config.kwargs["SUB_N"], use_tma, config.num_warps,
+                       config.num_stages, types=INT8_TYPES)
+        ptx = kernel.asm["ptx"]
+        wanted = "wgmma.mma_async" in ptx and ".s32.s8.s8" in ptx and "f32.e4m3.e4m3" in ptx
+        print("compiled int8 fwd", config.kwargs, use_tma, "s8-and-e4m3-wgmma" if wanted else "missing-wgmma")
     fwd = t8._bsa_fp8_fwd_kernel
     for config in fwd.configs:
         if config.kwargs["SUB_N"] > 64:
@@ -78,6 +96,8 @@ def test_fp8_kernels_compile_for_sm90_with_e4m3_wgmma():
     assert done.stdout.count("compiled quant") == len(QUANT_KERNELS), done.stdout
     forwards = [line for line in done.stdout.splitlines() if line.startswith("compiled fwd")]
     assert len(forwards) >= 8 and all(line.endswith("e4m3-wgmma") for line in forwards), done.stdout
+    int8_forwards = [line for line in done.stdout.splitlines() if line.startswith("compiled int8 fwd")]
+    assert len(int8_forwards) == 2 and all(line.endswith("s8-and-e4m3-wgmma") for line in int8_forwards), done.stdout
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def test_precision_round_trips_and_overrides_per_layer():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    ({"precision": "fp16"}, ValueError, r"precision must be one of \('native', 'fp8'\)"),
+    ({"precision": "fp16"}, ValueError, r"precision must be one of \('native', 'fp8', 'int8'\)"),
     ({"precision": True}, ValueError, "precision must be one of"),
     ({"precision": "fp8", "backend": "flex"}, ValueError, "precision='fp8' runs on the backends .* got backend='flex'"),
     ({"precision": "fp8", "backend": "gather"}, ValueError, "got backend='gather'"),

@@ -259,8 +259,8 @@ class SparseAttnProcessor:
                              f"and {query.shape[1]}")
         if attn_mask is not None and layout.text_len == 0:
             raise ValueError("sparse attention does not support an attention mask over video tokens")
-        if plan.precision == "fp8" and plan.backend == "auto" and not query.is_cuda:
-            raise ValueError(f"precision='fp8' with backend='auto' needs a CUDA GPU with FP8 tensor cores; the "
+        if plan.precision != "native" and plan.backend == "auto" and not query.is_cuda:
+            raise ValueError(f"precision={plan.precision!r} with backend='auto' needs a CUDA GPU with FP8 tensor cores; the "
                              f"attention runs on {query.device}: use backend='reference' for the (slow) PyTorch "
                              f"emulation, or precision='native'")
         order = self._token_order(plan.tile, layout, query.device)

@@ -16,6 +16,8 @@ import torch
 
 from .fp8 import check_fp8_device, check_fp8_head_dim
 from .fp8_reference import fp8_reference_attention
+from .int8 import check_int8_head_dim
+from .int8_reference import int8_reference_attention
 from .gather_attention import gather_block_sparse_attention
 from .mask import SparseMask
 from .reference import reference_block_sparse_attention
@@ -23,10 +25,12 @@ from .validation import (check_backend, check_choice, check_head_tensors, check_
                          grad_requested, resolve_auto)
 
 BACKENDS = ("auto", "triton", "flex", "gather", "reference")
-# "native": products in the inputs' dtype (tensor cores for half types); "fp8": e4m3 products (forward only,
-# :mod:`sparsevid.ops.fp8`), on the "triton" (GPUs of compute capability >= 8.9) and "reference" backends.
-PRECISIONS = ("native", "fp8")
-FP8_BACKENDS = ("auto", "triton", "reference")
+# "native": products in the inputs' dtype (tensor cores for half types); the quantized precisions (forward only,
+# on the "triton" (GPUs of compute capability >= 8.9) and "reference" backends): "fp8", both products on e4m3
+# operands (:mod:`sparsevid.ops.fp8`); "int8", Q K^T on int8 operands and P V on e4m3 (:mod:`sparsevid.ops.int8`).
+PRECISIONS = ("native", "fp8", "int8")
+QUANTIZED_PRECISIONS = ("fp8", "int8")
+FP8_BACKENDS = ("auto", "triton", "reference")  # the backends of the quantized precisions
 TILE_MASS_BACKENDS = ("triton", "gather", "reference")  # those that can emit exact tile masses
 
 
@@ -122,30 +126,34 @@ def _triton_backend(q, k, v, mask: SparseMask, scale: float, return_tile_mass: b
     return _triton_attn(q, k, v, mask.kv_count, mask.kv_index, q_count, q_index, mask.block_q, mask.block_k, scale)
 
 
-@torch.library.custom_op("sparsevid::block_sparse_attn_fp8", mutates_args=())
-def _triton_attn_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
-                     kv_index: torch.Tensor, block_q: int, block_k: int,
-                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The FP8 forward (quantization included); no backward."""
-    from .triton_fp8_attention import triton_fp8_attention
-
-    return triton_fp8_attention(q, k, v, kv_count, kv_index, block_q, block_k, scale)
+@torch.library.custom_op("sparsevid::block_sparse_attn_quantized", mutates_args=())
+def _triton_attn_quantized(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
+                           kv_index: torch.Tensor, block_q: int, block_k: int, scale: float,
+                           precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward of a quantized precision ("fp8" or "int8", quantization included); no backward."""
+    return _triton_quantized(q, k, v, kv_count, kv_index, block_q, block_k, scale, precision)
 
 
-@_triton_attn_fp8.register_fake
-def _(q, k, v, kv_count, kv_index, block_q, block_k, scale):
+@_triton_attn_quantized.register_fake
+def _(q, k, v, kv_count, kv_index, block_q, block_k, scale, precision):
     b, h, n, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, h, n), dtype=torch.float32)
 
 
-def _fp8_backend(q, k, v, mask: SparseMask, scale: float, backend: str):
-    if backend == "reference":
-        return fp8_reference_attention(q, k, v, mask, scale)
-    if torch.compiler.is_compiling():
-        return _triton_attn_fp8(q, k, v, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k, scale)
-    from .triton_fp8_attention import triton_fp8_attention
+def _triton_quantized(q, k, v, kv_count, kv_index, block_q: int, block_k: int, scale: float, precision: str):
+    if precision == "int8":
+        from .triton_int8_attention import triton_int8_attention as attend
+    else:
+        from .triton_fp8_attention import triton_fp8_attention as attend
+    return attend(q, k, v, kv_count, kv_index, block_q, block_k, scale)
 
-    return triton_fp8_attention(q, k, v, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k, scale)
+
+def _quantized_backend(q, k, v, mask: SparseMask, scale: float, backend: str, precision: str):
+    if backend == "reference":
+        attend = int8_reference_attention if precision == "int8" else fp8_reference_attention
+        return attend(q, k, v, mask, scale)
+    run = _triton_attn_quantized if torch.compiler.is_compiling() else _triton_quantized
+    return run(q, k, v, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k, scale, precision)
 
 
 # --------------------------------------------------------------------------- flex backend
@@ -220,22 +228,26 @@ def resolve_backend(backend: str, q: torch.Tensor) -> str:
     return resolve_auto(backend, q, "gather")
 
 
-def _check_fp8_request(backend: str, q, k, v, return_tile_mass: bool) -> None:
-    """Clear errors for what precision='fp8' cannot do, before anything runs (backend already resolved)."""
+def _check_quantized_request(precision: str, backend: str, q, k, v, return_tile_mass: bool) -> None:
+    """Clear errors for what a quantized precision cannot do, before anything runs (backend already resolved)."""
     if backend not in FP8_BACKENDS:
-        raise ValueError(f"precision='fp8' runs on the backends {FP8_BACKENDS[1:]} (or 'auto'), got {backend!r}")
+        raise ValueError(f"precision={precision!r} runs on the backends {FP8_BACKENDS[1:]} (or 'auto'), got "
+                         f"{backend!r}")
     if grad_requested(q, k, v):
-        raise ValueError("precision='fp8' is a forward for inference (no backward): call it under torch.no_grad() "
-                         "or with inputs that do not require grad, or use precision='native' for training")
+        raise ValueError(f"precision={precision!r} is a forward for inference (no backward): call it under "
+                         "torch.no_grad() or with inputs that do not require grad, or use precision='native' for "
+                         "training")
     if return_tile_mass:
         raise ValueError("return_tile_mass=True needs precision='native'")
-    check_fp8_head_dim(q.shape[-1])
+    check_fp8_head_dim(q.shape[-1], precision)
+    if precision == "int8":
+        check_int8_head_dim(q.shape[-1])
     if backend == "triton":
-        check_fp8_device(q)
+        check_fp8_device(q, precision)
 
 
 def resolve_fp8_backend(backend: str, q: torch.Tensor) -> str:
-    """The backend "auto" stands for with precision='fp8': "triton" on CUDA, "reference" elsewhere."""
+    """The backend "auto" stands for with a quantized precision: "triton" on CUDA, "reference" elsewhere."""
     return ("triton" if q.is_cuda else "reference") if backend == "auto" else backend
 
 
@@ -274,12 +286,18 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
             inference only (ValueError if gradients are requested). The Triton variant is a separate custom op
             (``torch.ops.sparsevid.block_sparse_attn_tile_mass``) that sizes its scratch by ``mask.max_kept_blocks``
             (read from the device once per mask).
-        precision: "native" (products in the inputs' dtype) or "fp8": e4m3 products with fp32 accumulation,
-            K smoothed by its token mean, per-block scales for Q and K, per-channel scales for V
-            (:mod:`sparsevid.ops.fp8`). Forward only (ValueError when gradients are requested), backends
-            "triton" (a GPU of compute capability >= 8.9; ValueError on older ones) and "reference" (a PyTorch
-            emulation of the same quantization; "auto" picks it off CUDA), head dims multiples of 16, >= 32.
-            A non-finite key or value spreads over its head (it enters K's mean and V's channel scales).
+        precision: "native" (products in the inputs' dtype), "fp8" or "int8", the quantized forwards:
+            "fp8": both products on e4m3 operands with fp32 accumulation, K smoothed by its token mean, per-block
+            scales for Q (two e4m3 terms) and K, per-channel scales for V (:mod:`sparsevid.ops.fp8`);
+            "int8": Q K^T on int8 operands with int32 accumulation (Q one scale per token, K smoothed by the mean of
+            256 sampled keys and one scale per key block), P V on e4m3 operands with fp32 accumulation (V one
+            power-of-two scale per key block) (:mod:`sparsevid.ops.int8`).
+            Both: forward only (ValueError when gradients are requested), backends "triton" (a GPU of compute
+            capability >= 8.9; ValueError on older ones) and "reference" (a PyTorch emulation of the same
+            quantization; "auto" picks it off CUDA), head dims multiples of 16, >= 32 (and <= 256 for "int8").
+            "fp8": a non-finite key or value spreads over its head (it enters K's mean and V's channel scales);
+            "int8": a non-finite query gives its row NaN, a non-finite key every row that keeps its block (and, if
+            it is among the sampled keys, its head), a NaN value the rows that weigh it.
 
     Returns:
         out [B, H, N, D] in q's dtype, then lse when ``return_lse``, then the tile masses when
@@ -292,14 +310,14 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     (ValueError otherwise, before any kernel runs).
     """
     check_choice("precision", precision, PRECISIONS)
-    # With fp8 the backend is checked against the fp8 backends below (the native checks would not apply).
+    # A quantized precision's backend is checked against its own backends below (the native checks would not apply).
     _check_inputs(q, k, v, mask, scale, backend if precision == "native" else "auto")
     _check_flags(return_lse, return_tile_mass)
     scale = float(scale) if scale is not None else q.shape[-1] ** -0.5
-    if precision == "fp8":
+    if precision in QUANTIZED_PRECISIONS:
         backend = resolve_fp8_backend(backend, q)
-        _check_fp8_request(backend, q, k, v, return_tile_mass)
-        out, lse = _fp8_backend(q, k, v, mask, scale, backend)
+        _check_quantized_request(precision, backend, q, k, v, return_tile_mass)
+        out, lse = _quantized_backend(q, k, v, mask, scale, backend, precision)
         return (out, lse) if return_lse else out
     backend = resolve_backend(backend, q)
     _check_tile_mass_request(return_tile_mass, backend, q, k, v)

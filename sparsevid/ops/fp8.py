@@ -53,18 +53,18 @@ def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax == 0, torch.ones_like(scale), scale)
 
 
-def check_fp8_device(t: torch.Tensor) -> None:
-    """Raise a clear error unless the Triton FP8 kernel can run on t's device (a CUDA GPU of compute
-    capability >= 8.9, or the CPU under ``TRITON_INTERPRET=1``)."""
+def check_fp8_device(t: torch.Tensor, precision: str = "fp8") -> None:
+    """Raise a clear error unless the Triton kernels of ``precision`` ("fp8" or "int8", whose P V product is fp8)
+    can run on t's device (a CUDA GPU of compute capability >= 8.9, or the CPU under ``TRITON_INTERPRET=1``)."""
     from .validation import triton_runs_on
 
     if not triton_runs_on(t):
-        raise ValueError(f"precision='fp8' with backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on the "
-                         f"CPU); q is on {t.device}")
+        raise ValueError(f"precision={precision!r} with backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 on "
+                         f"the CPU); q is on {t.device}")
     if t.is_cuda and not _has_fp8_tensor_cores(t.device):
         capability = torch.cuda.get_device_capability(t.device)
         name = torch.cuda.get_device_name(t.device)
-        raise ValueError(f"precision='fp8' needs a GPU with FP8 tensor cores (compute capability >= "
+        raise ValueError(f"precision={precision!r} needs a GPU with FP8 tensor cores (compute capability >= "
                          f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}: Ada, Hopper or newer); {name} has "
                          f"{capability[0]}.{capability[1]}; use precision='native'")
 
@@ -74,7 +74,7 @@ def _has_fp8_tensor_cores(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= FP8_MIN_CAPABILITY
 
 
-def check_fp8_head_dim(d: int) -> None:
+def check_fp8_head_dim(d: int, precision: str = "fp8") -> None:
     if d < MIN_FP8_HEAD_DIM or d % 16:
-        raise ValueError(f"precision='fp8' needs a head dim that is a multiple of 16 and >= {MIN_FP8_HEAD_DIM}, "
+        raise ValueError(f"precision={precision!r} needs a head dim that is a multiple of 16 and >= {MIN_FP8_HEAD_DIM}, "
                          f"got {d}")

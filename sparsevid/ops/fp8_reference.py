@@ -1,7 +1,8 @@
 """FP8 block-sparse attention emulated in plain PyTorch: the same quantization as the Triton path
 (:mod:`sparsevid.ops.fp8`), then exact (float64) arithmetic on the quantized values except the one rounding the
 kernel adds inside the loop, P cast to fp8. The oracle of the FP8 kernel and ``precision="fp8"`` on the
-"reference" backend (any device).
+"reference" backend (any device). :func:`emulate_attention` (the loop over dequantized inputs) and the per-block
+helpers also serve ``precision="int8"``'s emulation (:mod:`sparsevid.ops.int8_reference`).
 """
 from __future__ import annotations
 
@@ -24,15 +25,24 @@ def _abs_max(x: torch.Tensor, dim) -> torch.Tensor:
     return torch.where(torch.isnan(x), 0.0, x.abs()).amax(dim=dim)
 
 
-def _quantize_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-block quantization of float32 x [B, H, T, D] over blocks of ``block`` tokens: (fp8 [B, H, T, D],
-    float32 scales [B, H, ceil(T / block)])."""
+def token_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x [B, H, T, D] as [B, H, ceil(T / block), block, D], the last block padded with zeros."""
     t = x.shape[2]
     nb = -(-t // block)
-    padded = F.pad(x, (0, 0, 0, nb * block - t)).unflatten(2, (nb, block))
+    return F.pad(x, (0, 0, 0, nb * block - t)).unflatten(2, (nb, block))
+
+
+def unblock(x: torch.Tensor, t: int) -> torch.Tensor:
+    """[B, H, NB, block, D] back to [B, H, t, D] (contiguous), the padding dropped."""
+    return x.flatten(2, 3)[:, :, :t].contiguous()
+
+
+def quantize_fp8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-block quantization of float32 x [B, H, T, D] over blocks of ``block`` tokens, one power-of-two scale
+    each: (fp8 [B, H, T, D], float32 scales [B, H, ceil(T / block)])."""
+    padded = token_blocks(x, block)
     scale = scale_from_amax(_abs_max(padded, (-2, -1)))
-    x8 = _to_fp8(padded / scale[..., None, None]).flatten(2, 3)[:, :, :t].contiguous()
-    return x8, scale
+    return unblock(_to_fp8(padded / scale[..., None, None]), x.shape[2]), scale
 
 
 def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_k: int,
@@ -43,10 +53,10 @@ def quantize_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     float32 sum runs in another order)."""
     if k_mean is None:
         k_mean = k.mean(dim=2, dtype=torch.float32)
-    q8, q_scale = _quantize_blocks(q.float(), block_q)
+    q8, q_scale = quantize_fp8_blocks(q.float(), block_q)
     # q / q_scale - q8 is exact in float32 (two floats within a factor 2, or q8 = 0)
     q8_lo = _to_fp8(q.float() / q_scale.repeat_interleave(block_q, dim=2)[:, :, :q.shape[2], None] - q8.float())
-    k8, k_scale = _quantize_blocks(k.float() - k_mean[:, :, None], block_k)
+    k8, k_scale = quantize_fp8_blocks(k.float() - k_mean[:, :, None], block_k)
     v_scale = scale_from_amax(_abs_max(v.float(), 2))
     v8 = _to_fp8(v.float() / v_scale[:, :, None])
     return Fp8Inputs(q8, q8_lo, k8, v8, q_scale, k_scale, v_scale, k_mean)
@@ -63,17 +73,22 @@ def dequantize_fp8(x: Fp8Inputs, block_q: int, block_k: int) -> tuple[torch.Tens
 
 
 def emulate_fp8_attention(x: Fp8Inputs, mask: SparseMask, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block-sparse attention over quantized inputs, as the FP8 kernel computes it: scores of the dequantized
-    q and smoothed k, P = exp(s - row max) rounded to fp8 as P * P_SCALE for the product with v, the row sum
-    over the unrounded P. (The kernel subtracts a running max, which changes which values P's rounding sees;
-    its error stays of the same size.)
-
-    Returns out float64 [B, H, N, D] and lse float64 [B, H, N] (natural log, with scale * q . k_mean added
-    back); a row with no kept tile gives zeros and lse -inf."""
+    """:func:`emulate_attention` of the dequantized inputs (lse with scale * q . k_mean added back)."""
     q, k, v = dequantize_fp8(x, mask.block_q, mask.block_k)
+    return emulate_attention(q, k, v, scale * (q @ x.k_mean.double()[..., None]).squeeze(-1), mask, scale)
+
+
+def emulate_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_shift: torch.Tensor, mask: SparseMask,
+                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-sparse attention over dequantized float64 q [B, H, N, D], k, v [B, H, M, D], as the quantized kernels
+    compute it: scores of q and k, P = exp(s - row max) rounded to fp8 as P * P_SCALE for the product with v, the
+    row sum over the unrounded P. (The kernels subtract a running max, which changes which values P's rounding
+    sees; their error stays of the same size.)
+
+    Returns out float64 [B, H, N, D] and lse float64 [B, H, N] (natural log, plus row_shift float64 [B, H, N]:
+    what K's smoothing took off the row's logits); a row with no kept tile gives zeros and lse -inf."""
     n, m = q.shape[2], k.shape[2]
     keep = mask.keep
-    row_shift = scale * (q @ x.k_mean.double()[..., None]).squeeze(-1)  # the softmax-exact part K lost
     rows_per_chunk = max(mask.block_q, _MAX_CHUNK_ELEMENTS // max(1, q.shape[0] * q.shape[1] * m)
                          // mask.block_q * mask.block_q)
     outs, lses = [], []

@@ -283,16 +283,17 @@ def _check_final(values: dict[str, Any], where: str) -> None:
 
 
 def _check_precision(values: dict[str, Any], where: str) -> None:
-    """precision="fp8" (a forward without backward) with what it cannot run with: another backend than
-    FP8_BACKENDS, or refresh_search="exact" (its exact tile masses come from the native kernels)."""
-    if values["precision"] != "fp8":
+    """A quantized precision ("fp8", "int8": forwards without backward) with what it cannot run with: another
+    backend than FP8_BACKENDS, or refresh_search="exact" (its exact tile masses come from the native kernels)."""
+    precision = values["precision"]
+    if precision == "native":
         return
     if values["backend"] not in FP8_BACKENDS:
-        raise ValueError(f"{where}precision='fp8' runs on the backends {FP8_BACKENDS}, got backend="
+        raise ValueError(f"{where}precision={precision!r} runs on the backends {FP8_BACKENDS}, got backend="
                          f"{values['backend']!r}")
     if values["refresh_search"] == "exact":
-        raise ValueError(f"{where}precision='fp8' cannot refresh masks by exact tile masses (refresh_search='exact' "
-                         "needs precision='native'); use refresh_search 'full' or 'within'")
+        raise ValueError(f"{where}precision={precision!r} cannot refresh masks by exact tile masses "
+                         "(refresh_search='exact' needs precision='native'); use refresh_search 'full' or 'within'")
 
 
 def _interpolate(start, final, progress: float):
@@ -314,9 +315,10 @@ class SparseConfig:
             may be a list with one value per head (a constant budget; ``from_calibration`` makes such lists).
         block_q, block_k: tile sizes in tokens (64 or 128).
         backend: block-sparse attention backend ("auto" | "triton" | "flex" | "gather" | "reference").
-        precision: "native" (the inputs' dtype) or "fp8" (e4m3 products, inference only: a forward that needs
-            gradients raises; backends "auto" (CUDA with FP8 tensor cores; "auto" off CUDA raises), "triton" or
-            "reference" (the PyTorch emulation); not with refresh_search="exact").
+        precision: "native" (the inputs' dtype), "fp8" (e4m3 products) or "int8" (int8 Q K^T, e4m3 P V; see
+            ``block_sparse_attention``): the quantized ones are inference only (a forward that needs gradients
+            raises), on the backends "auto" (CUDA with FP8 tensor cores; "auto" off CUDA raises), "triton" or
+            "reference" (the PyTorch emulation), not with refresh_search="exact".
         keep_sink, keep_diagonal, similarity_threshold, min_blocks: passed to ``predict_mask``.
         dense_layers: layer indices (in the order ``apply_sparse_attention`` enumerates self-attentions)
             that stay dense.

@@ -1,0 +1,270 @@
+"""precision="int8" block-sparse attention forward in Triton: INT8 Q K^T with int32 accumulation, FP8 (e4m3) P V
+with fp32 accumulation, for GPUs with FP8 tensor cores (sm89, sm90+; int8 x int8 runs at the fp8 rate there).
+
+:func:`quantize_kv` prepares K and V in two launches: K's smoothing vector (the mean of ``SMOOTH_SAMPLES`` keys per
+head, one small program per head), then one program per key block that reads the block of K and of V once and
+writes K as int8 with its scale and V as e4m3 with its power-of-two scale (tokens contiguous, the layout an FP8
+tensor-core product needs for its right operand). :func:`int8_forward` quantizes each program's query rows in its
+prologue (one int8 scale per row, in registers: Q is never written), then runs the bf16 forward's online softmax
+over the kept tiles. The rules are in :mod:`sparsevid.ops.int8`, the PyTorch oracle in
+:mod:`sparsevid.ops.int8_reference`. Forward only (inference).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from . import triton_attention as bf16
+from .fp8 import FP8_DTYPE
+from .int8 import INT8_MAX, Int8Inputs, SMOOTH_SAMPLES
+from .triton_attention import LOG2E, _configs, _load_rows, _prune, _rows_source, _tile_schedule
+from .triton_fp8_attention import (_LN2, _LOG2_P_SCALE, _abs_or_zero, _box_hook, _load_v, _pow2_scale, _tile_ptrs,
+                                   _to_fp8)
+from .triton_launch import launch_tuned
+
+_INT8_MAX = tl.constexpr(float(INT8_MAX))
+_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + _ROUND) - _ROUND rounds |y| < 2^22 half to even
+_ROUND_BITS = tl.constexpr(0x4B400000)  # its bits: these + i are the float _ROUND + i for int32 |i| < 2^22
+_SMOOTH_CHUNK = 64  # sampled keys a smoothing program loads at once
+
+
+# --------------------------------------------------------------------------- quantization
+
+@triton.jit
+def _int8_scale(amax, finite):
+    """:func:`sparsevid.ops.int8.int8_scale`: amax / 127 (correctly rounded), 1 where amax is 0, NaN where not
+    finite (scalars or tiles of one shape)."""
+    scale = tl.where(amax == 0, 1.0, tl.math.div_rn(amax, tl.zeros_like(amax) + _INT8_MAX))
+    return tl.where(finite, scale, float("nan"))
+
+
+@triton.jit
+def _round_int8(b_y):
+    """int8 round-half-even(y) of float32 y scaled into [-127, 127], 0 where y is not finite."""
+    b_r = (b_y + _ROUND) - _ROUND
+    return tl.where(tl.abs(b_r) <= _INT8_MAX, b_r, 0.0).to(tl.int8)
+
+
+@triton.jit
+def _all_finite(b_x, axis: tl.constexpr):
+    """Whether every element of float32 b_x is finite, reduced over ``axis`` (None: the whole tile)."""
+    return tl.min((tl.abs(b_x) < float("inf")).to(tl.int32), axis) > 0
+
+
+@triton.jit
+def _int8_smooth_kernel(K, KMean, stride_kb, stride_kh, stride_kn, stride_kd, H, M, SAMPLES,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
+                        NUM_CHUNKS: tl.constexpr):
+    """Launch 1 of :func:`quantize_kv`, program b*H + h: KMean[b, h] (float32 [B, H, D]) = the mean of K's keys
+    (j * M) // SAMPLES, j < SAMPLES (:func:`sparsevid.ops.int8.smoothing_tokens`), summed CHUNK at a time."""
+    pid_bh = tl.program_id(0)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for c in tl.static_range(NUM_CHUNKS):
+        o_j = c * CHUNK + tl.arange(0, CHUNK)
+        o_t = (o_j.to(tl.int64) * M) // SAMPLES
+        m_x = (o_j < SAMPLES)[:, None] & m_d[None, :]
+        p_x = K + i_b * stride_kb + i_h * stride_kh + o_t[:, None] * stride_kn + o_d[None, :] * stride_kd
+        b_sum += tl.sum(tl.load(p_x, mask=m_x, other=0.0).to(tl.float32), 0)
+    b_mean = tl.math.div_rn(b_sum, tl.zeros([BLOCK_D], dtype=tl.float32) + SAMPLES)
+    tl.store(KMean + pid_bh * HEAD_DIM + o_d, b_mean, mask=m_d)
+
+
+@triton.jit
+def _int8_kv_kernel(K, V, KMean, K8, V8, KScale, VScale, stride_kb, stride_kh, stride_kn, stride_kd,
+                    stride_vb, stride_vh, stride_vn, stride_vd, stride_k8b, stride_k8h, stride_k8n,
+                    stride_v8b, stride_v8h, stride_v8d, H, M,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Launch 2 of :func:`quantize_kv`, program (j, b*H + h): key block j of one head. K minus KMean to int8 K8
+    with its scale KScale[b, h, j]; V to e4m3 V8 (unit token stride) with its power-of-two scale VScale[b, h, j]
+    (NaN ignored, as in :func:`sparsevid.ops.fp8.scale_from_amax`)."""
+    blk = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
+    start = blk * BLOCK_K
+    p_scale = pid_bh.to(tl.int64) * tl.cdiv(M, BLOCK_K) + blk
+    o_d = tl.arange(0, BLOCK_D)
+    b_mean = tl.load(KMean + pid_bh * HEAD_DIM + o_d, mask=o_d < HEAD_DIM, other=0.0)
+    p_k, m_tile = _tile_ptrs(K, i_b, i_h, stride_kb, stride_kh, stride_kn, stride_kd, start, M, BLOCK_K, HEAD_DIM,
+                             BLOCK_D)
+    p_v, _ = _tile_ptrs(V, i_b, i_h, stride_vb, stride_vh, stride_vn, stride_vd, start, M, BLOCK_K, HEAD_DIM,
+                        BLOCK_D)
+    b_k = tl.where(m_tile, tl.load(p_k, mask=m_tile, other=0.0).to(tl.float32) - b_mean[None, :], 0.0)
+    b_v = tl.load(p_v, mask=m_tile, other=0.0).to(tl.float32)
+    k_scale = _int8_scale(tl.max(tl.max(_abs_or_zero(b_k), 1), 0), _all_finite(b_k, None))
+    v_scale = _pow2_scale(tl.max(tl.max(_abs_or_zero(b_v), 1), 0))
+    tl.store(KScale + p_scale, k_scale)
+    tl.store(VScale + p_scale, v_scale)
+    p_k8, _ = _tile_ptrs(K8, i_b, i_h, stride_k8b, stride_k8h, stride_k8n, 1, start, M, BLOCK_K, HEAD_DIM, BLOCK_D)
+    tl.store(p_k8, _round_int8(tl.math.div_rn(b_k, tl.zeros_like(b_k) + k_scale)), mask=m_tile)
+    p_v8, _ = _tile_ptrs(V8, i_b, i_h, stride_v8b, stride_v8h, 1, stride_v8d, start, M, BLOCK_K, HEAD_DIM, BLOCK_D)
+    tl.store(p_v8, _to_fp8(b_v * tl.math.div_rn(1.0, v_scale)), mask=m_tile)
+
+
+def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_k: int) -> Int8Inputs:
+    """The quantized K and V (:class:`Int8Inputs`) of k, v [B, H, M, D] (any strides, float dtypes) in two
+    launches. v8 is a [B, H, M, D] view of a [B, H, D, M'] buffer (M' = M rounded up to 16; its padding is never
+    written), so that the kernel reads V with tokens contiguous."""
+    b, h, m, d = k.shape
+    kb = triton.cdiv(m, block_k)
+    k8 = bf16._alloc(k, (b, h, m, d), torch.int8)
+    v8 = bf16._alloc(k, (b, h, d, triton.cdiv(m, 16) * 16), FP8_DTYPE)[..., :m].transpose(-1, -2)
+    k_scale = bf16._alloc(k, (b, h, kb), torch.float32)
+    v_scale = bf16._alloc(k, (b, h, kb), torch.float32)
+    k_mean = bf16._alloc(k, (b, h, d), torch.float32)
+    samples = min(m, SMOOTH_SAMPLES)
+    block_d = bf16.padded_pow2(d)
+    _int8_smooth_kernel[(b * h,)](k, k_mean, *k.stride(), h, m, samples, HEAD_DIM=d, BLOCK_D=block_d,
+                                  CHUNK=_SMOOTH_CHUNK, NUM_CHUNKS=triton.cdiv(samples, _SMOOTH_CHUNK), num_warps=4)
+    _int8_kv_kernel[(kb, b * h)](
+        k, v, k_mean, k8, v8, k_scale, v_scale, *k.stride(), *v.stride(), *k8.stride()[:3], v8.stride(0),
+        v8.stride(1), v8.stride(3), h, m, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_K=block_k,
+        num_warps=8 if block_k * d >= 128 * 128 else 4)
+    return Int8Inputs(k8, v8, k_scale, v_scale, k_mean)
+
+
+# --------------------------------------------------------------------------- attention
+
+@triton.jit
+def _int8_tile(b_acc, b_m, b_l, v_unit, b_q8, b_rs, v_scale, k_src, v_src, start_n, stride_kn, stride_vd, o_d, M,
+               i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
+               MASK_COLS: tl.constexpr, USE_TMA: tl.constexpr):
+    """SUB_N keys of a kept tile. The int32 logits become floats without a conversion instruction (those run at a
+    quarter of the FMA rate, as the exponential does): their bits added to those of 1.5 * 2^23 are the float
+    1.5 * 2^23 + logit, and subtracting 1.5 * 2^23 leaves the logit (both exact); b_rs (float32 [ROWS], q's row
+    scale times the tile's k scale, softmax scale and log2(e)) turns it into a base-2 logit inside the
+    exponential's FMA. b_m is the running max minus log2(P_SCALE), so exp2 gives P * P_SCALE, cast to fp8 as it is.
+    b_acc holds the output in units of v_unit, the scale of the last V block; a block of another scale folds the
+    ratio (a power of two: exact) into the running rescale. Returns b_acc, b_m, b_l and the new unit."""
+    b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA,
+                      i_b, i_h)
+    b_v = _load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, USE_TMA, i_b, i_h)
+    b_f = (tl.dot(b_q8, b_kt, out_dtype=tl.int32) + _ROUND_BITS).to(tl.float32, bitcast=True) - _ROUND
+    if MASK_COLS:
+        m_cols = (start_n + tl.arange(0, SUB_N) < M)[None, :]
+        b_f = tl.where(m_cols, b_f, -float("inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_f, 1) * b_rs - _LOG2_P_SCALE)
+    b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_m_new[:, None]))
+    if MASK_COLS:
+        b_p = tl.where(m_cols, b_p, 0.0)
+    b_alpha = tl.math.exp2(b_m - b_m_new)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_acc = b_acc * (b_alpha * (v_unit / v_scale))[:, None]
+    b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc)
+    return b_acc, b_m_new, b_l, v_scale
+
+
+@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3),
+                                                   (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),
+                                                   (64, 64, 4, 4)), _box_hook),
+                 key=["HEAD_DIM", "BLOCK_M", "BLOCK_N", "N", "M", "USE_TMA"],
+                 prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N"))
+@triton.jit
+def _bsa_int8_fwd_kernel(Q, K, V, KScale, VScale, KMean, Out, Lse, KvCount, KvIndex,
+                         stride_qb, stride_qh, stride_qn, stride_qd,
+                         stride_kb, stride_kh, stride_kn,
+                         stride_vb, stride_vh, stride_vd,
+                         stride_ob, stride_oh, stride_on, stride_od,
+                         stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
+                         H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr, USE_TMA: tl.constexpr):
+    """Forward over the kept tiles of ROWS query rows (inside one query block) of Q [B, H, N, D] (its own dtype
+    and strides), quantized to int8 per row here."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
+    q_block = (pid_m * ROWS) // BLOCK_M
+    o_m = pid_m * ROWS + tl.arange(0, ROWS)
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    m_tile = (o_m < N)[:, None] & m_d[None, :]
+
+    p_q = Q + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :] * stride_qd
+    b_q = tl.load(p_q, mask=m_tile, other=0.0).to(tl.float32)
+    q_amax = tl.max(_abs_or_zero(b_q), 1)
+    q_scale = _int8_scale(q_amax, _all_finite(b_q, 1))
+    b_q8 = _round_int8(b_q * tl.math.div_rn(tl.zeros_like(q_amax) + _INT8_MAX, q_amax)[:, None])
+    b_rs = q_scale * scale_log2
+    # Smoothing takes q . k_mean off every logit of a row (base 2 here): the log-sum-exp gets it back.
+    b_mean = tl.load(KMean + pid_bh * HEAD_DIM + o_d, mask=m_d, other=0.0)
+    b_shift = tl.sum(b_q * b_mean[None, :], 1) * scale_log2
+    p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
+    p_vscale = VScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
+    k_src = _rows_source(K, i_b, i_h, stride_kb, stride_kh, USE_TMA)
+    v_src = _rows_source(V, i_b, i_h, stride_vb, stride_vh, USE_TMA)
+
+    count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + q_block)
+    p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + q_block * stride_ir
+    num_full, ragged_tail, last_block = _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N)
+
+    SUBS: tl.constexpr = BLOCK_N // SUB_N
+    b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([ROWS], dtype=tl.float32)
+    b_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    v_unit = tl.full([], 1.0, dtype=tl.float32)
+    for it in range(0, num_full * SUBS):
+        kv_block = tl.load(p_index + it // SUBS)
+        b_acc, b_m, b_l, v_unit = _int8_tile(
+            b_acc, b_m, b_l, v_unit, b_q8, b_rs * tl.load(p_kscale + kv_block), tl.load(p_vscale + kv_block),
+            k_src, v_src, kv_block * BLOCK_N + (it % SUBS) * SUB_N, stride_kn, stride_vd, o_d, M, i_b, i_h,
+            HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA)
+    if ragged_tail:
+        b_tile_rs = b_rs * tl.load(p_kscale + last_block)
+        v_scale = tl.load(p_vscale + last_block)
+        for sub in range(0, SUBS):
+            start_n = last_block * BLOCK_N + sub * SUB_N
+            if start_n < M:
+                b_acc, b_m, b_l, v_unit = _int8_tile(b_acc, b_m, b_l, v_unit, b_q8, b_tile_rs, v_scale, k_src, v_src,
+                                                     start_n, stride_kn, stride_vd, o_d, M, i_b, i_h, HEAD_DIM,
+                                                     BLOCK_D, SUB_N, True, USE_TMA)
+
+    has_keys = b_l != 0.0  # NaN too (a non-finite input): the row gives NaN, as dense attention does
+    b_out = b_acc * (v_unit / tl.where(has_keys, b_l, 1.0))[:, None]
+    p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :] * stride_od
+    tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_tile)
+    b_lse = tl.where(has_keys, (b_m + tl.math.log2(tl.where(has_keys, b_l, 1.0)) + b_shift) * _LN2,
+                     float("-inf"))
+    tl.store(Lse + pid_bh.to(tl.int64) * N + o_m, b_lse, mask=o_m < N)
+
+
+def int8_forward(q: torch.Tensor, x: Int8Inputs, kv_count: torch.Tensor, kv_index: torch.Tensor, block_q: int,
+                 block_k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward of q [B, H, N, D] (any strides, float dtype) over quantized K and V ``x`` (from
+    :func:`quantize_kv`, or any :class:`Int8Inputs` whose k8 has unit head-dim stride and v8 unit token stride).
+    Returns out (q's dtype and layout, [B, H, N, D]) and lse float32 [B, H, N] (natural log)."""
+    if x.v8.stride(2) != 1 or x.k8.stride(-1) != 1:
+        raise ValueError("int8_forward needs k8 with unit head-dim stride and v8 with unit token stride (as made by "
+                         "quantize_kv)")
+    b, h, n, d = q.shape
+    m = x.k8.shape[2]
+    out = bf16._alloc(q)
+    lse = bf16._alloc(q, (b, h, n), torch.float32)
+    vt = x.v8.transpose(-1, -2)  # [B, H, D, M], tokens contiguous
+    use_tma = bf16._use_tma("fwd", x.k8, vt)
+    k_src, v_src = ((TensorDescriptor.from_tensor(x.k8, [1, 1, 16, d]), TensorDescriptor.from_tensor(vt, [1, 1, d, 16]))
+                    if use_tma else (x.k8, vt))
+    launch_tuned(
+        _bsa_int8_fwd_kernel, lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h), (n, m, q.dtype, q.device),
+        q, k_src, v_src, x.k_scale, x.v_scale, x.k_mean, out, lse, kv_count, kv_index,
+        *q.stride(), *x.k8.stride()[:3], *vt.stride()[:3], *out.stride(),
+        *bf16._table_strides(kv_count, kv_index, b, h),
+        h, n, m, triton.cdiv(n, block_q), x.k_scale.shape[2], scale * LOG2E,
+        HEAD_DIM=d, BLOCK_D=bf16.padded_pow2(d), BLOCK_M=block_q, BLOCK_N=block_k, USE_TMA=use_tma,
+    )
+    return out, lse
+
+
+def triton_int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
+                          kv_index: torch.Tensor, block_q: int, block_k: int,
+                          scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_kv` then :func:`int8_forward`. q: [B, H, N, D], k, v: [B, H, M, D]; returns out
+    [B, H, N, D] (q's dtype) and lse float32 [B, H, N]."""
+    return int8_forward(q, quantize_kv(k, v, block_k), kv_count, kv_index, block_q, block_k, scale)
