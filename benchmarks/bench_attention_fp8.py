@@ -70,7 +70,7 @@ def bench_mask(q, k, sparsity: float, block_q: int, block_k: int):
     prediction that gives it (None at 0)."""
     n, m = q.shape[2], k.shape[2]
     if sparsity == 0:
-        return sv.SparseMask.full(n, m, block_q, block_k), None
+        return sv.SparseMask.full(n, m, block_q, block_k, device=q.device), None
     options = dict(rule="topk", topk=1.0 - sparsity, block_q=block_q, block_k=block_k)
     return sv.predict_mask(q, k, **options)[0], (lambda: sv.predict_mask(q, k, **options)[0])
 

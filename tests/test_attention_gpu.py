@@ -199,7 +199,7 @@ def test_int8_full_mask_matches_dense_attention(nan_poisoned_outputs):
     """With every tile kept the int8 forward is dense attention within its budget (V and P in e4m3)."""
     b, h, n, d = 1, 2, 4133, 128
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    mask = sv.SparseMask.full(n, n, 128, 64)
+    mask = sv.SparseMask.full(n, n, 128, 64, device="cuda")
     with torch.no_grad():
         out = sv.block_sparse_attention(q, k, v, mask, precision="int8")
         dense = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())

@@ -253,7 +253,9 @@ def _fp8_tile(b_acc, b_m, b_l, b_q, b_q_lo, k_src, v_src, start_n, tile_scale, s
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
     b_acc = b_acc * b_alpha[:, None]
-    b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc)
+    # Hopper's fp8 MMA accumulates in reduced precision: promote each tile's product into the fp32 accumulator
+    # (max_num_imprecise_acc = the tile's keys) instead of letting the error grow over every kept tile.
+    b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc, max_num_imprecise_acc=SUB_N)
     return b_acc, b_m_new, b_l
 
 

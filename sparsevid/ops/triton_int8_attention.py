@@ -156,7 +156,9 @@ def _int8_tile(b_acc, b_m, b_l, v_unit, b_q8, b_rs, v_scale, k_src, v_src, start
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
     b_acc = b_acc * (b_alpha * (v_unit / v_scale))[:, None]
-    b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc)
+    # Hopper's fp8 MMA accumulates in reduced precision: promote each tile's product into the fp32 accumulator
+    # (max_num_imprecise_acc = the tile's keys) instead of letting the error grow over every kept tile.
+    b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc, max_num_imprecise_acc=SUB_N)
     return b_acc, b_m_new, b_l, v_scale
 
 
