@@ -34,7 +34,8 @@ def test_per_head_and_top_k_students_at_the_same_sparsity(tmp_path):
     assert per_head["achieved"] == pytest.approx(0.6875, abs=1e-4) and per_head["within_one_point"]  # of top-k
     calibration = Calibration.load(out / "heads_calibration.json")  # the library's file, with its heat map
     assert calibration.model == {"family": "wan", "class_name": "WanTransformer3DModel", "heads": [2]}
-    assert calibration.inputs["steps"] == 2 and (out / "heads_calibration.png").is_file()
+    assert calibration.inputs["steps"] == 2 and calibration.inputs["seconds"] > 0
+    assert (out / "heads_calibration.png").is_file()
     plan = sv.SparseConfig.from_dict(per_head["config"])
     assert plan == sv.SparseConfig.from_calibration(out / "heads_calibration.json", target_sparsity=0.6875)
     (layer,) = plan.layer_overrides.values()

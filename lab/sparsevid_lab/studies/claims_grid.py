@@ -307,7 +307,7 @@ def global_rules(grid: Grid, targets: list[float], caption: str, seed: int, step
 def per_head_rules(grid: Grid, rules: dict, targets: list[float], caption: str, seed: int, steps: int) -> dict:
     """{"per-head T%": entry} at ``targets``: the library's per-head calibration of the teacher
     (``calibrate_heads`` over its dense sampling of (caption, seed), the clip the global rules were calibrated on;
-    measured once into ``OUT/heads_calibration.json``, with its heat map), allocated for the mean sparsity that
+    measured once into ``OUT/heads_calibration.json`` with its seconds, and its heat map), allocated for the mean sparsity that
     global top-k reaches at the target on that clip (both arms remove the same share of attention) and loaded
     with ``SparseConfig.from_calibration``. Entry: config, target, "aimed" (top-k's sparsity), "achieved" (the
     allocation's mean sparsity on the clip), "within_one_point" (of the aim), "calibration" (the file)."""
@@ -321,8 +321,10 @@ def per_head_rules(grid: Grid, rules: dict, targets: list[float], caption: str, 
     if path.is_file():
         calibration = Calibration.load(path)
     else:
+        start = time.perf_counter()
         calibration = calibrate_builtin(grid.teacher(), [(caption, seed)], steps, grid.args.guidance, progress=False)
-        calibration.inputs["device"] = str(grid.device)
+        calibration.inputs.update(seconds=round(time.perf_counter() - start, 3), device=str(grid.device))
+        print(f"calibrate: per-head calibration of the teacher in {calibration.inputs['seconds']:.1f} s")
     found = {}
     for target in targets:
         aim = rules[rule_label("topk", target)]["achieved"]
