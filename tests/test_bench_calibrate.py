@@ -52,3 +52,24 @@ def test_no_input_starts_after_the_budget(tmp_path, monkeypatch):
 def test_bad_options_are_refused(option):
     with pytest.raises(SystemExit):
         parse_args(["--out", "unused", *option])
+
+
+def test_a_file_that_does_not_fit_the_model_is_recorded_as_not_loading(tmp_path):
+    import torch
+
+    from benchmarks.bench_calibrate import load_back
+    from benchmarks.bench_e2e import MODELS, build_transformer
+    from sparsevid.plan.calibration import Calibration, default_candidates
+
+    import sparsevid as sv
+
+    model = build_transformer({**MODELS["wan1.3b"]["config"], "num_layers": 1, "num_attention_heads": 2},
+                              torch.device("cpu"), torch.float32)
+    candidates = default_candidates()
+    table = [[[0.5] * len(candidates)] * 3]  # one layer of 3 heads: not this model's 2
+    other = Calibration({"family": "wan", "class_name": "WanTransformer3DModel", "heads": [3]},
+                        {"block_q": 128, "block_k": 64, "tile": "auto"}, candidates, table, table, table)
+    other.choose(target_sparsity=0.5)
+    found = load_back(model, other.save(tmp_path / "other.json"), {}, "auto", torch.device("cpu"))
+    assert not found["loads"] and "ValueError" in found["load_error"] and "head" in found["load_error"]
+    assert found["loaded_sparsity"] is None and not sv.is_sparse(model)
