@@ -74,10 +74,12 @@ def build_transformer(config: dict, device: torch.device, dtype: torch.dtype):
     return build_model("WanTransformer3DModel", {**COMMON, **config}, device, dtype)
 
 
-def make_inputs(grid, device, dtype, generator):
+def make_inputs(grid, device, dtype, generator, text_tokens: int = TEXT_TOKENS):
+    """Forward arguments of a Wan transformer: random latents [1, 16, T, 2H, 2W] of the token ``grid`` (T, H, W),
+    random umT5 text states [1, text_tokens, 4096], timestep 900."""
     frames, height, width = grid
     latents = torch.randn(1, 16, frames, 2 * height, 2 * width, generator=generator).to(device, dtype)
-    text = torch.randn(1, TEXT_TOKENS, 4096, generator=generator).to(device, dtype)
+    text = torch.randn(1, text_tokens, 4096, generator=generator).to(device, dtype)
     return {"hidden_states": latents, "timestep": torch.tensor([900.0], device=device),
             "encoder_hidden_states": text, "return_dict": False}
 

@@ -28,6 +28,9 @@
 #   per_head    GPU tests of per-head budgets (no sync, the scalar plan's kernels and no host-to-device copy after the
 #               first call, eager and inductor); benchmark predict_per_head (per-head vs scalar top-k 5% plans, Wan
 #               1.3B and 14B: predict and predict + forward, eager and compiled; target: at most +2% attention time)
+#   calibrate   benchmark calibrate_wan13b (per-head calibration of a random-weight Wan 1.3B at 480p, 32,760 tokens:
+#               6 dense forwards measured under the 23 default candidates, target 95%; seconds per phase, peak memory,
+#               file size, the file loaded back with SparseConfig.from_calibration; issue 35's target: <= 10 min)
 #   training    one call of the claims grid on the built-in model (sparsevid_lab.studies.claims_grid; repeat the part
 #               until OUT/claims/grid.md lists nothing missing: each call resumes where the last stopped);
 #               arguments after the part name go to the grid, e.g. `training --targets 0.95`
@@ -39,6 +42,10 @@
 #               noise levels drawn at time shift 5, the sampler's, instead of the pre-training shift 2: does
 #               distilling where the sampler steps lift them? (OUT/claims_shift5, calibrated as the slice grid; repeat
 #               like `training`; measured: lab/results/claims_shift5_h200/, +0.2 dB at 95%, none at 63%)
+#   calibrated_students  one call of lab/scripts/calibrated_students.sh (OUT/calibrated_students): students of the
+#               built-in model distilled with the per-head calibrated mask plan vs global top-k at the same sparsity
+#               (95%; arguments are the targets, e.g. `calibrated_students 0.95 0.63`); repeat the part until
+#               grid.md lists nothing missing (each call resumes where the last stopped)
 #   motion      why the built-in model misses the captioned motion: equal-budget training levers (warm restarts
 #               of the shipped model, 100 s each; at most five fit one call, e.g. `motion --levers one_object
 #               one_object_high_noise`), by dense faithfulness (the sampler part, measured, is
@@ -75,7 +82,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|fp8|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|training|training_full|training_shift|motion|\
+PARTS="kernels|fp8|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|calibrate|training|training_full|training_shift|calibrated_students|motion|\
 demo_student|tests|parallel|ddp|runtime|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
 families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
@@ -132,6 +139,9 @@ throughput14b_compiled)
 predict)
     bench predict 240
     ;;
+calibrated_students)
+    step calibrated_students 580 env OUT="$OUT" PYTHON="$PYTHON" bash lab/scripts/calibrated_students.sh "$@"
+    ;;
 motion)
     step motion_train 570 "$PYTHON" -m sparsevid_lab.studies.motion_study --out "$OUT/motion" --part train \
         --seconds 100 "$@"
@@ -143,6 +153,9 @@ per_head)
     SPARSEVID_AUTOTUNE=off step per_head_tests 240 "$PYTHON" -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
         --durations=0 tests/test_calibration_gpu.py
     bench predict_per_head 540
+    ;;
+calibrate)
+    bench calibrate_wan13b 580
     ;;
 training)
     step claims_grid 580 "$PYTHON" -m sparsevid_lab.studies.claims_grid --out "$OUT/claims" --budget-minutes 9 \

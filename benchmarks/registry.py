@@ -58,6 +58,10 @@ BENCHMARKS = {
     "predict_per_head": Benchmark(
         "benchmarks.bench_predict_per_head",
         "per-head vs scalar top-k 5% plans, Wan 1.3B and 14B: predict and predict + forward, eager and compiled"),
+    "calibrate_wan13b": Benchmark(
+        "benchmarks.bench_calibrate",
+        "per-head calibration of a random-weight Wan 1.3B at 480p (6 inputs, target 95%): seconds per phase, peak "
+        "memory, file size, the result loaded"),
     "predict_limits": Benchmark(
         "benchmarks.predict_limits",
         "what bounds mask prediction: kernel device times, pool vs a plain read, TF32 logits, the targets' budget"),

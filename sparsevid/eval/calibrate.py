@@ -92,6 +92,13 @@ class HeadMeter:
                      for name in ("sparsity", "error", "abs_error", "recall")}
         self.calls = [0] * len(self.heads)
 
+    def _layer_sums(self, layer: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """float64 [H, C] sums of ``layer`` on ``device`` (moved there once): the candidates add to them without a
+        host copy, so that a layer call's candidates run back to back on the device."""
+        for tables in self.sums.values():
+            tables[layer] = tables[layer].to(device)
+        return {name: tables[layer] for name, tables in self.sums.items()}
+
     @torch.no_grad()
     def add(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> None:
         """Measure one call q, k, v [B, H, N, D] of ``layer`` (in the token order the masks refer to)."""
@@ -104,9 +111,10 @@ class HeadMeter:
         reference = tiles.out.float()
         reference_l1 = reference.abs().sum(dim=(0, 2, 3)).double()  # [H]
         rows = _row_weights(q.shape[2], self.block_q, tiles.mass.device)
+        sums = self._layer_sums(layer, tiles.mass.device)
         for c, candidate in enumerate(self.candidates):
             if candidate.rule == "dense":  # every tile kept: the dense output
-                self.sums["recall"][layer][:, c] += 1.0
+                sums["recall"][:, c] += 1.0
                 continue
             topk, topp = candidate.budgets
             mask, _ = predict_mask(q, k, rule="hybrid", topk=topk, topp=topp, block_q=self.block_q,
@@ -115,10 +123,10 @@ class HeadMeter:
             l1 = (out - reference).abs().sum(dim=(0, 2, 3)).double()  # [H]
             error = l1 / reference_l1.clamp_min(1e-30)
             kept = (tiles.mass.double() * mask.keep.to(tiles.mass.device)).sum(dim=-1)  # [B, H, QB]
-            self.sums["error"][layer][:, c] += error.cpu()
-            self.sums["abs_error"][layer][:, c] += (l1 / (out.numel() // out.shape[1])).cpu()
-            self.sums["sparsity"][layer][:, c] += mask.sparsity_per_head.mean(dim=0).cpu()
-            self.sums["recall"][layer][:, c] += (kept * rows).sum(dim=-1).mean(dim=0).cpu()
+            sums["error"][:, c] += error
+            sums["abs_error"][:, c] += l1 / (out.numel() // out.shape[1])
+            sums["sparsity"][:, c] += mask.sparsity_per_head.mean(dim=0).to(sums["sparsity"].device)
+            sums["recall"][:, c] += (kept * rows).sum(dim=-1).mean(dim=0)
         self.calls[layer] += 1
 
     def means(self) -> dict[str, list]:
@@ -128,7 +136,7 @@ class HeadMeter:
         if missing:
             raise ValueError(f"no video self-attention call was measured in layers {missing} (the model must run "
                              f"diffusers' native attention backend, which calls scaled_dot_product_attention)")
-        return {name: [(table / n).tolist() for table, n in zip(tables, self.calls)]
+        return {name: [(table.cpu() / n).tolist() for table, n in zip(tables, self.calls)]
                 for name, tables in self.sums.items()}
 
 

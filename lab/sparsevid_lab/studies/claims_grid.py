@@ -6,11 +6,18 @@ with the diffusion loss on the same data (the data-mismatch control). Every stud
 (steps, batch, distinct clips) on a narrow slice of the procedural scenes (by default one background, single
 objects, two motions) and is judged, against the dense teacher, on captions that slice cannot produce.
 
+With ``--rules per-head topk --objectives distill`` the grid compares mask plans instead (issue 35): students
+distilled with the per-head calibrated plan (the library's ``calibrate_heads`` on the teacher, loaded with
+``SparseConfig.from_calibration``, allocated for the sparsity global top-k reaches) against students distilled
+with global top-k, same steps, data and evaluation; ``grid.md`` states whether the per-head student beats top-k at
+the same achieved sparsity (``lab/scripts/calibrated_students.sh``).
+
 The run is split into parts that each fit one GPU call (``--budget-minutes``) and resume from ``--out``:
 
 * ``plan``: the pending students and how they pack into calls, from the timing figures (no model needed);
 * ``calibrate``: rule parameters of top-k, top-p and hybrid reaching each ``--targets`` sparsity on the
-  teacher's attention (``OUT/calibration.json``, with the achieved sparsity of each; skipped once done);
+  teacher's attention (``OUT/calibration.json``, with the achieved sparsity of each; skipped once done), and the
+  per-head plans where ``--rules`` names them (``OUT/heads_calibration.json``, the library's file, and its heat map);
 * ``train``: the pending students in a fixed order, each trained, then evaluated at once (so a student's
   weights never need to survive the call), while at least ``MIN_TRAINING_SECONDS`` of training and one
   evaluation fit in the budget (estimates come from the measured seconds per step of earlier students,
@@ -46,9 +53,10 @@ from pathlib import Path
 
 import torch
 
-from .claims_report import RULES, entry_name, grid_markdown, plot_grid
+from .claims_report import GRID_RULES, PER_HEAD, RULES, entry_name, grid_markdown, plot_grid
 
 OBJECTIVES = ("distill", "diffusion")
+HEADS_CALIBRATION = "heads_calibration.json"  # the library's per-head calibration of the teacher (--rules per-head)
 DENSE_CONTROL = "dense diffusion"
 # Seconds per training step at batch 8 on the long clip (32 x 128 x 128) on one H200, used until this grid has
 # measured its own: dense training 0.52 s (measured); a distillation step adds a teacher forward (~1/3 of that)
@@ -249,35 +257,87 @@ def calibration_configs(grid: Grid) -> dict:
 
 
 def part_calibrate(grid: Grid) -> None:
-    """Rule parameters reaching every target sparsity on the teacher's attention (first held-out caption).
-    Targets calibrated by an earlier call keep their parameters, so students and training-free entries of one
-    target always share one calibration."""
-    from sparsevid.eval import calibrate_rules, mean_sparsity
-    from ..eval.recording import record_video_attention
-
+    """Rule parameters reaching every target sparsity on the teacher's attention (first held-out caption), and
+    with ``--rules per-head`` the per-head plans (:func:`per_head_rules`). Targets calibrated by an earlier call
+    keep their parameters, so students and training-free entries of one target always share one calibration."""
     a = grid.args
     done = (grid.read("calibration.json") or {}).get("rules", {})
     missing = [t for t in a.targets if any(rule_label(r, t) not in done for r in RULES)]
-    if not missing:
+    per_head = [t for t in a.targets if PER_HEAD in a.rules and rule_label(PER_HEAD, t) not in done]
+    if not missing and not per_head:
         print(f"calibrate: {grid.path('calibration.json')} already holds every target")
         return
     context = grid.context()
-    teacher = grid.teacher()
     caption, seed = context["jobs"][0]
-    calls = record_video_attention(teacher, caption, seed, context["steps"], a.guidance)
     rules = dict(done)
-    for label, config in calibrate_rules(calls, missing).items():
+    if missing:
+        rules.update(global_rules(grid, missing, caption, seed, context["steps"]))
+    if per_head:
+        rules.update(per_head_rules(grid, rules, per_head, caption, seed, context["steps"]))
+    path = grid.write({"caption": caption, "seed": seed, "steps": context["steps"], "rules": rules},
+                      "calibration.json")
+    print(f"calibrate: wrote {path}")
+
+
+def _report_calibrated(label: str, entry: dict) -> None:
+    aim = entry.get("aimed", entry["target"])
+    flag = "" if entry["within_one_point"] else f"  (NOT within 1 point of {aim:.4f})"
+    print(f"calibrate: {label:<14} achieved {entry['achieved']:.4f}{flag}")
+
+
+def global_rules(grid: Grid, targets: list[float], caption: str, seed: int, steps: int) -> dict:
+    """{label: entry} of top-k, top-p and hybrid at ``targets``, calibrated on the teacher's attention while it
+    samples (caption, seed)."""
+    from sparsevid.eval import calibrate_rules, mean_sparsity
+    from ..eval.recording import record_video_attention
+
+    calls = record_video_attention(grid.teacher(), caption, seed, steps, grid.args.guidance)
+    rules = {}
+    for label, config in calibrate_rules(calls, targets).items():
         target = float(label.split()[1].rstrip("%")) / 100
         rule = config.to_dict()
         achieved = mean_sparsity(calls, block_q=config.block_q, block_k=config.block_k,
                                  **{k: rule[k] for k in ("rule", "topk", "topp")})
         rules[label] = {"config": rule, "target": target, "achieved": round(achieved, 4),
                         "within_one_point": abs(achieved - target) <= 0.01}
-        flag = "" if rules[label]["within_one_point"] else "  (NOT within 1 point of the target)"
-        print(f"calibrate: {label:<12} achieved {achieved:.4f}{flag}")
-    path = grid.write({"caption": caption, "seed": seed, "steps": context["steps"], "rules": rules},
-                      "calibration.json")
-    print(f"calibrate: wrote {path}")
+        _report_calibrated(label, rules[label])
+    return rules
+
+
+def per_head_rules(grid: Grid, rules: dict, targets: list[float], caption: str, seed: int, steps: int) -> dict:
+    """{"per-head T%": entry} at ``targets``: the library's per-head calibration of the teacher
+    (``calibrate_heads`` over its dense sampling of (caption, seed), the clip the global rules were calibrated on;
+    measured once into ``OUT/heads_calibration.json`` with its seconds, and its heat map), allocated for the mean sparsity that
+    global top-k reaches at the target on that clip (both arms remove the same share of attention) and loaded
+    with ``SparseConfig.from_calibration``. Entry: config, target, "aimed" (top-k's sparsity), "achieved" (the
+    allocation's mean sparsity on the clip), "within_one_point" (of the aim), "calibration" (the file)."""
+    from sparsevid import SparseConfig
+    from sparsevid.eval.calibrate import plot_calibration
+    from sparsevid.plan.calibration import Calibration
+
+    from ..cli.calibrate import calibrate_builtin
+
+    path = grid.path(HEADS_CALIBRATION)
+    if path.is_file():
+        calibration = Calibration.load(path)
+    else:
+        start = time.perf_counter()
+        calibration = calibrate_builtin(grid.teacher(), [(caption, seed)], steps, grid.args.guidance, progress=False)
+        calibration.inputs.update(seconds=round(time.perf_counter() - start, 3), device=str(grid.device))
+        print(f"calibrate: per-head calibration of the teacher in {calibration.inputs['seconds']:.1f} s")
+    found = {}
+    for target in targets:
+        aim = rules[rule_label("topk", target)]["achieved"]
+        calibration.choose(target_sparsity=aim)
+        calibration.save(path)
+        achieved = calibration.summary()["mean_sparsity"]
+        label = rule_label(PER_HEAD, target)
+        found[label] = {"config": SparseConfig.from_calibration(path).to_dict(), "target": target, "aimed": aim,
+                        "achieved": round(achieved, 4), "within_one_point": abs(achieved - aim) <= 0.01,
+                        "calibration": HEADS_CALIBRATION}
+        _report_calibrated(label, found[label])
+    plot_calibration(calibration, path.with_suffix(".png"))
+    return found
 
 
 def _student_config(student: dict, configs: dict):
@@ -568,8 +628,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--targets", type=float, nargs="+", default=[0.63, 0.95],
                    help="target sparsities (default: the second-generation model's Wan-equivalent operating point, "
                         "where its oracle recall is 0.85, and 0.95)")
-    p.add_argument("--rules", nargs="+", choices=RULES, default=list(RULES),
-                   help="mask rules of the grid (the claims need all three; fewer for a quick run)")
+    p.add_argument("--rules", nargs="+", choices=GRID_RULES, default=list(RULES),
+                   help="mask rules of the grid (the claims need the three global ones; fewer for a quick run); "
+                        f"'{PER_HEAD}': the per-head calibrated plan (SparseConfig.from_calibration) at the sparsity "
+                        "global top-k reaches")
     p.add_argument("--objectives", nargs="+", choices=OBJECTIVES, default=list(OBJECTIVES),
                    help="training objectives of the students (claim 3 and the dense control need diffusion)")
     p.add_argument("--budget-minutes", type=float, default=8.5, help="wall-clock budget of this call")

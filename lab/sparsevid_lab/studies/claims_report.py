@@ -21,6 +21,10 @@ import sys
 from pathlib import Path
 
 RULES = ("hybrid", "topk", "topp")
+# The per-head calibrated mask plan (sparsevid.SparseConfig.from_calibration), beside the global rules.
+PER_HEAD = "per-head"
+GRID_RULES = RULES + (PER_HEAD,)
+SPARSITY_TOLERANCE = 0.01  # achieved sparsities closer than this are "the same budget"
 TARGET_FAITHFULNESS_GAP, TARGET_PSNR = 0.03, 24.0  # the distilled hybrid student at the highest sparsity
 
 
@@ -95,6 +99,28 @@ def claims(grid: dict) -> list[dict]:
             found.append({"claim": number, "text": text, "target": target, "verdict": verdict, "evidence": evidence})
     found.append(_control(grid))
     found.append(_target(grid, max(targets)))
+    return found + per_head_claims(grid)
+
+
+def per_head_claims(grid: dict) -> list[dict]:
+    """At each target where the grid has a distilled per-head student: does the per-head calibrated mask plan beat
+    the global top-k rule (distilled, same steps and data) at the same achieved sparsity (within
+    ``SPARSITY_TOLERANCE``)? A pair whose sparsities differ by more is "not comparable"."""
+    found = []
+    for target in grid["settings"]["targets"]:
+        mine, other = entry_name("distill", PER_HEAD, target), entry_name("distill", "topk", target)
+        if mine not in grid["students"]:
+            continue
+        text = "the per-head calibrated mask plan beats the global top-k rule at the same sparsity (distilled)"
+        verdict, evidence = _compare(grid["students"], [(mine, other)])
+        if verdict != "not measured":
+            gap = grid["students"][mine]["sparsity"] - grid["students"][other]["sparsity"]
+            matched = abs(gap) <= SPARSITY_TOLERANCE
+            evidence.append(f"achieved sparsity {grid['students'][mine]['sparsity']:.4f} against "
+                            f"{grid['students'][other]['sparsity']:.4f} ({gap:+.4f}; "
+                            f"{'within' if matched else 'NOT within'} {SPARSITY_TOLERANCE})")
+            verdict = verdict if matched else "not comparable"
+        found.append({"claim": PER_HEAD, "text": text, "target": target, "verdict": verdict, "evidence": evidence})
     return found
 
 
@@ -314,12 +340,14 @@ def plot_grid(grid: dict, path: str | Path) -> Path:
     from ..eval.plots import pyplot, save_figure
 
     entries, targets = _entries(grid), grid["settings"]["targets"]
+    rules = [r for r in GRID_RULES if r in RULES or any(entry_name(o, r, t) in entries for o in OBJECTIVE_COLOURS
+                                                        for t in targets)]
     fig, axes = pyplot().subplots(1, len(targets), figsize=(4.2 * len(targets), 3.6), dpi=120, sharey=True,
                                   squeeze=False)
     width = 0.8 / len(OBJECTIVE_COLOURS)
     for ax, target in zip(axes[0], targets):
         for i, (objective, colour) in enumerate(OBJECTIVE_COLOURS.items()):
-            found = [(x, entries.get(entry_name(objective, rule, target))) for x, rule in enumerate(RULES)]
+            found = [(x, entries.get(entry_name(objective, rule, target))) for x, rule in enumerate(rules)]
             found = [(x, entry["psnr"]) for x, entry in found if entry is not None]
             if found:
                 offset = (i - (len(OBJECTIVE_COLOURS) - 1) / 2) * width  # the objectives' bars centred on the rule
@@ -330,7 +358,7 @@ def plot_grid(grid: dict, path: str | Path) -> Path:
         if control is not None:
             ax.axhline(control["psnr"], color="tab:orange", ls="--", lw=1, label="dense, diffusion loss")
         ax.axhline(TARGET_PSNR, color="k", ls=":", lw=1, label=f"target {TARGET_PSNR:.0f} dB")
-        ax.set_xticks(range(len(RULES)), RULES)
+        ax.set_xticks(range(len(rules)), rules)
         ax.set_title(f"{target:.0%} sparsity")
         ax.grid(axis="y", alpha=0.3)
     top = max([TARGET_PSNR] + [e["psnr"] for e in entries.values() if e.get("psnr") is not None])
