@@ -109,7 +109,7 @@ def test_calibration_round_trips_through_the_file(calibration, tmp_path):
     loaded = Calibration.load(path)
     assert loaded.choice == calibration.choice and loaded.objective == {"target_sparsity": 0.5}
     assert loaded.candidates == calibration.candidates and loaded.model == calibration.model
-    for name in ("sparsity", "error", "abs_error", "recall"):  # stored to 6 decimals
+    for name in ("sparsity", "error", "abs_error", "output_error", "recall"):  # stored to 6 decimals
         assert torch.allclose(torch.tensor(getattr(loaded, name)), torch.tensor(getattr(calibration, name)),
                               atol=5e-7, rtol=0)
     config = sv.SparseConfig.from_calibration(path, backend="reference")
@@ -147,6 +147,57 @@ def test_absolute_errors_weigh_each_head_by_the_size_of_its_output(calibration, 
         calibration.allocate(target_sparsity=0.6, error="squared")
     calibration.choose(target_sparsity=0.5)
 
+
+def test_output_errors_are_each_heads_error_through_its_slice_of_the_output_projection():
+    """HeadMeter's output error of a head is ||(o_c - o)_h W_h^T|| / ||o W^T|| (W the layer's output projection
+    [C, H * D], W_h the columns of head h), computed here directly from the candidate's mask."""
+    from sparsevid.eval.calibrate import HeadMeter
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 320, 16, dtype=torch.float64) for _ in range(3))
+    weight = torch.randn(24, 32, dtype=torch.float64)
+    candidate = Candidate("topk", 0.35)
+    meter = HeadMeter([2], [Candidate("dense"), candidate], backend="reference", **BLOCKS)
+    meter.add(0, q, k, v, projection=weight)
+    measured = torch.tensor(meter.means()["output_error"][0])
+    topk, topp = candidate.budgets
+    mask, _ = sv.predict_mask(q, k, rule="hybrid", topk=topk, topp=topp, **BLOCKS)
+    diff = sv.block_sparse_attention(q, k, v, mask, backend="reference") - torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    dense = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2) @ weight.T
+    for head in range(2):
+        expected = (diff[:, head] @ weight[:, head * 16:(head + 1) * 16].T).norm() / dense.norm()
+        assert measured[head, 1] == pytest.approx(float(expected), rel=1e-9)
+    assert (measured[:, 0] == 0).all()
+    with pytest.raises(ValueError, match="projection must be a weight"):
+        meter.add(0, q, k, v, projection=weight[:, :16])
+
+
+def test_a_head_without_output_projection_weight_takes_the_sparsest_setting():
+    """A head whose slice of to_out is zero moves nothing: its output error is 0 for every candidate, so the
+    "output" allocation gives it the sparsest one; scaling another head's slice up 10x scales its error up against
+    its layer's other head and moves it to denser settings."""
+    model, inputs = _tiny_wan()
+    with torch.no_grad():
+        model.blocks[0].attn1.to_out[0].weight[:, :model.blocks[0].attn1.to_out[0].weight.shape[1] // 2] = 0
+    forwards = [lambda: model(**inputs)]
+    calibration = calibrate_heads(model, forwards, backend="reference", **BLOCKS)
+    output = torch.tensor(calibration.output_error)
+    assert (output[0, 0] == 0).all()
+    assert torch.equal(output[0, 1] > 0, torch.tensor(calibration.error)[0, 1] > 0)  # where the head's output moves
+    sparsest = int(torch.tensor(calibration.sparsity)[0, 0].argmax())
+    choice = calibration.allocate(target_sparsity=0.2, error="output")
+    assert choice[0][0] == sparsest and calibration.allocate(target_sparsity=0.2)[0][0] != sparsest
+    with torch.no_grad():
+        model.blocks[2].attn1.to_out[0].weight[:, 12:] *= 10  # head 1 of layer 2 moves its layer 10x more
+    louder = calibrate_heads(model, forwards, backend="reference", **BLOCKS)
+    # Layer 2's q, k, v are unchanged: head 1's error grows 10x against head 0's (one denominator for both).
+    moved = torch.tensor(calibration.error)[2, 0] > 0
+    before, after = output[2][:, moved], torch.tensor(louder.output_error)[2][:, moved]
+    assert torch.allclose(after[1] / after[0], 10 * before[1] / before[0], rtol=1e-6)
+    sparsity = torch.tensor(calibration.sparsity)[2, 1]
+    picked = [[float(sparsity[c.allocate(target_sparsity=s, error="output")[2][1]]) for s in (0.3, 0.5, 0.7)]
+              for c in (calibration, louder)]
+    assert all(a <= b for a, b in zip(picked[1], picked[0])) and picked[1] != picked[0]  # denser for head 1
 
 def test_the_loaded_configuration_achieves_the_chosen_sparsity(calibration):
     calibration.choose(target_sparsity=0.6)
@@ -337,6 +388,18 @@ def test_the_command_with_an_error_bound(saved_wan, tmp_path):
                  "--out", str(out)]) == 0
     summary = Calibration.load(out).summary()
     assert max(max(layer) for layer in summary["error"]) <= 0.2
+
+
+def test_the_command_allocates_on_the_errors_it_is_told(saved_wan, tmp_path, capsys):
+    base = ["calibrate", "--model", str(saved_wan / "transformer"), "--data", str(saved_wan / "latents"),
+            "--block-q", "64", "--block-k", "64", "--per-bin", "1", "--bins", "1", "--error", "output"]
+    out = tmp_path / "output.json"
+    assert main(base + ["--target-sparsity", "0.6", "--out", str(out)]) == 0
+    calibration = Calibration.load(out)
+    assert calibration.objective == {"target_sparsity": 0.6, "error": "output"}
+    assert calibration.choice == calibration.allocate(target_sparsity=0.6, error="output")
+    assert main(base + ["--max-error", "0.2", "--out", str(tmp_path / "bound.json")]) == 2
+    assert "error='output' needs target_sparsity" in capsys.readouterr().err
 
 
 def test_the_command_names_its_mistakes(saved_wan, tmp_path, capsys):

@@ -4,7 +4,9 @@ import json
 
 import pytest
 from sparsevid_lab.cli import build_parser
+from sparsevid_lab.cli.demo import load_model
 from sparsevid_lab.studies.per_head_calibration import main as study
+from sparsevid_lab.studies.per_head_calibration import parse_args, reused_calibration
 
 import sparsevid as sv
 from sparsevid.cli import main as run_command
@@ -33,8 +35,9 @@ def test_the_study_writes_its_results_on_a_tiny_model(tmp_path):
     assert "per-head 50%" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "calibration_50.png").is_file() and (tmp_path / "calibration.json").is_file()
     (target,) = results["targets"]
-    assert target["labels"] == ["per-head 50%", "per-head-abs 50%", "topk 50%", "topp 50%", "hybrid 50%"]
-    assert target["best_global"] in target["labels"][2:]
+    assert target["labels"] == ["per-head 50%", "per-head-abs 50%", "per-head-out 50%", "topk 50%", "topp 50%",
+                                "hybrid 50%"]
+    assert target["best_global"] in target["labels"][3:]
     for label in target["labels"]:
         row = results["configs"][label]
         # tiny clip: 256 tokens in 4 x 4 tiles of 64; every setting removes about half of them.
@@ -43,3 +46,9 @@ def test_the_study_writes_its_results_on_a_tiny_model(tmp_path):
         assert row["velocity_error"] > 0
     assert set(results["overhead"]) == {"eager"} and results["overhead"]["eager"]["scalar_attention_ms"] > 0
     assert results["calibration"]["seconds"] > 0
+    # The saved calibration is reused for the same clip and tiles, refused for others.
+    model = load_model(parse_args(["--out", str(tmp_path), "--tiny", "--device", "cpu"]))
+    calibration, jobs = reused_calibration(tmp_path / "calibration.json", model, {"block_q": 64, "block_k": 64})
+    assert jobs == [tuple(job) for job in results["calibration"]["jobs"]] and calibration.output_error is not None
+    with pytest.raises(ValueError, match="was measured at"):
+        reused_calibration(tmp_path / "calibration.json", model, {"block_q": 128, "block_k": 64})

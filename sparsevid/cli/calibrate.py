@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..plan.calibration import ERRORS
 from .args import CommandError, default_device, device_arg, number_arg, positive_int_arg
 
 CALIBRATION_FILE = "sparse_calibration.json"
@@ -36,6 +37,10 @@ def add_parser(subparsers) -> None:
     objective = p.add_mutually_exclusive_group(required=True)
     objective.add_argument("--target-sparsity", type=_target_arg, help="mean sparsity over layers and heads")
     objective.add_argument("--max-error", type=_error_arg, help="bound on each head's attention-output relative L1")
+    p.add_argument("--error", choices=ERRORS, default="relative",
+                   help="--target-sparsity: the head errors whose sum is minimised: relative (every head alike), "
+                        "absolute (weighed by the size of its output) or output (through its slice of the layer's "
+                        "output projection)")
     p.add_argument("--out", help=f"the calibration file (default: {CALIBRATION_FILE} in the --model folder)")
     p.add_argument("--plot", help="the heat map PNG (default: the --out path with .png)")
     p.add_argument("--block-q", type=int, choices=(64, 128), default=128, help="query tile size")
@@ -135,7 +140,7 @@ def run(args) -> int:
             transformer, forwards, description = _prompt_forwards(args, args.device, dtype)
         calibration = calibrate_heads(transformer, tqdm(forwards, desc="calibrate", unit="input"), block_q=args.block_q,
                                       block_k=args.block_k, tile=tile, inputs=description)
-        calibration.choose(args.target_sparsity, args.max_error)
+        calibration.choose(args.target_sparsity, args.max_error, args.error)
     except (FileNotFoundError, TypeError, ValueError) as error:
         raise CommandError(str(error)) from None
     calibration.inputs["seconds"] = round(time.perf_counter() - start, 3)

@@ -74,7 +74,9 @@ def calibrate_rules(calls, targets: Sequence[float], block_q: int = DEFAULT_BLOC
 class HeadMeter:
     """Sums, per self-attention layer, head and candidate setting, of the achieved sparsity, the relative L1 error of
     the head's attention output, its absolute error (mean |difference| per output element: a head whose output is
-    small moves the layer's little) and the exact attention mass kept, over the attention calls :meth:`add` sees.
+    small moves the layer's little), its output error (the L2 norm of the head's error pushed through its slice of
+    the layer's output projection, relative to that of the layer's whole dense output: what the head moves the
+    layer's output by) and the exact attention mass kept, over the attention calls :meth:`add` sees.
 
     heads: the heads of each layer; candidates: :class:`~sparsevid.plan.calibration.Candidate` s (each predicted
     with the hybrid rule and its budgets, as the calibrated configuration will); block_q, block_k: the tiles;
@@ -89,8 +91,9 @@ class HeadMeter:
         self.block_q, self.block_k, self.backend = block_q, block_k, backend
         self.predict_backend = PREDICT_BACKENDS[backend]
         self.sums = {name: [torch.zeros(h, len(self.candidates), dtype=torch.float64) for h in self.heads]
-                     for name in ("sparsity", "error", "abs_error", "recall")}
+                     for name in ("sparsity", "error", "abs_error", "output_error", "recall")}
         self.calls = [0] * len(self.heads)
+        self.unprojected: set[int] = set()  # layers measured without an output projection
 
     def _layer_sums(self, layer: int, device: torch.device) -> dict[str, torch.Tensor]:
         """float64 [H, C] sums of ``layer`` on ``device`` (moved there once): the candidates add to them without a
@@ -100,8 +103,10 @@ class HeadMeter:
         return {name: tables[layer] for name, tables in self.sums.items()}
 
     @torch.no_grad()
-    def add(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> None:
-        """Measure one call q, k, v [B, H, N, D] of ``layer`` (in the token order the masks refer to)."""
+    def add(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+            projection: torch.Tensor | None = None) -> None:
+        """Measure one call q, k, v [B, H, N, D] of ``layer`` (in the token order the masks refer to); ``projection``:
+        the layer's output projection weight [C, H * D] (None: the output error is not measured, NaN)."""
         from ..ops import block_sparse_attention, predict_mask
         from .oracle import ExactTiles
 
@@ -112,6 +117,10 @@ class HeadMeter:
         reference_l1 = reference.abs().sum(dim=(0, 2, 3)).double()  # [H]
         rows = _row_weights(q.shape[2], self.block_q, tiles.mass.device)
         sums = self._layer_sums(layer, tiles.mass.device)
+        gram = None if projection is None else _head_grams(projection, q.shape[1], v.shape[-1])
+        reference_l2 = None if gram is None else _projected_norm(reference, projection)
+        if gram is None:
+            self.unprojected.add(layer)
         for c, candidate in enumerate(self.candidates):
             if candidate.rule == "dense":  # every tile kept: the dense output
                 sums["recall"][:, c] += 1.0
@@ -125,19 +134,47 @@ class HeadMeter:
             kept = (tiles.mass.double() * mask.keep.to(tiles.mass.device)).sum(dim=-1)  # [B, H, QB]
             sums["error"][:, c] += error
             sums["abs_error"][:, c] += l1 / (out.numel() // out.shape[1])
+            if gram is not None:
+                projected = _projected_norms(out - reference, gram).sqrt() / reference_l2.clamp_min(1e-30)
+                sums["output_error"][:, c] += projected.to(sums["output_error"].device)
             sums["sparsity"][:, c] += mask.sparsity_per_head.mean(dim=0).to(sums["sparsity"].device)
             sums["recall"][:, c] += (kept * rows).sum(dim=-1).mean(dim=0)
         self.calls[layer] += 1
 
     def means(self) -> dict[str, list]:
-        """{"sparsity", "error", "abs_error", "recall": [layer][head][candidate] means over the calls}; ValueError naming
-        the layers no call was measured in."""
+        """{"sparsity", "error", "abs_error", "output_error", "recall": [layer][head][candidate] means over the calls;
+        "output_error" None where a call came without a projection}; ValueError naming the layers no call was
+        measured in."""
         missing = [layer for layer, n in enumerate(self.calls) if n == 0]
         if missing:
             raise ValueError(f"no video self-attention call was measured in layers {missing} (the model must run "
                              f"diffusers' native attention backend, which calls scaled_dot_product_attention)")
-        return {name: [(table.cpu() / n).tolist() for table, n in zip(tables, self.calls)]
-                for name, tables in self.sums.items()}
+        means = {name: [(table.cpu() / n).tolist() for table, n in zip(tables, self.calls)]
+                 for name, tables in self.sums.items()}
+        if self.unprojected:
+            means["output_error"] = None
+        return means
+
+
+def _head_grams(projection: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """float64 [H, D, D]: W_h^T W_h of each head's slice W_h [C, D] of an output projection weight [C, H * D]."""
+    if projection.dim() != 2 or projection.shape[1] != heads * head_dim:
+        raise ValueError(f"projection must be a weight [C, {heads * head_dim}] (heads x head dim), got "
+                         f"{tuple(projection.shape)}")
+    slices = projection.detach().double().view(projection.shape[0], heads, head_dim).transpose(0, 1)  # [H, C, D]
+    return slices.transpose(1, 2) @ slices
+
+
+def _projected_norms(x: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """float64 [H]: ||x_h W_h^T||^2 of each head's part x_h of x [B, H, N, D] (summed over batch and tokens)."""
+    x = x.double()
+    return (torch.einsum("bhnd,hde->bhne", x, gram) * x).sum(dim=(0, 2, 3))
+
+
+def _projected_norm(x: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
+    """float64 []: ||x W^T|| of the heads' outputs x [B, H, N, D] concatenated, for a weight W [C, H * D]."""
+    flat = x.double().transpose(1, 2).flatten(2)  # [B, N, H * D]
+    return ((flat @ (projection.detach().double().T @ projection.detach().double())) * flat).sum().sqrt()
 
 
 def _row_weights(q_len: int, block_q: int, device) -> torch.Tensor:
@@ -156,6 +193,7 @@ class _Recorder:
         self.layer: int | None = None
         self.grid = None
         self.hooks = [transformer.register_forward_pre_hook(self._begin_forward, with_kwargs=True)]
+        self.projections = [_output_projection(adapter, attention) for attention in adapter.self_attentions(transformer)]
         for index, attention in enumerate(adapter.self_attentions(transformer)):
             self.hooks.append(attention.register_forward_pre_hook(lambda *_, index=index: self._enter(index)))
             self.hooks.append(attention.register_forward_hook(lambda *_: self._enter(None)))
@@ -187,8 +225,18 @@ class _Recorder:
 
             perm = tile_order(self.grid, self.tile, query.device).perm
             tensors = tuple(t.index_select(2, perm) for t in tensors)
-        self.meter.add(self.layer, *tensors, scale=scale)
+        self.meter.add(self.layer, *tensors, scale=scale, projection=self.projections[self.layer])
         return out
+
+
+def _output_projection(adapter, attention: torch.nn.Module) -> torch.Tensor | None:
+    """The weight [C, H * D] of an attention module's output projection (the last of the adapter's ``projections``,
+    e.g. ``to_out.0``), None where it has no such linear layer."""
+    try:
+        module = attention.get_submodule(adapter.projections[-1])
+    except AttributeError:
+        return None
+    return module.weight if isinstance(module, torch.nn.Linear) else None
 
 
 def calibrate_heads(transformer: torch.nn.Module, forwards: Iterable[Callable[[], object]], candidates=None,

@@ -6,7 +6,8 @@ error of that head's attention output ``error[l][h][c]`` and the mean exact atte
 ``recall[l][h][c]``. A head's output depends on its own mask only, so the heads' choices are independent and
 the allocation is exact on the measured calls:
 
-* ``target_sparsity`` S: minimise the summed error subject to a mean sparsity (over layers and heads) of at
+* ``target_sparsity`` S: minimise the summed error (relative; or absolute; or ``output_error``, each head's error
+  through its slice of the layer's output projection) subject to a mean sparsity (over layers and heads) of at
   least S: a Lagrangian allocation (each head takes ``argmin_c error - lambda * sparsity``, ``lambda`` the
   smallest reaching S, by bisection), then the heads that the last step of ``lambda`` moved go back one by one
   while the mean stays at or above S;
@@ -33,7 +34,9 @@ import torch
 from .config import SparseConfig
 
 FORMAT, VERSION = "sparsevid-calibration", 1
-ERRORS = ("relative", "absolute")  # what a target sparsity's allocation minimises
+# What a target sparsity's allocation minimises: the name of each kind of head error and its table.
+ERROR_TABLES = {"relative": "error", "absolute": "abs_error", "output": "output_error"}
+ERRORS = tuple(ERROR_TABLES)
 OFF = 1e-6
 CANDIDATE_RULES = ("dense", "topk", "topp")
 DEFAULT_TOPK = (0.5, 0.35, 0.25, 0.18, 0.12, 0.08, 0.05, 0.035, 0.025, 0.015)
@@ -150,8 +153,10 @@ class Calibration:
     {"block_q", "block_k", "tile"} the masks were measured in; candidates: the settings tried; sparsity, error,
     recall: [layer][head][candidate] means over the measured calls; choice: [layer][head] candidate indices;
     objective: {"target_sparsity": S} or {"max_error": E} (and {"error": "absolute"} when allocated on
-    ``abs_error``); inputs: what was measured (free-form, JSON); abs_error: the heads' absolute output errors (mean
-    |difference| per element), like ``error`` (None in files that predate it).
+    ``abs_error``, {"error": "output"} on ``output_error``); inputs: what was measured (free-form, JSON); abs_error:
+    the heads' absolute output errors (mean |difference| per element), like ``error``; output_error: each head's
+    error through its slice of the layer's output projection, relative to the layer's dense projected output (L2),
+    like ``error`` (each None in files that predate it).
     """
 
     model: dict[str, Any]
@@ -164,10 +169,12 @@ class Calibration:
     choice: list | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
     abs_error: list | None = None
+    output_error: list | None = None
 
     def __post_init__(self) -> None:
         heads = self.model.get("heads")
-        for name in ("sparsity", "error", "recall") + (() if self.abs_error is None else ("abs_error",)):
+        optional = tuple(name for name in ("abs_error", "output_error") if getattr(self, name) is not None)
+        for name in ("sparsity", "error", "recall") + optional:
             table = getattr(self, name)
             if (not isinstance(table, list) or len(table) != len(heads)
                     or any(len(layer) != h or any(len(row) != len(self.candidates) for row in layer)
@@ -183,15 +190,15 @@ class Calibration:
                  error: str = "relative") -> list[list[int]]:
         """[layer][head] candidate indices for one objective (exactly one of the two; see the module docstring).
         ``error``: what a target sparsity's allocation minimises, the heads' summed "relative" output errors (every
-        head alike) or "absolute" ones (a head weighs by the size of its output); ``max_error`` bounds the relative
-        error."""
+        head alike), "absolute" ones (a head weighs by the size of its output) or "output" ones (a head weighs by
+        what it moves its layer's output through the output projection); ``max_error`` bounds the relative error."""
         _check_objective(target_sparsity, max_error)
         if error not in ERRORS:
             raise ValueError(f"error must be one of {ERRORS}, got {error!r}")
-        if error == "absolute" and (self.abs_error is None or max_error is not None):
-            raise ValueError("error='absolute' needs target_sparsity and a calibration that measured absolute "
-                             "errors (calibrate again with this version)")
-        table = _table(self.abs_error if error == "absolute" else self.error, "error")
+        if error != "relative" and (getattr(self, ERROR_TABLES[error]) is None or max_error is not None):
+            raise ValueError(f"error={error!r} needs target_sparsity and a calibration that measured {error} errors "
+                             "(calibrate again with this version)")
+        table = _table(getattr(self, ERROR_TABLES[error]), "error")
         sparsity = _table(self.sparsity, "sparsity")
         choice = (allocate_sparsity(table, sparsity, target_sparsity) if max_error is None
                   else allocate_error(table, sparsity, max_error))
@@ -260,7 +267,8 @@ class Calibration:
                 "objective": self.objective, "choice": self.choice,
                 "candidates": [{"rule": c.rule, "value": c.value} for c in self.candidates],
                 "sparsity": rounded(self.sparsity), "error": rounded(self.error), "recall": rounded(self.recall),
-                **({} if self.abs_error is None else {"abs_error": rounded(self.abs_error)}), "inputs": self.inputs}
+                **{name: rounded(getattr(self, name)) for name in ("abs_error", "output_error")
+                   if getattr(self, name) is not None}, "inputs": self.inputs}
 
     def save(self, path: str | Path) -> Path:
         """Write the calibration as JSON to ``path`` (folders created): one line per field, tables compact."""
@@ -284,7 +292,8 @@ class Calibration:
             raise ValueError(f"calibration 'model' must name the family and the heads per layer, got {model!r}")
         candidates = tuple(Candidate(c["rule"], c["value"]) for c in data["candidates"])
         return cls(model, data["settings"], candidates, data["sparsity"], data["error"], data["recall"],
-                   data.get("objective") or {}, data.get("choice"), data.get("inputs") or {}, data.get("abs_error"))
+                   data.get("objective") or {}, data.get("choice"), data.get("inputs") or {}, data.get("abs_error"),
+                   data.get("output_error"))
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:

@@ -507,7 +507,8 @@ class SparseConfig:
         """The per-layer, per-head configuration of a calibration file written by ``sparsevid calibrate``
         (:class:`~sparsevid.plan.calibration.Calibration`): the settings chosen there, or chosen afresh from its
         measurements for ``target_sparsity`` (mean over layers and heads; ``error`` "absolute" weighs each head by
-        the size of its output instead of its relative error) or ``max_error`` (per head). ``fields``:
+        the size of its output instead of its relative error, "output" by what it moves its layer's output through
+        the output projection) or ``max_error`` (per head). ``fields``:
         further SparseConfig fields (e.g. ``backend``, ``dense_steps``). Applying it to another model than the
         calibrated one raises ValueError."""
         from .calibration import Calibration

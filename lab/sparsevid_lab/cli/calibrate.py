@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sparsevid.cli.args import CommandError, default_device, device_arg, positive_int_arg
+from sparsevid.plan.calibration import ERRORS
 
 from .args import clip_arg, model_dir_arg
 
@@ -38,6 +39,10 @@ def add_parser(subparsers) -> None:
     objective = p.add_mutually_exclusive_group(required=True)
     objective.add_argument("--target-sparsity", type=float, help="mean sparsity over layers and heads, in (0, 1)")
     objective.add_argument("--max-error", type=float, help="bound on each head's attention-output relative L1")
+    p.add_argument("--error", choices=ERRORS, default="relative",
+                   help="--target-sparsity: the head errors whose sum is minimised: relative (every head alike), "
+                        "absolute (weighed by the size of its output) or output (through its slice of the layer's "
+                        "output projection)")
     p.add_argument("--captions", type=positive_int_arg, default=2, help="how many of the fixed captions to sample")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="noise seeds: one clip per caption and seed")
     p.add_argument("--steps", type=positive_int_arg, default=None, help="sampler steps (default: the model's)")
@@ -64,7 +69,7 @@ def run(args) -> int:
     try:
         calibration = calibrate_builtin(model, jobs, args.steps, args.guidance, block_q=args.block_q,
                                         block_k=args.block_k)
-        calibration.choose(args.target_sparsity, args.max_error)
+        calibration.choose(args.target_sparsity, args.max_error, args.error)
     except ValueError as error:
         raise CommandError(str(error)) from None
     out = calibration.save(Path(args.out))

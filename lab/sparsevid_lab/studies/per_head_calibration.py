@@ -2,11 +2,15 @@
 
 1. Calibrate once (``calibrate_builtin``: the library's ``calibrate_heads`` over the dense sampling of
    ``--calib-captions`` captions, every step, every layer and head), timed.
+   ``--calibration FILE`` reuses a calibration file of the same model and clip instead (e.g. this study's own).
 2. For each target in ``--sparsities`` (default 63%, 90%, 95%): the per-head configurations chosen for it
-   (``Calibration.config(target_sparsity=...)``, minimising the heads' relative output errors, and with
-   ``error="absolute"`` their absolute ones: "per-head-abs"), and the three global rules (top-k, top-p, hybrid) calibrated
-   by ``sparsevid.eval.calibrate_rules`` to the mean sparsity the per-head choice reaches on the calibration
-   clips, so that every setting of one target removes the same share of attention.
+   (``Calibration.config(target_sparsity=..., error=...)`` for each kind of head error in ``--errors``: "per-head"
+   minimises the heads' relative output errors, "per-head-abs" their absolute ones, "per-head-out" their errors
+   through the output projection), and the three global rules (top-k, top-p, hybrid) calibrated by
+   ``sparsevid.eval.calibrate_rules`` to the mean sparsity the relative per-head choice reaches on the calibration
+   clips, so that every setting of one target removes the same share of attention. Top-k keeps a whole number of
+   key blocks per row (rounded up): compare at targets it reaches exactly (e.g. 0.9375 and 0.953125 for the 64 key
+   blocks of the CPU clip).
 3. Every setting samples the evaluation captions x seeds (``run_harness``): achieved mean sparsity, PSNR and SSIM
    against the dense clips, predicted and oracle recall (``OracleStudy``: the exact mass the masks keep and the
    mass of the heaviest tiles at the same per-row counts) on the first clip's dense attention; the velocity error
@@ -38,6 +42,7 @@ from benchmarks.timing import median_ms
 from sparsevid.eval import OracleStudy, calibrate_rules, velocity_error
 from sparsevid.eval.calibrate import plot_calibration
 from sparsevid.plan import LayerRuntime
+from sparsevid.plan.calibration import Calibration
 
 from ..cli.calibrate import calibrate_builtin
 from ..eval.harness import DEFAULT_CAPTIONS, run_harness, video_token_grid
@@ -45,6 +50,7 @@ from ..eval.heldout import heldout_set, predict_velocities
 from ..eval.recording import record_video_attention
 
 RULES = ("topk", "topp", "hybrid")
+PER_HEAD = {"relative": "per-head", "absolute": "per-head-abs", "output": "per-head-out"}  # label of each error
 OVERHEAD_TOPK = 0.1  # the overhead's setting: top-k 10% in every head (per-head: the same value in each)
 OFF = 1e-6
 
@@ -53,18 +59,29 @@ def _label(kind: str, target: float) -> str:
     return f"{kind} {target:.0%}"
 
 
-def settings_for(calibration, calls, target: float, blocks: dict) -> tuple[dict, float]:
+def settings_for(calibration, calls, target: float, blocks: dict, errors=tuple(PER_HEAD)) -> tuple[dict, float]:
     """({label: SparseConfig}, the per-head choice's mean sparsity on the calibration clips) at ``target``: the
-    per-head configurations (allocated on relative and on absolute output errors) and the global rules calibrated
-    to the relative one's mean sparsity."""
+    per-head configurations allocated on each kind of head error in ``errors`` and the global rules calibrated to
+    the relative one's mean sparsity."""
     reached = calibration.summary(calibration.allocate(target_sparsity=target))["mean_sparsity"]
     rules = calibrate_rules(calls, [min(reached, 0.999)], **blocks)
-    configs = {_label("per-head", target): calibration.config(target_sparsity=target),
-               _label("per-head-abs", target): calibration.config(target_sparsity=target, error="absolute")}
+    configs = {_label(PER_HEAD[error], target): calibration.config(target_sparsity=target, error=error)
+               for error in errors}
     for rule in RULES:
         (config,) = [c for label, c in rules.items() if label.startswith(rule + " ")]
         configs[_label(rule, target)] = config
     return configs, reached
+
+
+def reused_calibration(path: Path, model, blocks: dict) -> tuple[Calibration, list[tuple[str, int]]]:
+    """A calibration file of the built-in model at its current clip and tiles, and its (caption, seed) jobs;
+    ValueError naming what differs."""
+    calibration = Calibration.load(path)
+    measured = {"clip": calibration.inputs.get("clip"), **{k: calibration.settings.get(k) for k in blocks}}
+    wanted = {"clip": list(model.clip_shape[1:]), **blocks}
+    if measured != wanted:
+        raise ValueError(f"--calibration {path} was measured at {measured}, this run uses {wanted}")
+    return calibration, [tuple(job) for job in calibration.inputs["jobs"]]
 
 
 def _timed(fn, device: torch.device) -> float:
@@ -109,8 +126,9 @@ def head_overhead(calls, heads: int, device: torch.device, block_q: int, block_k
 def table(results: dict) -> str:
     lines = [f"# Per-head calibration vs global rules ({results['gpu']}, commit {results['commit']})", "",
              (f"Clip {results['clip']} ({results['tokens']} tokens), {results['settings']['steps']} steps; "
-              f"calibration {results['calibration']['seconds']:.1f} s on {len(results['calibration']['jobs'])} "
-              "clips."), "",
+              + ("calibration reused from a file" if results['calibration']['seconds'] is None
+               else f"calibration {results['calibration']['seconds']:.1f} s")
+              + f" on {len(results['calibration']['jobs'])} clips."), "",
              "| target | setting | sparsity | PSNR dB | SSIM | velocity error | recall | oracle recall |",
              "|---|---|---|---|---|---|---|---|"]
     for target in results["targets"]:
@@ -134,6 +152,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--sparsities", type=float, nargs="+", default=[0.63, 0.9, 0.95])
     parser.add_argument("--calib-captions", type=int, default=2, help="captions sampled for the calibration (seed 0)")
+    parser.add_argument("--calibration", type=Path, default=None,
+                        help="a calibration file of this model and clip to reuse (default: calibrate)")
+    parser.add_argument("--errors", nargs="+", choices=tuple(PER_HEAD), default=list(PER_HEAD),
+                        help="head errors to allocate per-head settings on")
     parser.add_argument("--captions", type=int, default=4, help="evaluation captions (after the calibration ones)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="evaluation seeds")
     parser.add_argument("--steps", type=int, default=None, help="sampler steps (default: the model's)")
@@ -173,10 +195,13 @@ def main(argv=None) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    calibration = calibrate_builtin(model, calib_jobs, steps, args.guidance, **blocks)
+    if args.calibration is None:
+        calibration = calibrate_builtin(model, calib_jobs, steps, args.guidance, **blocks)
+    else:
+        calibration, calib_jobs = reused_calibration(args.calibration, model, blocks)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    calibration_seconds = time.perf_counter() - start
+    calibration_seconds = time.perf_counter() - start if args.calibration is None else None
     calls = record_video_attention(model, calib_jobs[0][0], calib_jobs[0][1], steps, args.guidance)
 
     heads = calibration.model["heads"][0]
@@ -186,7 +211,7 @@ def main(argv=None) -> dict:
     configs, targets = {}, []
     args.out.mkdir(parents=True, exist_ok=True)
     for target in args.sparsities:
-        chosen, reached = settings_for(calibration, calls, target, blocks)
+        chosen, reached = settings_for(calibration, calls, target, blocks, args.errors)
         configs.update(chosen)
         targets.append({"target": target, "calibrated_sparsity": reached, "labels": list(chosen)})
         calibration.choose(target_sparsity=target)
