@@ -92,9 +92,11 @@ def test_inductor_compiled_triton_model_matches_eager_on_cuda(name, mode):
     model, inputs = build(name)
     model = model.to("cuda", torch.float16)
 
-    def to_cuda(value):
-        if isinstance(value, tuple):
-            return tuple(map(to_cuda, value))
+    def to_cuda(value):  # tensors to the GPU (floating ones in fp16); sizes, flags and lists of tensors as they are
+        if isinstance(value, (tuple, list)):
+            return type(value)(map(to_cuda, value))
+        if not isinstance(value, torch.Tensor):
+            return value
         return value.to("cuda", torch.float16) if value.is_floating_point() else value.to("cuda")
 
     inputs = {k: to_cuda(v) for k, v in inputs.items()}
