@@ -92,6 +92,22 @@ FP8_CASES = [
 ]
 
 
+def quantized_case(case, inputs: str):
+    """(mask, q, k, v) of a quantized-kernel test case: a random block mask of the case's sparsity with its second
+    row of blocks empty, and bf16 q, k, v on CUDA [B, H, N|M, D] (Gaussian, video-like or with outlier channels)."""
+    from benchmarks.bench_attention_fp8 import video_like_inputs
+
+    b, h, n, m, d, block_q, block_k, sparsity = case
+    mask = sv.random_block_mask(b, h, n, m, sparsity, block_q, block_k, device="cuda")
+    keep = mask.keep.expand(b, h, -1, -1).clone()
+    if keep.shape[2] > 2:
+        keep[:, :, 1] = False  # an empty row of blocks
+    mask = sv.SparseMask.from_dense(keep, n, m, block_q, block_k)
+    if inputs == "gaussian":
+        return (mask, *(torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16) for t in (n, m, m)))
+    return (mask, *video_like_inputs(b, h, n, m, d, outlier=inputs == "outlier"))
+
+
 @pytest.mark.parametrize("inputs", ["gaussian", "video-like", "outlier"])
 @pytest.mark.parametrize("case", FP8_CASES)
 def test_fp8_kernel_against_emulation(case, inputs, nan_poisoned_outputs):
@@ -102,19 +118,10 @@ def test_fp8_kernel_against_emulation(case, inputs, nan_poisoned_outputs):
     lse -inf. (The issue's accuracy targets against the bf16 kernel are reported by the attention_fp8
     benchmark: on the CPU emulation, with Q in two fp8 terms, cosine 0.9998-0.9999 and relative L1 0.014-0.018 on
     video-like inputs, 0.9989-0.9990 and 0.043-0.046 on Gaussian noise.)"""
-    from benchmarks.bench_attention_fp8 import video_like_inputs
     from sparsevid.ops import fp8_reference, triton_fp8_attention
 
     b, h, n, m, d, block_q, block_k, sparsity = case
-    mask = sv.random_block_mask(b, h, n, m, sparsity, block_q, block_k, device="cuda")
-    keep = mask.keep.expand(b, h, -1, -1).clone()
-    if keep.shape[2] > 2:
-        keep[:, :, 1] = False  # an empty row of blocks
-    mask = sv.SparseMask.from_dense(keep, n, m, block_q, block_k)
-    if inputs == "gaussian":
-        q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16) for t in (n, m, m))
-    else:
-        q, k, v = video_like_inputs(b, h, n, m, d, outlier=inputs == "outlier")
+    mask, q, k, v = quantized_case(case, inputs)
     scale = d ** -0.5
     with torch.no_grad():
         x = triton_fp8_attention.quantize(q, k, v, block_q, block_k)
@@ -161,19 +168,10 @@ def test_int8_kernel_against_emulation_and_float64(case, inputs, nan_poisoned_ou
     1.25x of the emulation's error vs float64 (the kernel rounds P against a running max, the emulation against
     the final one), and that error within the budget of two e4m3 operands (V and P): 2 eps, eps = V's own e4m3
     rounding error (about 0.026); rows with no kept tile give zeros and lse -inf; every element is written."""
-    from benchmarks.bench_attention_fp8 import video_like_inputs
     from sparsevid.ops import fp8_reference, int8, int8_reference, triton_int8_attention
 
     b, h, n, m, d, block_q, block_k, sparsity = case
-    mask = sv.random_block_mask(b, h, n, m, sparsity, block_q, block_k, device="cuda")
-    keep = mask.keep.expand(b, h, -1, -1).clone()
-    if keep.shape[2] > 2:
-        keep[:, :, 1] = False  # an empty row of blocks
-    mask = sv.SparseMask.from_dense(keep, n, m, block_q, block_k)
-    if inputs == "gaussian":
-        q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16) for t in (n, m, m))
-    else:
-        q, k, v = video_like_inputs(b, h, n, m, d, outlier=inputs == "outlier")
+    mask, q, k, v = quantized_case(case, inputs)
     scale = d ** -0.5
     with torch.no_grad():
         x = triton_int8_attention.quantize_kv(k, v, block_k)
