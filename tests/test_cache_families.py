@@ -125,6 +125,40 @@ def ltx_expected(pipe, pixels, caption):
     return latents, {"text": text[0], "text_mask": mask[0]}
 
 
+def tiny_mochi():
+    """MochiPipeline: a 1-layer T5 of width 16, a Mochi VAE of 32 channels per block (its own 6x temporal and 8x
+    spatial compression, which the pipeline assumes) with non-trivial latent statistics and scaling factor, a
+    2-layer transformer."""
+    import diffusers
+    import transformers
+
+    torch.manual_seed(0)
+    tokenizer = word_tokenizer(WORDS)
+    text_encoder = transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+        relative_attention_num_buckets=8))
+    vae = diffusers.AutoencoderKLMochi(
+        encoder_block_out_channels=(32, 32, 32, 32), decoder_block_out_channels=(32, 32, 32, 32),
+        layers_per_block=(1, 1, 1, 1, 1), add_attention_block=(False,) * 5,
+        latents_mean=tuple(torch.linspace(-0.5, 0.5, 12).tolist()), latents_std=tuple(torch.linspace(0.5, 2.0, 12).tolist()),
+        scaling_factor=0.7)
+    transformer = diffusers.MochiTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=8, num_layers=2, pooled_projection_dim=16, text_embed_dim=16,
+        time_embed_dim=4, max_sequence_length=256)
+    return diffusers.MochiPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae,
+                                   text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
+
+
+def mochi_expected(pipe, pixels, caption):
+    """MochiPipeline's encoding: (z - latents_mean) * scaling_factor / latents_std; T5's states and mask."""
+    vae = pipe.vae
+    z = vae.encode(pixels).latent_dist.mode()
+    mean, std = (torch.tensor(values).view(1, -1, 1, 1, 1) for values in (vae.config.latents_mean,
+                                                                            vae.config.latents_std))
+    text, mask, _, _ = pipe.encode_prompt(caption, do_classifier_free_guidance=False, max_sequence_length=256)
+    return (z - mean) * vae.config.scaling_factor / std, {"text": text[0], "text_mask": mask[0]}
+
+
 def ltx_clip_inputs(fps, guidance):
     """LTXPipeline's RoPE scale: (VAE temporal factor / frame rate (default 25), spatial factor, spatial factor)."""
     return {"extra.rope_interpolation_scale": torch.tensor([4 / (25 if fps is None else fps), 4, 4],
@@ -143,19 +177,22 @@ def hunyuan_video_clip_inputs(fps, guidance):
 class Case(NamedTuple):
     """A tiny pipeline, the family that caches it, its own encoding of a clip and its caption (e.g.
     :func:`hunyuan_video_expected`), its inputs fixed by a clip's frame rate and guidance scale (None: the
-    pipeline's default), a clip size (height, width) giving 288 or more video tokens at 9 frames."""
+    pipeline's default), a clip size (height, width) giving 288 or more video tokens at 2 x temporal + 1 frames, the
+    VAE's temporal compression (clips have k x temporal + 1 frames)."""
 
     build: Callable
     family: str
     expected: Callable
     clip_inputs: Callable
     size: tuple[int, int]
+    temporal: int = 4
 
 
 CASES = {"hunyuan_video": Case(tiny_hunyuan_video, "hunyuan_video", hunyuan_video_expected, hunyuan_video_clip_inputs,
                                (64, 96)),
          "wan22_ti2v": Case(tiny_wan22_ti2v, "wan", wan_expected, no_clip_inputs, (256, 384)),
-         "ltx": Case(tiny_ltx, "ltx", ltx_expected, ltx_clip_inputs, (32, 64))}  # 384: LTXPipeline takes 32k
+         "ltx": Case(tiny_ltx, "ltx", ltx_expected, ltx_clip_inputs, (32, 64)),
+         "mochi": Case(tiny_mochi, "mochi", mochi_expected, no_clip_inputs, (128, 192), temporal=6)}  # 384: LTXPipeline takes 32k
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -199,8 +236,9 @@ def test_cache_encodes_clips_as_the_pipeline_does(pipeline_dir, videos, tmp_path
     index = json.loads((out / "index.json").read_text())
     assert index["settings"]["family"] == case.family
     spatial = load_encoder(folder).spatial  # dog's 70 x 40 is cropped to a multiple of it (8 or 32)
+    frames = [(count - 1) // case.temporal * case.temporal + 1 for count in (9, 5)]  # k x temporal + 1 at most
     assert [(s["source"], s["frames"], s["height"], s["width"]) for s in index["samples"]] == [
-        ("cat", 9, 32, 64), ("dog", 5, 70 // spatial * spatial, 40 // spatial * spatial)]
+        ("cat", frames[0], 32, 64), ("dog", frames[1], 70 // spatial * spatial, 40 // spatial * spatial)]
     data = LatentDirectory(out, group=1)  # two buckets (sizes); runs of one sample: an epoch visits each once
     pipe = load_encoder(folder).pipe
     with torch.no_grad():
@@ -230,12 +268,13 @@ def test_synthetic_clips_are_the_pipelines_own_samples(pipeline_dir, tmp_path):
     prompts.write_text("a red cat runs\nblue ball rolls over sand\n")
     out = tmp_path / "synthetic"
     assert main(["cache", "--pipeline", str(folder), "--synthetic", "2", "--prompts", str(prompts), "--out", str(out),
-                 "--height", "32", "--width", "64", "--frames", "5", "--steps", "2", "--guidance", "4.5",
+                 "--height", "32", "--width", "64", "--frames", str(case.temporal + 1), "--steps", "2", "--guidance", "4.5",
                  "--device", "cpu"]) == 0
     data = LatentDirectory(out)
     pipe = load_encoder(folder, transformer=True).pipe
     for sample, prompt in enumerate(["a red cat runs", "blue ball rolls over sand"]):
-        expected = pipe(prompt=prompt, height=32, width=64, num_frames=5, num_inference_steps=2, guidance_scale=4.5,
+        expected = pipe(prompt=prompt, height=32, width=64, num_frames=case.temporal + 1, num_inference_steps=2,
+                        guidance_scale=4.5,
                         output_type="latent", generator=sample_generator(0, sample, STREAM_TEACHER)).frames
         latents = data.batch([_row(data, sample)]).latents
         if expected.dim() == 3:  # LTX samples tokens [B, N, C]: the stored latents packed as its pipeline packs
@@ -259,7 +298,7 @@ def test_distill_trains_on_the_cached_folder(pipeline_dir, tmp_path):
     prompts.write_text("a red cat runs\nblue ball rolls over sand\ndog jumps\n")
     out = tmp_path / "clips"
     assert main(["cache", "--pipeline", str(folder), "--synthetic", "4", "--prompts", str(prompts), "--out", str(out),
-                 "--height", str(height), "--width", str(width), "--frames", "9", "--steps", "2",
+                 "--height", str(height), "--width", str(width), "--frames", str(2 * case.temporal + 1), "--steps", "2",
                  "--device", "cpu"]) == 0
     data = LatentDirectory(out)
     class_name = json.loads((folder / "model_index.json").read_text())["transformer"][1]

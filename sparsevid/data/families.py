@@ -110,11 +110,14 @@ def _ltx_normalise(vae, latents: torch.Tensor) -> torch.Tensor:
     return (latents - mean) * vae.config.scaling_factor / std
 
 
-def _ltx_prompt(pipe, prompts: list[str], device: torch.device):
-    """T5's states with their mask (bool)."""
-    text, mask, _, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False,
-                                          max_sequence_length=LTX.text_length, device=device)
-    return text, mask, mask.sum(dim=1).tolist()
+def _masked_t5_prompt(length: int):
+    """The encode_prompt of a family whose transformer takes T5's states with their mask (bool), at ``length``
+    tokens (LTX-Video, Mochi)."""
+    def encode(pipe, prompts: list[str], device: torch.device):
+        text, mask, _, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False, max_sequence_length=length,
+                                              device=device)
+        return text, mask, mask.sum(dim=1).tolist()
+    return encode
 
 
 def _ltx_rope_scale(pipe, fps: float | None, guidance: float | None) -> dict[str, torch.Tensor]:
@@ -132,12 +135,27 @@ def _ltx_unpack(pipe, tokens: torch.Tensor, grid: tuple[int, int, int]) -> torch
 
 
 LTX = Family(name="ltx", pipelines=("LTXPipeline",), text_length=128, normalise=_ltx_normalise,
-             encode_prompt=_ltx_prompt, patch=lambda config: int(config["patch_size"]), clip_inputs=_ltx_rope_scale,
+             encode_prompt=_masked_t5_prompt(128), patch=lambda config: int(config["patch_size"]), clip_inputs=_ltx_rope_scale,
              compression=lambda pipe: (int(pipe.vae_temporal_compression_ratio),
                                        int(pipe.vae_spatial_compression_ratio)),
              unpack=_ltx_unpack)
 
-FAMILIES = (WAN, HUNYUAN_VIDEO, LTX)
+
+
+def _mochi_normalise(vae, latents: torch.Tensor) -> torch.Tensor:
+    """(z - latents_mean) * scaling_factor / latents_std per channel (MochiPipeline decodes
+    z = x * latents_std / scaling_factor + latents_mean; z * scaling_factor for a VAE without the statistics)."""
+    mean, std = vae.config.latents_mean, vae.config.latents_std
+    if mean is None or std is None:
+        return latents * vae.config.scaling_factor
+    return (latents - _per_channel(mean, latents)) * vae.config.scaling_factor / _per_channel(std, latents)
+
+
+MOCHI = Family(name="mochi", pipelines=("MochiPipeline",), text_length=256, normalise=_mochi_normalise,
+               encode_prompt=_masked_t5_prompt(256), patch=lambda config: int(config["patch_size"]),
+               compression=lambda pipe: (int(pipe.vae_temporal_scale_factor), int(pipe.vae_spatial_scale_factor)))
+
+FAMILIES = (WAN, HUNYUAN_VIDEO, LTX, MOCHI)
 
 
 def family_for(pipeline_class: str) -> Family:
