@@ -27,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import sparsevid as sv
 from sparsevid.ops import triton_fp8_attention, triton_int8_attention
 from .bench_attention import SHAPES, attention_flops, bench, fmt
+from .bench_predict import host_us
 from .report import write_result
 from .run_info import run_metadata
 
@@ -73,6 +74,32 @@ def bench_mask(q, k, sparsity: float, block_q: int, block_k: int):
         return sv.SparseMask.full(n, m, block_q, block_k, device=q.device), None
     options = dict(rule="topk", topk=1.0 - sparsity, block_q=block_q, block_k=block_k)
     return sv.predict_mask(q, k, **options)[0], (lambda: sv.predict_mask(q, k, **options)[0])
+
+
+def kernel_device_us(fn, calls: int = 10) -> dict[str, float]:
+    """Device time (us) per call of each CUDA kernel ``fn`` launches (torch.profiler), by kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key: e.device_time_total / calls for e in prof.key_averages() if e.device_time_total > 0}
+
+
+def quantizer_costs(q, k, v, block_q: int, block_k: int) -> dict:
+    """Each quantizer's do_bench time (ms), host time per call (us) and device time per kernel (us): whether it is
+    bound by its launches or by one of its kernels."""
+    calls = {"fp8": lambda: triton_fp8_attention.quantize(q, k, v, block_q, block_k),
+             "int8": lambda: triton_int8_attention.quantize_kv(k, v, block_k)}
+    costs = {}
+    for name, fn in calls.items():
+        costs[f"{name}_quant_ms"] = bench(fn)
+        costs[f"{name}_quant_host_us"] = host_us(fn)
+        costs[f"{name}_quant_kernels_us"] = kernel_device_us(fn)
+    return costs
 
 
 def time_row(q, k, v, mask, predict, block_q: int, block_k: int) -> dict[str, float]:
@@ -122,8 +149,8 @@ def main() -> int:
         with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             cudnn_ms = bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
         with torch.no_grad():
-            quant = {"fp8_quant_ms": bench(lambda: triton_fp8_attention.quantize(q, k, v, block_q, block_k)),
-                     "int8_quant_ms": bench(lambda: triton_int8_attention.quantize_kv(k, v, block_k))}
+            quant = quantizer_costs(q, k, v, block_q, block_k)
+            print(json.dumps({"shape": shape_name, **quant}), flush=True)
         for sparsity in (float(s) for s in per_shape[min(i, len(per_shape) - 1)].split(",")):
             with torch.no_grad():
                 mask, predict = bench_mask(q, k, sparsity, block_q, block_k)
@@ -190,9 +217,16 @@ def markdown(rows: list[dict]) -> str:
                  *(", ".join(f"{acc[kind][p]['cosine']:.5f} / {acc[kind][p]['rel_l1']:.4f}"
                              for kind in ("gaussian", "video_like")) for p in QUANTIZED)]
         lines.append("| " + " | ".join(cells) + " |")
+    quantizers = []
+    for r in {r["shape"]: r for r in rows}.values():
+        for p in QUANTIZED:
+            kernels = ", ".join(f"{name} {us:.1f}" for name, us in r[f"{p}_quant_kernels_us"].items())
+            quantizers.append(f"- {r['shape']}, {p}: {r[f'{p}_quant_ms']:.3f} ms, host {r[f'{p}_quant_host_us']:.0f} "
+                              f"us per call; device us per kernel: {kernels}")
     return ("Forward times in ms (medians of triton.testing.do_bench); 'all' = quantization + kernel through the "
             "public API; predict = predict_mask (top-k) of the same mask; accuracy of each quantized output against "
-            "the bf16 sparse kernel's.\n\n" + "\n".join(lines))
+            "the bf16 sparse kernel's.\n\n" + "\n".join(lines) + "\n\nQuantizers (do_bench, host time per call, "
+            "device time of each kernel from torch.profiler):\n\n" + "\n".join(quantizers))
 
 
 if __name__ == "__main__":
