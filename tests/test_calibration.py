@@ -93,6 +93,16 @@ def test_error_bound_takes_each_heads_sparsest_setting_within_it():
     assert allocate_error(error, sparsity, 1.0).tolist() == [[3, 3]]
 
 
+@pytest.mark.parametrize("target, kept", [(0.9375, 4), (0.953125, 3)])
+def test_global_top_k_reaches_the_sparsities_of_whole_key_block_counts(target, kept):
+    # 4,096 tokens in 64 key blocks: keeping 1 - target of them is exactly `kept` blocks per row.
+    q, k = torch.randn(2, 1, 2, 4096, 16).unbind(0)
+    config = sv.eval.calibrate_rules([(q, k)], [target], block_q=128, block_k=64)[f"topk {target:.0%}"]
+    mask, _ = sv.predict_mask(q, k, rule="topk", topk=config.topk, block_q=128, block_k=64)
+    assert mask.to_dense().sum(-1).unique().tolist() == [kept]
+    assert mask.sparsity == pytest.approx(target, abs=1e-9)
+
+
 @pytest.mark.parametrize("objective, message", [
     ({}, "exactly one"), ({"target_sparsity": 0.5, "max_error": 0.1}, "exactly one"),
     ({"target_sparsity": 1.0}, "target_sparsity"), ({"max_error": -0.1}, "max_error")])
