@@ -93,6 +93,16 @@ def test_error_bound_takes_each_heads_sparsest_setting_within_it():
     assert allocate_error(error, sparsity, 1.0).tolist() == [[3, 3]]
 
 
+@pytest.mark.parametrize("target, kept", [(0.9375, 4), (0.953125, 3)])
+def test_global_top_k_reaches_the_sparsities_of_whole_key_block_counts(target, kept):
+    # 4,096 tokens in 64 key blocks: keeping 1 - target of them is exactly `kept` blocks per row.
+    q, k = torch.randn(2, 1, 2, 4096, 16).unbind(0)
+    config = sv.eval.calibrate_rules([(q, k)], [target], block_q=128, block_k=64)[f"topk {target:.0%}"]
+    mask, _ = sv.predict_mask(q, k, rule="topk", topk=config.topk, block_q=128, block_k=64)
+    assert mask.to_dense().sum(-1).unique().tolist() == [kept]
+    assert mask.sparsity == pytest.approx(target, abs=1e-9)
+
+
 @pytest.mark.parametrize("objective, message", [
     ({}, "exactly one"), ({"target_sparsity": 0.5, "max_error": 0.1}, "exactly one"),
     ({"target_sparsity": 1.0}, "target_sparsity"), ({"max_error": -0.1}, "max_error")])
@@ -107,7 +117,7 @@ def test_calibration_round_trips_through_the_file(calibration, tmp_path):
     calibration.choose(target_sparsity=0.5)
     path = calibration.save(tmp_path / "calibration.json")
     loaded = Calibration.load(path)
-    assert loaded.choice == calibration.choice and loaded.objective == {"target_sparsity": 0.5}
+    assert loaded.choice == calibration.choice and loaded.objective == {"target_sparsity": 0.5, "error": "output"}
     assert loaded.candidates == calibration.candidates and loaded.model == calibration.model
     for name in ("sparsity", "error", "abs_error", "output_error", "recall"):  # stored to 6 decimals
         assert torch.allclose(torch.tensor(getattr(loaded, name)), torch.tensor(getattr(calibration, name)),
@@ -119,6 +129,24 @@ def test_calibration_round_trips_through_the_file(calibration, tmp_path):
     # A new target chosen from the stored measurements, without running the model again.
     sparser = sv.SparseConfig.from_calibration(path, target_sparsity=0.8)
     assert sparser.layer_overrides != config.layer_overrides
+
+
+def test_a_target_allocates_on_the_output_errors_by_default_where_they_were_measured(calibration, tmp_path):
+    """The default error: "output" for a target sparsity; "relative" for an error bound and for a file measured
+    before the output errors (which then allocates as it did)."""
+    output = calibration.allocate(target_sparsity=0.6, error="output")
+    relative = calibration.allocate(target_sparsity=0.6, error="relative")
+    assert output != relative  # the tiny Wan's heads rank differently on the two errors
+    assert calibration.allocate(target_sparsity=0.6) == output
+    assert calibration.allocate(max_error=0.1) == calibration.allocate(max_error=0.1, error="relative")
+    calibration.choose(target_sparsity=0.6)
+    path = calibration.save(tmp_path / "calibration.json")
+    assert sv.SparseConfig.from_calibration(path) == calibration.config(target_sparsity=0.6, error="output")
+    older = json.loads(path.read_text())
+    del older["output_error"]
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert Calibration.load(tmp_path / "older.json").allocate(target_sparsity=0.6) == relative
+    calibration.choose(target_sparsity=0.5)
 
 
 def test_absolute_errors_weigh_each_head_by_the_size_of_its_output(calibration, tmp_path):
@@ -186,7 +214,7 @@ def test_a_head_without_output_projection_weight_takes_the_sparsest_setting():
     assert torch.equal(output[0, 1] > 0, torch.tensor(calibration.error)[0, 1] > 0)  # where the head's output moves
     sparsest = int(torch.tensor(calibration.sparsity)[0, 0].argmax())
     choice = calibration.allocate(target_sparsity=0.2, error="output")
-    assert choice[0][0] == sparsest and calibration.allocate(target_sparsity=0.2)[0][0] != sparsest
+    assert choice[0][0] == sparsest and calibration.allocate(target_sparsity=0.2, error="relative")[0][0] != sparsest
     with torch.no_grad():
         model.blocks[2].attn1.to_out[0].weight[:, 12:] *= 10  # head 1 of layer 2 moves its layer 10x more
     louder = calibrate_heads(model, forwards, backend="reference", **BLOCKS)

@@ -3,9 +3,11 @@ of the code the H200 measurement runs; the numbers mean nothing about quality)."
 import json
 
 import pytest
+import torch
 from sparsevid_lab.cli import build_parser
 from sparsevid_lab.cli.demo import load_model
 from sparsevid_lab.studies.per_head_calibration import main as study
+from sparsevid_lab.eval.heldout import heldout_set, sparse_velocity_errors
 from sparsevid_lab.studies.per_head_calibration import parse_args, reused_calibration
 
 import sparsevid as sv
@@ -52,3 +54,40 @@ def test_the_study_writes_its_results_on_a_tiny_model(tmp_path):
     assert jobs == [tuple(job) for job in results["calibration"]["jobs"]] and calibration.output_error is not None
     with pytest.raises(ValueError, match="was measured at"):
         reused_calibration(tmp_path / "calibration.json", model, {"block_q": 128, "block_k": 64})
+
+
+def test_the_velocity_metric_alone_compares_on_each_held_out_set(tmp_path):
+    calibrated = study(["--out", str(tmp_path / "first"), "--tiny", "--device", "cpu", "--steps", "2",
+                        "--calib-captions", "1", "--sparsities", "0.5", "--block-q", "64", "--block-k", "64",
+                        "--metrics", "velocity", "--heldout-per-bin", "1", "--noise-bins", "2"])
+    assert calibrated["heldout_seeds"] == [sv.eval.HELDOUT_SEED] and calibrated["overhead"] is None
+    results = study(["--out", str(tmp_path / "second"), "--tiny", "--device", "cpu", "--steps", "2",
+                     "--calibration", str(tmp_path / "first" / "calibration.json"), "--sparsities", "0.5",
+                     "--block-q", "64", "--block-k", "64", "--rules", "topk", "--errors", "relative", "output",
+                     "--metrics", "velocity", "--heldout-per-bin", "1", "--noise-bins", "2",
+                     "--heldout-seeds", "5", "6"])
+    (target,) = results["targets"]
+    assert target["labels"] == ["per-head 50%", "per-head-out 50%", "topk 50%"] and target["best_global"] == "topk 50%"
+    assert results["heldout_seeds"] == [5, 6] and results["overhead"] is None and "settings" not in results
+    for label in target["labels"]:
+        row = results["configs"][label]
+        assert "psnr" not in row and set(row["heldout"]) == {"5", "6"}
+        errors = [row["heldout"][seed]["velocity_error"] for seed in ("5", "6")]
+        assert all(e > 0 for e in errors) and errors[0] != errors[1]  # two different sets of triples
+        assert row["velocity_error"] == pytest.approx(sum(errors) / 2)
+        assert all(row["heldout"][seed]["sparsity"] == pytest.approx(0.5, abs=0.15) for seed in ("5", "6"))
+    # top-k 50% keeps 2 of each row's 4 key blocks: exactly half of every call, on every set.
+    assert [results["configs"]["topk 50%"]["heldout"][s]["sparsity"] for s in ("5", "6")] == [0.5, 0.5]
+    assert "velocity error (held-out 5)" in (tmp_path / "second" / "results.md").read_text()
+
+
+def test_the_achieved_sparsity_and_error_of_each_setting_on_held_out_triples():
+    model = load_model(parse_args(["--out", "unused", "--tiny", "--device", "cpu"]))
+    heldout = heldout_set(model, per_bin=1, num_bins=2, seed=3)
+    assert heldout.seed == 3 and not torch.equal(heldout.noise, heldout_set(model, per_bin=1, num_bins=2, seed=4).noise)
+    blocks = {"block_q": 64, "block_k": 64}
+    errors = sparse_velocity_errors(model, heldout, {"dense": sv.SparseConfig(rule="topk", topk=1.0, **blocks),
+                                                     "quarter": sv.SparseConfig(rule="topk", topk=0.25, **blocks)})
+    assert errors["dense"]["velocity_error"] < 1e-5 and errors["dense"]["sparsity"] == 0.0
+    assert errors["quarter"]["sparsity"] == 0.75 and errors["quarter"]["velocity_error"] > 1e-3
+    assert len(errors["quarter"]["velocity_error_per_bin"]) == 2

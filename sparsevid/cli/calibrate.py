@@ -37,10 +37,10 @@ def add_parser(subparsers) -> None:
     objective = p.add_mutually_exclusive_group(required=True)
     objective.add_argument("--target-sparsity", type=_target_arg, help="mean sparsity over layers and heads")
     objective.add_argument("--max-error", type=_error_arg, help="bound on each head's attention-output relative L1")
-    p.add_argument("--error", choices=ERRORS, default="relative",
-                   help="--target-sparsity: the head errors whose sum is minimised: relative (every head alike), "
-                        "absolute (weighed by the size of its output) or output (through its slice of the layer's "
-                        "output projection)")
+    p.add_argument("--error", choices=ERRORS, default=None,
+                   help="--target-sparsity: the head errors whose sum is minimised: output (the default: through its "
+                        "slice of the layer's output projection), relative (every head alike) or absolute (weighed "
+                        "by the size of its output)")
     p.add_argument("--out", help=f"the calibration file (default: {CALIBRATION_FILE} in the --model folder)")
     p.add_argument("--plot", help="the heat map PNG (default: the --out path with .png)")
     p.add_argument("--block-q", type=int, choices=(64, 128), default=128, help="query tile size")

@@ -6,8 +6,8 @@ error of that head's attention output ``error[l][h][c]`` and the mean exact atte
 ``recall[l][h][c]``. A head's output depends on its own mask only, so the heads' choices are independent and
 the allocation is exact on the measured calls:
 
-* ``target_sparsity`` S: minimise the summed error (relative; or absolute; or ``output_error``, each head's error
-  through its slice of the layer's output projection) subject to a mean sparsity (over layers and heads) of at
+* ``target_sparsity`` S: minimise the summed error (by default ``output_error``, each head's error through its
+  slice of the layer's output projection, where measured; or relative; or absolute) subject to a mean sparsity (over layers and heads) of at
   least S: a Lagrangian allocation (each head takes ``argmin_c error - lambda * sparsity``, ``lambda`` the
   smallest reaching S, by bisection), then the heads that the last step of ``lambda`` moved go back one by one
   while the mean stays at or above S;
@@ -37,6 +37,7 @@ FORMAT, VERSION = "sparsevid-calibration", 1
 # What a target sparsity's allocation minimises: the name of each kind of head error and its table.
 ERROR_TABLES = {"relative": "error", "absolute": "abs_error", "output": "output_error"}
 ERRORS = tuple(ERROR_TABLES)
+DEFAULT_ERROR = "output"  # of a target sparsity, where measured (docs/calibration.md: it beat top-k and relative)
 OFF = 1e-6
 CANDIDATE_RULES = ("dense", "topk", "topp")
 DEFAULT_TOPK = (0.5, 0.35, 0.25, 0.18, 0.12, 0.08, 0.05, 0.035, 0.025, 0.015)
@@ -186,13 +187,20 @@ class Calibration:
     def num_layers(self) -> int:
         return len(self.model["heads"])
 
+    def default_error(self, max_error: float | None = None) -> str:
+        """The error an objective allocates on when none is given: "output" for a target sparsity where this
+        calibration measured it, else "relative" (``max_error`` bounds it; files older than the output errors)."""
+        return DEFAULT_ERROR if max_error is None and self.output_error is not None else "relative"
+
     def allocate(self, target_sparsity: float | None = None, max_error: float | None = None,
-                 error: str = "relative") -> list[list[int]]:
+                 error: str | None = None) -> list[list[int]]:
         """[layer][head] candidate indices for one objective (exactly one of the two; see the module docstring).
         ``error``: what a target sparsity's allocation minimises, the heads' summed "relative" output errors (every
         head alike), "absolute" ones (a head weighs by the size of its output) or "output" ones (a head weighs by
-        what it moves its layer's output through the output projection); ``max_error`` bounds the relative error."""
+        what it moves its layer's output through the output projection); None: :meth:`default_error`.
+        ``max_error`` bounds the relative error."""
         _check_objective(target_sparsity, max_error)
+        error = self.default_error(max_error) if error is None else error
         if error not in ERRORS:
             raise ValueError(f"error must be one of {ERRORS}, got {error!r}")
         if error != "relative" and (getattr(self, ERROR_TABLES[error]) is None or max_error is not None):
@@ -205,8 +213,9 @@ class Calibration:
         return [row[:h] for row, h in zip(choice.tolist(), self.model["heads"])]
 
     def choose(self, target_sparsity: float | None = None, max_error: float | None = None,
-               error: str = "relative") -> None:
-        """Set :attr:`choice` and :attr:`objective` for one objective."""
+               error: str | None = None) -> None:
+        """Set :attr:`choice` and :attr:`objective` for one objective (``error`` as in :meth:`allocate`)."""
+        error = self.default_error(max_error) if error is None else error
         self.choice = self.allocate(target_sparsity, max_error, error)
         self.objective = {"target_sparsity": target_sparsity} if max_error is None else {"max_error": max_error}
         if error != "relative":
@@ -232,7 +241,7 @@ class Calibration:
             raise ValueError("this calibration has no choice yet: give target_sparsity or max_error")
         return choice
 
-    def config(self, target_sparsity: float | None = None, max_error: float | None = None, error: str = "relative",
+    def config(self, target_sparsity: float | None = None, max_error: float | None = None, error: str | None = None,
                **fields) -> SparseConfig:
         """The SparseConfig of the stored choice (or of a new one for ``target_sparsity`` / ``max_error``):
         per layer the hybrid rule with per-head ``topk`` and ``topp`` (scalars where every head took the same

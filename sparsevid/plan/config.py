@@ -503,12 +503,12 @@ class SparseConfig:
     # ------------------------------------------------------------------ serialisation
     @classmethod
     def from_calibration(cls, path: str | Path, *, target_sparsity: float | None = None,
-                         max_error: float | None = None, error: str = "relative", **fields) -> SparseConfig:
+                         max_error: float | None = None, error: str | None = None, **fields) -> SparseConfig:
         """The per-layer, per-head configuration of a calibration file written by ``sparsevid calibrate``
         (:class:`~sparsevid.plan.calibration.Calibration`): the settings chosen there, or chosen afresh from its
-        measurements for ``target_sparsity`` (mean over layers and heads; ``error`` "absolute" weighs each head by
-        the size of its output instead of its relative error, "output" by what it moves its layer's output through
-        the output projection) or ``max_error`` (per head). ``fields``:
+        measurements for ``target_sparsity`` (mean over layers and heads; ``error`` "output", the default where the
+        file measured it, weighs each head by what it moves its layer's output through the output projection,
+        "absolute" by the size of its output, "relative" every head alike) or ``max_error`` (per head). ``fields``:
         further SparseConfig fields (e.g. ``backend``, ``dense_steps``). Applying it to another model than the
         calibrated one raises ValueError."""
         from .calibration import Calibration

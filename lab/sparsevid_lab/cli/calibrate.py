@@ -39,10 +39,10 @@ def add_parser(subparsers) -> None:
     objective = p.add_mutually_exclusive_group(required=True)
     objective.add_argument("--target-sparsity", type=float, help="mean sparsity over layers and heads, in (0, 1)")
     objective.add_argument("--max-error", type=float, help="bound on each head's attention-output relative L1")
-    p.add_argument("--error", choices=ERRORS, default="relative",
-                   help="--target-sparsity: the head errors whose sum is minimised: relative (every head alike), "
-                        "absolute (weighed by the size of its output) or output (through its slice of the layer's "
-                        "output projection)")
+    p.add_argument("--error", choices=ERRORS, default=None,
+                   help="--target-sparsity: the head errors whose sum is minimised: output (the default: through its "
+                        "slice of the layer's output projection), relative (every head alike) or absolute (weighed "
+                        "by the size of its output)")
     p.add_argument("--captions", type=positive_int_arg, default=2, help="how many of the fixed captions to sample")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="noise seeds: one clip per caption and seed")
     p.add_argument("--steps", type=positive_int_arg, default=None, help="sampler steps (default: the model's)")

@@ -5,6 +5,7 @@ far from the seeds training uses; its caption becomes text states through the mo
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -12,6 +13,8 @@ import torch
 from sparsevid.eval import HELDOUT_SEED, HeldOutSet
 from sparsevid.eval import heldout_set as latent_heldout_set
 from sparsevid.eval import predict_velocities as transformer_velocities
+from sparsevid.eval import velocity_error
+from sparsevid.integration import attention_records, is_sparse, set_collect_stats
 
 from ..data.sources import ProceduralSource
 from ..model.builtin import CaptionedClips
@@ -59,3 +62,40 @@ def predict_velocities(model, heldout: HeldOutSet, config=None, batch_size: int 
     schedules act as in sampling."""
     steps = None if config is None else sampler_steps(model, heldout.t)
     return transformer_velocities(model.transformer, heldout, config, steps, batch_size, on_batch)
+
+
+@contextlib.contextmanager
+def achieved_sparsity(transformer: torch.nn.Module):
+    """Within the block, every sparse forward of ``transformer`` records its self-attention calls' sparsity (stats
+    switched on as each forward begins); yields a function giving their mean so far (dense calls count 0), None
+    before any sparse forward."""
+    values: list[float] = []
+
+    def begin(module, args):
+        if is_sparse(module):
+            set_collect_stats(module, True)
+
+    def end(module, args, output):
+        if is_sparse(module):
+            values.extend(record.as_dict()["sparsity"] for record in attention_records(module))
+
+    hooks = [transformer.register_forward_pre_hook(begin, prepend=True), transformer.register_forward_hook(end)]
+    try:
+        yield lambda: sum(values) / len(values) if values else None
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def sparse_velocity_errors(model, heldout: HeldOutSet, configs: dict) -> dict:
+    """{label: {"velocity_error", "velocity_error_per_bin", "sparsity"}} of each SparseConfig of ``configs`` on
+    ``heldout`` against the dense model (:func:`predict_velocities`, ``velocity_error``); "sparsity": the mean
+    achieved over the self-attention calls of those forwards."""
+    dense = predict_velocities(model, heldout)
+    errors = {}
+    for label, config in configs.items():
+        with achieved_sparsity(model.transformer) as sparsity:
+            error = velocity_error(predict_velocities(model, heldout, config), dense, heldout)
+        errors[label] = {"velocity_error": error["overall"], "velocity_error_per_bin": error["per_bin"],
+                         "sparsity": sparsity()}
+    return errors

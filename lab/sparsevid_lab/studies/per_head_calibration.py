@@ -14,11 +14,16 @@
 3. Every setting samples the evaluation captions x seeds (``run_harness``): achieved mean sparsity, PSNR and SSIM
    against the dense clips, predicted and oracle recall (``OracleStudy``: the exact mass the masks keep and the
    mass of the heaviest tiles at the same per-row counts) on the first clip's dense attention; the velocity error
-   against the dense model on held-out (clip, noise, t) triples. The best global rule of a target is the one
-   with the highest PSNR.
+   against the dense model on held-out (clip, noise, t) triples of each seed in ``--heldout-seeds`` (one set per
+   seed), with the sparsity achieved on them. The best global rule of a target is the one with the highest PSNR
+   (without sampling: the lowest velocity error).
 4. Runtime overhead of per-head budgets: the mask prediction and attention of one layer call with a scalar
    plan and with a per-head plan holding the same values in every head (identical masks, checked), eager and
    under ``torch.compile``; the overhead is reported as a share of the scalar call's whole attention time.
+
+``--metrics`` chooses the measurements (all by default): "sampling" (the sampled clips of 3: sparsity, PSNR, SSIM,
+recalls), "velocity" (the held-out velocity errors of 3), "overhead" (4). ``--metrics velocity`` alone compares the
+settings without sampling (at the CPU clip about 10 minutes per held-out set of 20 triples on 2 CPU cores).
 
 Writes results.json, results.md, calibration.json and one heat map per target (calibration_<target>.png) under --out.
 
@@ -26,6 +31,9 @@ Writes results.json, results.md, calibration.json and one heat map per target (c
     # CPU check of the same code path (an untrained tiny model; numbers meaningless):
     python -m sparsevid_lab.studies.per_head_calibration --out /tmp/phc --tiny --device cpu --steps 2 --captions 1 \\
         --calib-captions 1 --seeds 0 --sparsities 0.5 --heldout-per-bin 1 --noise-bins 1 --block-q 64 --block-k 64
+    # velocity error only, on two held-out sets, reusing a calibration of the CPU clip:
+    python -m sparsevid_lab.studies.per_head_calibration --out OUT --device cpu --clip 16,64,64 \\
+        --calibration FILE --sparsities 0.9375 0.953125 --rules topk --metrics velocity --heldout-seeds 2718281 20240601
 """
 from __future__ import annotations
 
@@ -39,17 +47,18 @@ import torch
 import sparsevid as sv
 from benchmarks.run_info import run_metadata
 from benchmarks.timing import median_ms
-from sparsevid.eval import OracleStudy, calibrate_rules, velocity_error
+from sparsevid.eval import HELDOUT_SEED, OracleStudy, calibrate_rules
 from sparsevid.eval.calibrate import plot_calibration
 from sparsevid.plan import LayerRuntime
 from sparsevid.plan.calibration import Calibration
 
 from ..cli.calibrate import calibrate_builtin
 from ..eval.harness import DEFAULT_CAPTIONS, run_harness, video_token_grid
-from ..eval.heldout import heldout_set, predict_velocities
+from ..eval.heldout import heldout_set, sparse_velocity_errors
 from ..eval.recording import record_video_attention
 
 RULES = ("topk", "topp", "hybrid")
+METRICS = ("sampling", "velocity", "overhead")
 PER_HEAD = {"relative": "per-head", "absolute": "per-head-abs", "output": "per-head-out"}  # label of each error
 OVERHEAD_TOPK = 0.1  # the overhead's setting: top-k 10% in every head (per-head: the same value in each)
 OFF = 1e-6
@@ -59,16 +68,17 @@ def _label(kind: str, target: float) -> str:
     return f"{kind} {target:.0%}"
 
 
-def settings_for(calibration, calls, target: float, blocks: dict, errors=tuple(PER_HEAD)) -> tuple[dict, float]:
+def settings_for(calibration, calls, target: float, blocks: dict, errors=tuple(PER_HEAD),
+                 rules=RULES) -> tuple[dict, float]:
     """({label: SparseConfig}, the per-head choice's mean sparsity on the calibration clips) at ``target``: the
-    per-head configurations allocated on each kind of head error in ``errors`` and the global rules calibrated to
-    the relative one's mean sparsity."""
+    per-head configurations allocated on each kind of head error in ``errors`` and the global ``rules`` calibrated
+    to the relative one's mean sparsity."""
     reached = calibration.summary(calibration.allocate(target_sparsity=target))["mean_sparsity"]
-    rules = calibrate_rules(calls, [min(reached, 0.999)], **blocks)
+    calibrated = calibrate_rules(calls, [min(reached, 0.999)], **blocks)
     configs = {_label(PER_HEAD[error], target): calibration.config(target_sparsity=target, error=error)
                for error in errors}
-    for rule in RULES:
-        (config,) = [c for label, c in rules.items() if label.startswith(rule + " ")]
+    for rule in rules:
+        (config,) = [c for label, c in calibrated.items() if label.startswith(rule + " ")]
         configs[_label(rule, target)] = config
     return configs, reached
 
@@ -123,27 +133,40 @@ def head_overhead(calls, heads: int, device: torch.device, block_q: int, block_k
     return result
 
 
+def _cell(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def table(results: dict) -> str:
+    seeds = results["heldout_seeds"]
     lines = [f"# Per-head calibration vs global rules ({results['gpu']}, commit {results['commit']})", "",
-             (f"Clip {results['clip']} ({results['tokens']} tokens), {results['settings']['steps']} steps; "
+             (f"Clip {results['clip']} ({results['tokens']} tokens), {results['steps']} steps; "
               + ("calibration reused from a file" if results['calibration']['seconds'] is None
                else f"calibration {results['calibration']['seconds']:.1f} s")
-              + f" on {len(results['calibration']['jobs'])} clips."), "",
-             "| target | setting | sparsity | PSNR dB | SSIM | velocity error | recall | oracle recall |",
-             "|---|---|---|---|---|---|---|---|"]
+              + f" on {len(results['calibration']['jobs'])} clips; metrics: {', '.join(results['metrics'])}."), "",
+             "Velocity error: relative L2 against the dense model on each held-out set (seed), with the sparsity "
+             "achieved on it.", "",
+             ("| target | setting | sparsity | PSNR dB | SSIM | recall | oracle recall | "
+              + " | ".join(f"velocity error (held-out {seed}) | sparsity ({seed})" for seed in seeds) + " |"),
+             "|---|---|---|---|---|---|---|" + "---|---|" * len(seeds)]
     for target in results["targets"]:
         for label in target["labels"]:
             c = results["configs"][label]
             best = " (best global)" if label == target["best_global"] else ""
-            lines.append(f"| {target['target']:.0%} | {label}{best} | {c['sparsity']:.3f} | {c['psnr']:.2f} | "
-                         f"{c['ssim']:.3f} | {c['velocity_error']:.4f} | {c['predicted_recall']:.3f} | "
-                         f"{c['oracle_recall']:.3f} |")
-    lines += ["", "Runtime overhead of per-head budgets (one layer call, same values in every head):", "",
-              ("| mode | scalar predict ms | per-head predict ms | scalar attention ms | per-head attention ms | "
-               "overhead |"), "|---|---|---|---|---|---|"]
-    for mode, o in results["overhead"].items():
-        lines.append(f"| {mode} | {o['scalar_predict_ms']:.3f} | {o['per_head_predict_ms']:.3f} | "
-                     f"{o['scalar_attention_ms']:.3f} | {o['per_head_attention_ms']:.3f} | {o['overhead_share']:.2%} |")
+            sets = [c["heldout"][str(seed)] for seed in seeds]
+            lines.append(f"| {target['target']:.2%} | {label}{best} | {_cell(c.get('sparsity'), '.3f')} | "
+                         f"{_cell(c.get('psnr'), '.2f')} | {_cell(c.get('ssim'), '.3f')} | "
+                         f"{_cell(c.get('predicted_recall'), '.3f')} | {_cell(c.get('oracle_recall'), '.3f')} | "
+                         + "".join(f"{h['velocity_error']:.4f} | {_cell(h['sparsity'], '.4f')} | " for h in sets)
+                         .rstrip(" "))
+    if results["overhead"] is not None:
+        lines += ["", "Runtime overhead of per-head budgets (one layer call, same values in every head):", "",
+                  ("| mode | scalar predict ms | per-head predict ms | scalar attention ms | per-head attention ms | "
+                   "overhead |"), "|---|---|---|---|---|---|"]
+        for mode, o in results["overhead"].items():
+            lines.append(f"| {mode} | {o['scalar_predict_ms']:.3f} | {o['per_head_predict_ms']:.3f} | "
+                         f"{o['scalar_attention_ms']:.3f} | {o['per_head_attention_ms']:.3f} | "
+                         f"{o['overhead_share']:.2%} |")
     return "\n".join(lines) + "\n"
 
 
@@ -156,11 +179,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="a calibration file of this model and clip to reuse (default: calibrate)")
     parser.add_argument("--errors", nargs="+", choices=tuple(PER_HEAD), default=list(PER_HEAD),
                         help="head errors to allocate per-head settings on")
+    parser.add_argument("--rules", nargs="+", choices=RULES, default=list(RULES),
+                        help="global rules to compare with")
+    parser.add_argument("--metrics", nargs="+", choices=METRICS, default=list(METRICS),
+                        help="what to measure: sampling (PSNR, SSIM, recalls), velocity (held-out), overhead")
     parser.add_argument("--captions", type=int, default=4, help="evaluation captions (after the calibration ones)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="evaluation seeds")
     parser.add_argument("--steps", type=int, default=None, help="sampler steps (default: the model's)")
     parser.add_argument("--guidance", type=float, default=None, help="default: the model's")
     parser.add_argument("--heldout-per-bin", type=int, default=4, help="velocity error: triples per noise bin")
+    parser.add_argument("--heldout-seeds", type=int, nargs="+", default=[HELDOUT_SEED],
+                        help="velocity error: one held-out set of triples per seed")
     parser.add_argument("--noise-bins", type=int, default=5)
     parser.add_argument("--block-q", type=int, default=128)
     parser.add_argument("--block-k", type=int, default=64)
@@ -204,43 +233,45 @@ def main(argv=None) -> dict:
     calibration_seconds = time.perf_counter() - start if args.calibration is None else None
     calls = record_video_attention(model, calib_jobs[0][0], calib_jobs[0][1], steps, args.guidance)
 
-    heads = calibration.model["heads"][0]
-    overhead = head_overhead(calls[:args.overhead_calls], heads, device, args.block_q, args.block_k,
-                             compile_too=device.type == "cuda")
+    overhead = None
+    if "overhead" in args.metrics:
+        overhead = head_overhead(calls[:args.overhead_calls], calibration.model["heads"][0], device, args.block_q,
+                                 args.block_k, compile_too=device.type == "cuda")
 
     configs, targets = {}, []
     args.out.mkdir(parents=True, exist_ok=True)
     for target in args.sparsities:
-        chosen, reached = settings_for(calibration, calls, target, blocks, args.errors)
+        chosen, reached = settings_for(calibration, calls, target, blocks, args.errors, args.rules)
         configs.update(chosen)
         targets.append({"target": target, "calibrated_sparsity": reached, "labels": list(chosen)})
         calibration.choose(target_sparsity=target)
         plot_calibration(calibration, args.out / f"calibration_{round(target * 100)}.png")
-    study = OracleStudy(sorted(args.sparsities), configs, grid, **blocks)
-    harness = run_harness(model, configs, captions=eval_captions, seeds=args.seeds, steps=steps,
-                          guidance=args.guidance, probe_clips=1, on_attention=study.add)
-    harness.pop("clips")
-    oracle = study.summary()
-    heldout = heldout_set(model, per_bin=args.heldout_per_bin, num_bins=args.noise_bins)
-    dense_velocity = predict_velocities(model, heldout)
     results = {**run_metadata(device), "clip": list(model.clip_shape[1:]), "tokens": grid[0] * grid[1] * grid[2],
-               "settings": harness["settings"], "targets": targets, "overhead": overhead,
-               "oracle": oracle["oracle"], "configs": {},
+               "steps": steps, "metrics": args.metrics, "heldout_seeds": [], "targets": targets,
+               "overhead": overhead, "configs": {label: {"config": config.to_dict(), "heldout": {}}
+                                                 for label, config in configs.items()},
                "calibration": {"seconds": calibration_seconds, "jobs": [list(j) for j in calib_jobs],
                                "calls_per_layer": calibration.inputs["calls_per_layer"]},
                "args": {k: str(v) for k, v in vars(args).items()}}
-    for label, config in configs.items():
-        sampled, predicted = harness["configs"][label], oracle["predicted"][label]
-        error = velocity_error(predict_velocities(model, heldout, config), dense_velocity, heldout)
-        results["configs"][label] = {
-            "config": config.to_dict(), "sparsity": sampled["sparsity"], "psnr": sampled["psnr"],
-            "ssim": sampled["ssim"], "attention_s": sampled["attention_s"], "search_s": sampled["search_s"],
-            "velocity_error": error["overall"], "velocity_error_per_bin": error["per_bin"],
-            "predicted_recall": predicted["recall_mean"], "oracle_recall": predicted["oracle_recall_mean"],
-            "probe_sparsity": predicted["sparsity_mean"]}
-    for target in targets:
+    if "sampling" in args.metrics:
+        results.update(sampled_metrics(model, configs, results["configs"], args, eval_captions, steps, grid, blocks))
+    if "velocity" in args.metrics:
+        results["heldout_seeds"] = args.heldout_seeds
+        for seed in args.heldout_seeds:
+            heldout = heldout_set(model, per_bin=args.heldout_per_bin, num_bins=args.noise_bins, seed=seed)
+            for label, measured in sparse_velocity_errors(model, heldout, configs).items():
+                results["configs"][label]["heldout"][str(seed)] = measured
+        for row in results["configs"].values():  # the mean over the held-out sets
+            row["velocity_error"] = sum(h["velocity_error"] for h in row["heldout"].values()) / len(row["heldout"])
+    rows = results["configs"]
+    for target in targets:  # the best global rule: highest PSNR, else lowest velocity error, else none
         rules = [label for label in target["labels"] if not label.startswith("per-head")]
-        target["best_global"] = max(rules, key=lambda label: results["configs"][label]["psnr"])
+        if "sampling" in args.metrics:
+            target["best_global"] = max(rules, key=lambda label: rows[label]["psnr"])
+        elif "velocity" in args.metrics:
+            target["best_global"] = min(rules, key=lambda label: rows[label]["velocity_error"])
+        else:
+            target["best_global"] = None
     calibration.choose(target_sparsity=args.sparsities[0])
     calibration.save(args.out / "calibration.json")
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
@@ -248,6 +279,22 @@ def main(argv=None) -> dict:
     print(table(results))
     print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
     return results
+
+
+def sampled_metrics(model, configs: dict, rows: dict, args, captions, steps: int, grid, blocks: dict) -> dict:
+    """Sample every setting of ``configs`` ({label: SparseConfig}) for ``captions`` x ``args.seeds`` and add to each
+    ``rows[label]`` its achieved sparsity, PSNR, SSIM, times and predicted / oracle recall; returns the harness's
+    settings and the oracle's summary for the results."""
+    study = OracleStudy(sorted(args.sparsities), configs, grid, **blocks)
+    harness = run_harness(model, configs, captions=captions, seeds=args.seeds, steps=steps, guidance=args.guidance,
+                          probe_clips=1, on_attention=study.add)
+    oracle = study.summary()
+    for label, row in rows.items():
+        sampled, predicted = harness["configs"][label], oracle["predicted"][label]
+        row.update({key: sampled[key] for key in ("sparsity", "psnr", "ssim", "attention_s", "search_s")})
+        row.update({"predicted_recall": predicted["recall_mean"], "oracle_recall": predicted["oracle_recall_mean"],
+                    "probe_sparsity": predicted["sparsity_mean"]})
+    return {"settings": harness["settings"], "oracle": oracle["oracle"]}
 
 
 if __name__ == "__main__":
