@@ -30,6 +30,7 @@ from .bench_attention import SHAPES, attention_flops, bench, fmt
 from .bench_predict import host_us
 from .report import write_result
 from .run_info import run_metadata
+from .timing import cuda_kernel_ms
 
 # The issue's accuracy targets against the bf16 sparse kernel (video-like inputs).
 TARGET_COSINE, TARGET_REL_L1 = 0.999, 0.03
@@ -76,19 +77,6 @@ def bench_mask(q, k, sparsity: float, block_q: int, block_k: int):
     return sv.predict_mask(q, k, **options)[0], (lambda: sv.predict_mask(q, k, **options)[0])
 
 
-def kernel_device_us(fn, calls: int = 10) -> dict[str, float]:
-    """Device time (us) per call of each CUDA kernel ``fn`` launches (torch.profiler), by kernel name."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    return {e.key: e.device_time_total / calls for e in prof.key_averages() if e.device_time_total > 0}
-
-
 def quantizer_costs(q, k, v, block_q: int, block_k: int) -> dict:
     """Each quantizer's do_bench time (ms), host time per call (us) and device time per kernel (us): whether it is
     bound by its launches or by one of its kernels."""
@@ -98,7 +86,7 @@ def quantizer_costs(q, k, v, block_q: int, block_k: int) -> dict:
     for name, fn in calls.items():
         costs[f"{name}_quant_ms"] = bench(fn)
         costs[f"{name}_quant_host_us"] = host_us(fn)
-        costs[f"{name}_quant_kernels_us"] = kernel_device_us(fn)
+        costs[f"{name}_quant_kernels_us"] = {kernel: ms * 1e3 for kernel, ms in cuda_kernel_ms(fn).items()}
     return costs
 
 
