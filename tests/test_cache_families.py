@@ -89,17 +89,23 @@ def wan_expected(pipe, pixels, caption):
     return (z - mean) / std, {"text": text[0], "text_mask": None}
 
 
+def tiny_t5():
+    """(a word tokenizer, a 1-layer T5 encoder of width 16 over its vocabulary), random weights."""
+    import transformers
+
+    tokenizer = word_tokenizer(WORDS)
+    return tokenizer, transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+        relative_attention_num_buckets=8))
+
+
 def tiny_ltx():
     """LTXPipeline: a 1-layer T5 of width 16, an 8-channel LTX VAE (4x spatial and temporal compression) with
     non-trivial latent statistics and scaling factor, a 2-layer transformer."""
     import diffusers
-    import transformers
 
     torch.manual_seed(0)
-    tokenizer = word_tokenizer(WORDS)
-    text_encoder = transformers.T5EncoderModel(transformers.T5Config(
-        vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
-        relative_attention_num_buckets=8))
+    tokenizer, text_encoder = tiny_t5()
     vae = diffusers.AutoencoderKLLTXVideo(
         latent_channels=8, block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 8, 8, 8),
         layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
@@ -130,13 +136,9 @@ def tiny_mochi():
     spatial compression, which the pipeline assumes) with non-trivial latent statistics and scaling factor, a
     2-layer transformer."""
     import diffusers
-    import transformers
 
     torch.manual_seed(0)
-    tokenizer = word_tokenizer(WORDS)
-    text_encoder = transformers.T5EncoderModel(transformers.T5Config(
-        vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
-        relative_attention_num_buckets=8))
+    tokenizer, text_encoder = tiny_t5()
     vae = diffusers.AutoencoderKLMochi(
         encoder_block_out_channels=(32, 32, 32, 32), decoder_block_out_channels=(32, 32, 32, 32),
         layers_per_block=(1, 1, 1, 1, 1), add_attention_block=(False,) * 5,

@@ -94,6 +94,7 @@ class HeadMeter:
                      for name in ("sparsity", "error", "abs_error", "output_error", "recall")}
         self.calls = [0] * len(self.heads)
         self.unprojected: set[int] = set()  # layers measured without an output projection
+        self.grams: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per layer: _projection_grams, made once
 
     def _layer_sums(self, layer: int, device: torch.device) -> dict[str, torch.Tensor]:
         """float64 [H, C] sums of ``layer`` on ``device`` (moved there once): the candidates add to them without a
@@ -106,7 +107,8 @@ class HeadMeter:
     def add(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
             projection: torch.Tensor | None = None) -> None:
         """Measure one call q, k, v [B, H, N, D] of ``layer`` (in the token order the masks refer to); ``projection``:
-        the layer's output projection weight [C, H * D] (None: the output error is not measured, NaN)."""
+        the layer's output projection weight [C, H * D], the same at each of the layer's calls (its Gram matrices
+        are kept from the first; None: the output error is not measured, NaN)."""
         from ..ops import block_sparse_attention, predict_mask
         from .oracle import ExactTiles
 
@@ -117,10 +119,18 @@ class HeadMeter:
         reference_l1 = reference.abs().sum(dim=(0, 2, 3)).double()  # [H]
         rows = _row_weights(q.shape[2], self.block_q, tiles.mass.device)
         sums = self._layer_sums(layer, tiles.mass.device)
-        gram = None if projection is None else _head_grams(projection, q.shape[1], v.shape[-1])
-        reference_l2 = None if gram is None else _projected_norm(reference, projection)
-        if gram is None:
+        if projection is None:
+            gram = None
             self.unprojected.add(layer)
+        else:
+            heads, head_dim = q.shape[1], v.shape[-1]
+            if projection.dim() != 2 or projection.shape[1] != heads * head_dim:
+                raise ValueError(f"projection must be a weight [C, {heads * head_dim}] (heads x head dim), got "
+                                 f"{tuple(projection.shape)}")
+            if layer not in self.grams:  # the weights do not change while measuring
+                self.grams[layer] = _projection_grams(projection, heads, head_dim)
+            gram, layer_gram = self.grams[layer]
+            reference_l2 = _projected_norm(reference, layer_gram)
         for c, candidate in enumerate(self.candidates):
             if candidate.rule == "dense":  # every tile kept: the dense output
                 sums["recall"][:, c] += 1.0
@@ -156,13 +166,12 @@ class HeadMeter:
         return means
 
 
-def _head_grams(projection: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
-    """float64 [H, D, D]: W_h^T W_h of each head's slice W_h [C, D] of an output projection weight [C, H * D]."""
-    if projection.dim() != 2 or projection.shape[1] != heads * head_dim:
-        raise ValueError(f"projection must be a weight [C, {heads * head_dim}] (heads x head dim), got "
-                         f"{tuple(projection.shape)}")
-    slices = projection.detach().double().view(projection.shape[0], heads, head_dim).transpose(0, 1)  # [H, C, D]
-    return slices.transpose(1, 2) @ slices
+def _projection_grams(projection: torch.Tensor, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (W_h^T W_h [H, D, D] of each head's slice W_h [C, D], W^T W [H * D, H * D]) of an output projection
+    weight W [C, H * D]."""
+    weight = projection.detach().double()
+    slices = weight.view(weight.shape[0], heads, head_dim).transpose(0, 1)  # [H, C, D]
+    return slices.transpose(1, 2) @ slices, weight.T @ weight
 
 
 def _projected_norms(x: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
@@ -171,10 +180,10 @@ def _projected_norms(x: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     return (torch.einsum("bhnd,hde->bhne", x, gram) * x).sum(dim=(0, 2, 3))
 
 
-def _projected_norm(x: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
-    """float64 []: ||x W^T|| of the heads' outputs x [B, H, N, D] concatenated, for a weight W [C, H * D]."""
+def _projected_norm(x: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """float64 []: ||x W^T|| of the heads' outputs x [B, H, N, D] concatenated, given gram = W^T W [H * D, H * D]."""
     flat = x.double().transpose(1, 2).flatten(2)  # [B, N, H * D]
-    return ((flat @ (projection.detach().double().T @ projection.detach().double())) * flat).sum().sqrt()
+    return ((flat @ gram) * flat).sum().sqrt()
 
 
 def _row_weights(q_len: int, block_q: int, device) -> torch.Tensor:
