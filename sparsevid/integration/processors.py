@@ -260,8 +260,8 @@ class SparseAttnProcessor:
         if attn_mask is not None and layout.text_len == 0:
             raise ValueError("sparse attention does not support an attention mask over video tokens")
         if plan.precision != "native" and plan.backend == "auto" and not query.is_cuda:
-            raise ValueError(f"precision={plan.precision!r} with backend='auto' needs a CUDA GPU with FP8 tensor cores; the "
-                             f"attention runs on {query.device}: use backend='reference' for the (slow) PyTorch "
+            raise ValueError(f"precision={plan.precision!r} with backend='auto' needs a CUDA GPU with FP8 tensor "
+                             f"cores; the attention runs on {query.device}: use backend='reference' for the (slow) PyTorch "
                              f"emulation, or precision='native'")
         order = self._token_order(plan.tile, layout, query.device)
         video = video_tokens(query, key, value, layout, order)
