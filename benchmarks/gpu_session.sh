@@ -42,6 +42,9 @@
 #               noise levels drawn at time shift 5, the sampler's, instead of the pre-training shift 2: does
 #               distilling where the sampler steps lift them? (OUT/claims_shift5, calibrated as the slice grid; repeat
 #               like `training`; measured: lab/results/claims_shift5_h200/, +0.2 dB at 95%, none at 63%)
+#   training_seeds  the run-to-run noise of the slice grid's distilled hybrid 63% student: trained again with other
+#               training-noise and data seeds (seed S, data seed S+1) in OUT/claims_seedS, calibrated as the slice
+#               grid; arguments are the seeds (default 1 2), about 4.5 minutes each
 #   calibrated_students  one call of lab/scripts/calibrated_students.sh (OUT/calibrated_students): students of the
 #               built-in model distilled with the per-head calibrated mask plan vs global top-k at the same sparsity
 #               (95%; arguments are the targets, e.g. `calibrated_students 0.95 0.63`); repeat the part until
@@ -60,9 +63,10 @@
 #   parallel    (two GPUs) benchmark context_parallel (Wan 14B forward, one vs two GPUs); distillation under DDP
 #   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
 #   runtime     GPU tests of the runtime (no host sync in the public calls, the step bookkeeping, inference and
-#               checkpointed training forwards; reduce-overhead CUDA graphs and inductor-compiled models in the
-#               default mode match eager); benchmark predict_api (predict + forward through the public API vs
-#               the forward alone at the Wan 1.3B shape)
+#               checkpointed training forwards, reduce-overhead CUDA graphs); benchmark predict_api (predict + forward
+#               through the public API vs the forward alone at the Wan 1.3B shape)
+#   compile     the inductor tests in the default mode: every family's tiny sparse transformer compiled matches eager
+#               (four pytest workers where pytest-xdist is installed: compiling is host-bound)
 #   compile_autotune  the inductor tests in mode max-autotune-no-cudagraphs (minutes per model: it benchmarks
 #               GEMM templates for every shape)
 #   e2e13b      benchmark e2e_13b_compiled (Wan 1.3B 480p at 95%, dense and sparse, eager and torch.compile)
@@ -82,8 +86,8 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|fp8|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|calibrate|training|training_full|training_shift|calibrated_students|motion|\
-demo_student|tests|parallel|ddp|runtime|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
+PARTS="kernels|fp8|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|calibrate|training|training_full|training_shift|training_seeds|calibrated_students|motion|\
+demo_student|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
 families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
@@ -99,13 +103,15 @@ bench() {  # bench NAME SECONDS [OPTIONS...]: the registered benchmark NAME, its
     local name=$1 seconds=$2; shift 2
     step "$name" "$seconds" "$PYTHON" -m benchmarks --results "$RESULTS" "$name" "$@"
 }
-claims_variant() {  # claims_variant NAME GRID_ARGS...: a variant of the claims grid in OUT/claims_NAME, calibrated
-    local name=$1; shift  # as the slice grid was (its masks do not depend on the students)
+family_bench() {  # family_bench NAME: a families benchmark; expandable segments keep a freed family's memory reusable
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True bench "$1" 540  # (HunyuanVideo 1.5's dense mask is 24 GiB)
+}
+claims_variant() {  # claims_variant NAME MINUTES GRID_ARGS...: a variant of the claims grid in OUT/claims_NAME,
+    local name=$1 minutes=$2; shift 2  # calibrated as the slice grid was (its masks do not depend on the students)
     mkdir -p "$OUT/claims_$name"
     [ -f "$OUT/claims_$name/calibration.json" ] || cp lab/results/claims_h200/calibration.json "$OUT/claims_$name/"
-    step "claims_grid_$name" 580 "$PYTHON" -m sparsevid_lab.studies.claims_grid --out "$OUT/claims_$name" \
-        --budget-minutes 9 \
-        --part calibrate evaluate train evaluate "$@"
+    step "claims_grid_$name" "$(( ${minutes%.*} * 60 + 40 ))" "$PYTHON" -m sparsevid_lab.studies.claims_grid \
+        --out "$OUT/claims_$name" --budget-minutes "$minutes" --part calibrate evaluate train evaluate "$@"
 }
 case "$PART" in
 kernels)
@@ -162,10 +168,16 @@ training)
         --part calibrate evaluate train evaluate "$@"
     ;;
 training_full)
-    claims_variant full --fine-tune-on full "$@"
+    claims_variant full 9 --fine-tune-on full "$@"
     ;;
 training_shift)
-    claims_variant shift5 --train-shift 5 --rules hybrid topk --objectives distill "$@"
+    claims_variant shift5 9 --train-shift 5 --rules hybrid topk --objectives distill "$@"
+    ;;
+training_seeds)
+    for s in ${*:-1 2}; do
+        claims_variant "seed$s" 4.4 --rules hybrid --targets 0.63 --objectives distill --seed "$s" \
+            --data-seed "$(( s + 1 ))"
+    done
     ;;
 demo_student)
     step demo_student 200 "$PYTHON" -m sparsevid_lab distill --out "$OUT/demo_student" --clip 16,64,64 \
@@ -191,9 +203,12 @@ ddp)
 runtime)
     SPARSEVID_AUTOTUNE=off step runtime_tests 150 "$PYTHON" -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
         --durations=0 tests/test_runtime_gpu.py
-    SPARSEVID_AUTOTUNE=off step compile_tests 240 "$PYTHON" -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
-        --durations=0 tests/test_integration_compile.py -k "default"
     bench predict_api 150
+    ;;
+compile)
+    workers=$("$PYTHON" -c "import xdist" 2>/dev/null && echo "-n 4")
+    SPARSEVID_AUTOTUNE=off step compile_tests 570 "$PYTHON" -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
+        $workers --durations=0 tests/test_integration_compile.py -k "default"
     ;;
 compile_autotune)
     SPARSEVID_AUTOTUNE=off step compile_autotune_tests 570 "$PYTHON" -m pytest -v -rfE --tb=short -p no:cacheprovider \
@@ -212,25 +227,25 @@ e2e14b_compiled)
     bench e2e_14b_compiled 540
     ;;
 families)
-    bench families 540
+    family_bench families
     ;;
 families_large)
-    bench families_large 540
+    family_bench families_large
     ;;
 families_extra)
-    bench families_extra 540
+    family_bench families_extra
     ;;
 families_compiled)
-    bench families_compiled 540
+    family_bench families_compiled
     ;;
 families_compiled_large)
-    bench families_compiled_large 540
+    family_bench families_compiled_large
     ;;
 families_compiled_hunyuan)
-    bench families_compiled_hunyuan 540
+    family_bench families_compiled_hunyuan
     ;;
 families_compiled_cogvideox)
-    bench families_compiled_cogvideox 540
+    family_bench families_compiled_cogvideox
     ;;
 *)
     echo "unknown part: $PART ($PARTS)" >&2
