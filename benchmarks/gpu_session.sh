@@ -79,7 +79,8 @@
 #               estimated seconds per family); families_large: the same for Wan2.2 A14B, HunyuanVideo 13B and
 #               Mochi-1 10B;
 #               families_extra: LTX-Video 0.9.7 13B and Wan2.1 VACE-14B
-#   families_compiled, families_compiled_large, families_compiled_hunyuan, families_compiled_cogvideox  the same
+#   families_compiled, families_compiled_large, families_compiled_hunyuan, families_compiled_mochi,
+#               families_compiled_cogvideox  the same
 #               compiled (benchmarks of those names, one GPU call each)
 set -u
 export PYTHONUNBUFFERED=1
@@ -88,7 +89,7 @@ RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
 PARTS="kernels|fp8|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|calibrate|training|training_full|training_shift|training_seeds|calibrated_students|motion|\
 demo_student|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
-families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_cogvideox"
+families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_mochi|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
 mkdir -p "$OUT"
@@ -243,6 +244,9 @@ families_compiled_large)
     ;;
 families_compiled_hunyuan)
     family_bench families_compiled_hunyuan
+    ;;
+families_compiled_mochi)
+    family_bench families_compiled_mochi
     ;;
 families_compiled_cogvideox)
     family_bench families_compiled_cogvideox

@@ -136,6 +136,10 @@ BENCHMARKS = {
         "benchmarks.bench_families",
         "the families benchmark compiled (compile_repeated_blocks, default mode): HunyuanVideo 13B 720p",
         ("--families", "hunyuan_video", "--compile", "default", "--iters", "2")),
+    "families_compiled_mochi": Benchmark(
+        "benchmarks.bench_families",
+        "the families benchmark compiled (compile_repeated_blocks, default mode): Mochi-1 10B 480p",
+        ("--families", "mochi", "--compile", "default", "--iters", "2")),
     "families_compiled_cogvideox": Benchmark(
         "benchmarks.bench_families",
         "the families benchmark compiled (torch.compile of the whole model, default mode): CogVideoX-5B",
