@@ -212,7 +212,11 @@ def test_a_training_variant_compares_student_by_student():
     assert [r["name"] for r in found["rows"]] == [n for n in base["students"] if n != "distill_topp_95"]
     text = variant_markdown(base, variant)
     assert "train_shift: null -> 5.0" in text
-    assert "+0.50 dB, higher PSNR on 2/3 clips" in text
+    assert "+0.50 dB, higher PSNR on 2/3 clips | +0.17 +- 0.60 dB |" in text  # differences 0.5, -1, 1
+
+    variant["settings"].update(seed=1, data_seed=2)  # another draw of the training noise and data
+    assert variant_comparison(base, variant)["changed"] == {"train_shift": (None, 5.0), "seed": (0, 1),
+                                                            "data_seed": (1, 2)}
 
     variant["settings"]["fine_tuning"] = "slice"  # base, an older grid, fine-tuned on the slice without saying so
     assert "fine_tuning" not in variant_comparison(base, variant)["changed"]

@@ -528,7 +528,8 @@ def write_grid(grid: Grid) -> None:
             students[student["name"]] = {**student, **measured}
     planned = [s["name"] for s in student_plan(a.targets, a.rules, a.objectives)]
     result = {"settings": {"targets": a.targets, "steps": a.steps, "batch": a.batch, "clips": a.clips, "lr": a.lr,
-                           "trainable": a.trainable, "train_shift": a.train_shift, **context,
+                           "trainable": a.trainable, "train_shift": a.train_shift, "seed": a.seed,
+                           "data_seed": a.data_seed, **context,
                            "model": a.model or ("tiny" if a.tiny else "shipped"),
                            "calibration": grid.read("calibration.json")},
               "dense": reference.get("dense"), "noise_floor": reference.get("noise_floor"),

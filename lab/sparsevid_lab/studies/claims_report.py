@@ -46,6 +46,18 @@ def _short(entry: dict) -> str:
     return f"{entry['psnr']:.2f} dB / {entry['velocity_error']['overall']:.4f}"
 
 
+def paired_psnr_change(a: dict, b: dict) -> tuple[float, float] | None:
+    """Mean and standard error of ``a``'s PSNR minus ``b``'s over the evaluation clips (paired clip by clip), or
+    None without per-clip figures for both (or fewer than two clips)."""
+    pa, pb = a.get("psnr_per_clip"), b.get("psnr_per_clip")
+    if not pa or not pb or len(pa) != len(pb) or len(pa) < 2:
+        return None
+    diffs = [x - y for x, y in zip(pa, pb)]
+    mean = sum(diffs) / len(diffs)
+    variance = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+    return mean, (variance / len(diffs)) ** 0.5
+
+
 def clips_won(a: dict, b: dict) -> str:
     """On how many of the evaluation clips ``a``'s PSNR exceeds ``b``'s ("6/8"): whether a difference of the
     means holds clip by clip or rests on a few clips (the verdict itself uses the means)."""
@@ -157,7 +169,8 @@ def _target(grid: dict, target: float) -> dict:
 
 
 EVALUATION_SETTINGS = ("captions", "seeds", "sample_steps", "guidance", "heldout")
-TRAINING_SETTINGS = ("slice", "fine_tuning", "steps", "batch", "clips", "lr", "trainable", "train_shift")
+TRAINING_SETTINGS = ("slice", "fine_tuning", "steps", "batch", "clips", "lr", "trainable", "train_shift", "seed",
+                     "data_seed")
 # What must be equal in the two data arms for their entries to compare: the evaluation and the budget, all but the
 # fine-tuning data (the teacher is checked by its measured yardsticks: a grid names it by where it was loaded from).
 SHARED_SETTINGS = EVALUATION_SETTINGS + tuple(k for k in TRAINING_SETTINGS if k != "fine_tuning")
@@ -232,7 +245,9 @@ def data_arms_markdown(mismatched: dict, matched: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-SETTING_DEFAULTS = {"fine_tuning": "slice"}  # grids from before --fine-tune-on existed fine-tuned on the slice
+# Grids from before --fine-tune-on existed fine-tuned on the slice; grids from before the seeds were recorded used
+# claims_grid's default seeds.
+SETTING_DEFAULTS = {"fine_tuning": "slice", "seed": 0, "data_seed": 1}
 
 
 def _setting(grid: dict, key: str):
@@ -268,12 +283,15 @@ def variant_markdown(base: dict, variant: dict) -> str:
     found = variant_comparison(base, variant)
     changed = "; ".join(f"{k}: {json.dumps(b)} -> {json.dumps(v)}" for k, (b, v) in found["changed"].items())
     lines = [f"Training settings changed (base -> variant): {changed or 'none'}.", "",
-             "| student | sparsity base / variant | PSNR base / variant (dB) | change | velocity error base / variant | "
-             "faithfulness base / variant |", "|---|---|---|---|---|---|"]
+             "| student | sparsity base / variant | PSNR base / variant (dB) | change | per clip (mean +- s.e.) | "
+             "velocity error base / variant | faithfulness base / variant |", "|---|---|---|---|---|---|---|"]
     for r in found["rows"]:
         b, v = r["base"], r["variant"]
+        paired = paired_psnr_change(v, b)
+        per_clip = "-" if paired is None else f"{paired[0]:+.2f} +- {paired[1]:.2f} dB"
         lines.append(f"| {r['name']} | {b['sparsity']:.3f} / {v['sparsity']:.3f} | {b['psnr']:.2f} / {v['psnr']:.2f} | "
-                     f"{v['psnr'] - b['psnr']:+.2f} dB, {r['clips_won']} | {b['velocity_error']['overall']:.4f} / "
+                     f"{v['psnr'] - b['psnr']:+.2f} dB, {r['clips_won']} | {per_clip} | "
+                     f"{b['velocity_error']['overall']:.4f} / "
                      f"{v['velocity_error']['overall']:.4f} | {b['faithfulness']['overall']:.3f} / "
                      f"{v['faithfulness']['overall']:.3f} |")
     return "\n".join(lines) + "\n"
