@@ -20,6 +20,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .triton_launch import AUTOTUNE, INTERPRET, launch_tuned
 
 LOG2E = 1.4426950408889634
+LN2 = tl.constexpr(0.6931471805599453)
 
 _TMA_KERNELS = ("fwd", "dq", "dkdv")
 
@@ -81,12 +82,45 @@ _TUNE_KEY = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "N", "M", "USE_TMA"]
 
 
 @triton.jit
-def _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N: tl.constexpr):
-    """Index tables are ascending, so only the last kept key block can be the short last block of the
-    sequence. Returns (number of full kept blocks, whether a short tail block follows, its index)."""
+def _query_rows(H, N, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr):
+    """The ROWS query rows of program (pid_m, b * H + h) of a forward or dQ grid: (pid_m, pid_bh, i_b, i_h, the
+    query block holding them, their offsets o_m [ROWS], the channel offsets o_d [BLOCK_D], the in-bounds mask of
+    their [ROWS, BLOCK_D] tile)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
+    q_block = (pid_m * ROWS) // BLOCK_M
+    o_m = pid_m * ROWS + tl.arange(0, ROWS)
+    o_d = tl.arange(0, BLOCK_D)
+    m_tile = (o_m < N)[:, None] & (o_d < HEAD_DIM)[None, :]
+    return pid_m, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile
+
+
+@triton.jit
+def _tile_schedule(KvCount, KvIndex, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
+                   NUM_KV_BLOCKS, M, BLOCK_N: tl.constexpr):
+    """The kept key blocks of query block q_block of (i_b, i_h). Index tables are ascending, so only the last kept
+    key block can be the short last block of the sequence. Returns (the number of kept blocks, a pointer to the
+    row of the index table, the number of full kept blocks, whether a short tail block follows, its index)."""
+    count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + q_block)
+    p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + q_block * stride_ir
     last_block = tl.load(p_index + tl.maximum(count - 1, 0))
     ragged_tail = (count > 0) & (last_block == NUM_KV_BLOCKS - 1) & (M % BLOCK_N != 0)
-    return count - ragged_tail.to(tl.int32), ragged_tail, last_block
+    return count, p_index, count - ragged_tail.to(tl.int32), ragged_tail, last_block
+
+
+@triton.jit
+def _store_rows(p_out, p_lse, b_acc, b_m, b_l, b_shift, m_tile, m_rows):
+    """The forward's epilogue: out = b_acc / b_l (float32 [ROWS, BLOCK_D], in p_out's element type) and the rows'
+    natural-log lse from the base-2 running max b_m, row sum b_l and shift b_shift (what the row's logits had
+    taken off, base 2). A row with no kept key gives zeros and lse -inf; a NaN row sum (a non-finite input) gives
+    NaN, as dense attention does. Returns b_l with rows without keys set to 1."""
+    has_keys = b_l != 0.0
+    b_l = tl.where(has_keys, b_l, 1.0)
+    tl.store(p_out, (b_acc / b_l[:, None]).to(p_out.dtype.element_ty), mask=m_tile)
+    tl.store(p_lse, tl.where(has_keys, (b_m + tl.math.log2(b_l) + b_shift) * LN2, float("-inf")), mask=m_rows)
+    return b_l
 
 
 @triton.jit
@@ -203,14 +237,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
     split of the query block it owns): sum_rows exp2(tile_lse - lse) / rows_in_block at kept key blocks, 0
     elsewhere. That variant walks whole tiles (no SUB_N sub-tiles), so the loop holds no branch and stays
     software-pipelined."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    i_b = (pid_bh // H).to(tl.int64)
-    i_h = (pid_bh % H).to(tl.int64)
-    q_block = (pid_m * ROWS) // BLOCK_M
-    o_m = pid_m * ROWS + tl.arange(0, ROWS)
-    o_d = tl.arange(0, BLOCK_D)
-    m_tile = (o_m < N)[:, None] & (o_d < HEAD_DIM)[None, :]
+    pid_m, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _query_rows(H, N, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS)
 
     p_q = Q + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :] * stride_qd
     b_q = tl.load(p_q, mask=m_tile, other=0.0)
@@ -219,9 +246,9 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
     k_src = _rows_source(K, i_b, i_h, stride_kb, stride_kh, USE_TMA)
     v_src = _rows_source(V, i_b, i_h, stride_vb, stride_vh, USE_TMA)
 
-    count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + q_block)
-    p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + q_block * stride_ir
-    num_full, ragged_tail, last_block = _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N)
+    count, p_index, num_full, ragged_tail, last_block = _tile_schedule(
+        KvCount, KvIndex, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, NUM_KV_BLOCKS, M,
+        BLOCK_N)
 
     b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([ROWS], dtype=tl.float32)
@@ -263,17 +290,12 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
         if WITH_MASS:
             tl.store(p_slots + (num_full + 1) * BLOCK_M + o_in_block, b_m + tl.math.log2(b_psum))
 
-    has_keys = b_l != 0.0  # NaN too (a non-finite input): the row gives NaN, as dense attention does
-    b_out = b_acc / tl.where(has_keys, b_l, 1.0)[:, None]
     p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :] * stride_od
-    tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_tile)
-    b_lse = tl.where(has_keys, (b_m + tl.math.log2(tl.where(has_keys, b_l, 1.0))) * 0.6931471805599453,
-                     float("-inf"))
-    tl.store(Lse + pid_bh.to(tl.int64) * N + o_m, b_lse, mask=o_m < N)
+    b_l = _store_rows(p_o, Lse + pid_bh.to(tl.int64) * N + o_m, b_acc, b_m, b_l, 0.0, m_tile, o_m < N)
     if WITH_MASS:
         # The barrier makes the other threads' tile sums visible, and orders the zeros before the masses.
         tl.debug_barrier()
-        b_lse2 = b_m + tl.math.log2(tl.where(has_keys, b_l, 1.0))
+        b_lse2 = b_m + tl.math.log2(b_l)
         rows_in_block = tl.minimum(BLOCK_M, N - q_block * BLOCK_M).to(tl.float32)
         # SLOTS kept tiles at a time: one [SLOTS, ROWS] load and one row reduction per chunk.
         SLOTS: tl.constexpr = 16
@@ -345,15 +367,8 @@ def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    i_b = (pid_bh // H).to(tl.int64)
-    i_h = (pid_bh % H).to(tl.int64)
-    q_block = (pid_m * ROWS) // BLOCK_M
-    o_m = pid_m * ROWS + tl.arange(0, ROWS)
-    o_d = tl.arange(0, BLOCK_D)
+    _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _query_rows(H, N, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS)
     m_rows = o_m < N
-    m_tile = m_rows[:, None] & (o_d < HEAD_DIM)[None, :]
 
     o_rows = o_m[:, None].to(tl.int64)
     b_q = tl.load(Q + i_b * stride_qb + i_h * stride_qh + o_rows * stride_qn + o_d[None, :] * stride_qd,
@@ -367,9 +382,9 @@ def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
     k_src = _rows_source(K, i_b, i_h, stride_kb, stride_kh, USE_TMA)
     v_src = _rows_source(V, i_b, i_h, stride_vb, stride_vh, USE_TMA)
 
-    count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + q_block)
-    p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + q_block * stride_ir
-    num_full, ragged_tail, last_block = _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N)
+    count, p_index, num_full, ragged_tail, last_block = _tile_schedule(
+        KvCount, KvIndex, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, NUM_KV_BLOCKS, M,
+        BLOCK_N)
 
     SUBS: tl.constexpr = BLOCK_N // SUB_N
     b_dq = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)

@@ -17,12 +17,12 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import triton_attention as bf16
 from .fp8 import FP8_DTYPE, FP8_MAX, P_SCALE, Fp8Inputs
-from .triton_attention import LOG2E, _configs, _load_rows, _prune, _rows_source, _tile_schedule
+from .triton_attention import (LOG2E, _configs, _load_rows, _prune, _query_rows, _rows_source, _store_rows,
+                               _tile_schedule)
 from .triton_launch import launch_tuned
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _LOG2_P_SCALE = tl.constexpr(math.log2(P_SCALE))
-_LN2 = tl.constexpr(0.6931471805599453)
 
 
 # --------------------------------------------------------------------------- quantization
@@ -277,15 +277,8 @@ def _bsa_fp8_fwd_kernel(Q, QLo, K, V, QScale, KScale, VScale, KMean, Out, Lse, K
                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr, USE_TMA: tl.constexpr):
     """Forward over the kept tiles of ROWS query rows (inside one query block, hence one q scale); Q and QLo
     (Q's residual) share strides."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    i_b = (pid_bh // H).to(tl.int64)
-    i_h = (pid_bh % H).to(tl.int64)
-    q_block = (pid_m * ROWS) // BLOCK_M
-    o_m = pid_m * ROWS + tl.arange(0, ROWS)
-    o_d = tl.arange(0, BLOCK_D)
+    _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _query_rows(H, N, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS)
     m_d = o_d < HEAD_DIM
-    m_tile = (o_m < N)[:, None] & m_d[None, :]
 
     o_q = i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :]
     b_q = tl.load(Q + o_q, mask=m_tile, other=0.0)
@@ -299,9 +292,9 @@ def _bsa_fp8_fwd_kernel(Q, QLo, K, V, QScale, KScale, VScale, KMean, Out, Lse, K
     k_src = _rows_source(K, i_b, i_h, stride_kb, stride_kh, USE_TMA)
     v_src = _rows_source(V, i_b, i_h, stride_vb, stride_vh, USE_TMA)
 
-    count = tl.load(KvCount + i_b * stride_cb + i_h * stride_ch + q_block)
-    p_index = KvIndex + i_b * stride_ib + i_h * stride_ih + q_block * stride_ir
-    num_full, ragged_tail, last_block = _tile_schedule(p_index, count, NUM_KV_BLOCKS, M, BLOCK_N)
+    _, p_index, num_full, ragged_tail, last_block = _tile_schedule(
+        KvCount, KvIndex, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, NUM_KV_BLOCKS, M,
+        BLOCK_N)
 
     SUBS: tl.constexpr = BLOCK_N // SUB_N
     b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
@@ -320,14 +313,10 @@ def _bsa_fp8_fwd_kernel(Q, QLo, K, V, QScale, KScale, VScale, KMean, Out, Lse, K
                 b_acc, b_m, b_l = _fp8_tile(b_acc, b_m, b_l, b_q, b_q_lo, k_src, v_src, start_n, tile_scale, stride_kn,
                                             stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, True, USE_TMA)
 
-    has_keys = b_l != 0.0  # NaN too (a non-finite input): the row gives NaN, as dense attention does
     b_vscale = tl.load(VScale + pid_bh * HEAD_DIM + o_d, mask=m_d, other=0.0)
-    b_out = b_acc * b_vscale[None, :] / tl.where(has_keys, b_l, 1.0)[:, None]
     p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :] * stride_od
-    tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_tile)
-    b_lse = tl.where(has_keys, (b_m + tl.math.log2(tl.where(has_keys, b_l, 1.0)) + b_shift) * _LN2,
-                     float("-inf"))
-    tl.store(Lse + pid_bh.to(tl.int64) * N + o_m, b_lse, mask=o_m < N)
+    _store_rows(p_o, Lse + pid_bh.to(tl.int64) * N + o_m, b_acc * b_vscale[None, :], b_m, b_l, b_shift, m_tile,
+                o_m < N)
 
 
 def fp8_forward(x: Fp8Inputs, kv_count: torch.Tensor, kv_index: torch.Tensor, block_q: int, block_k: int,
