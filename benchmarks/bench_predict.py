@@ -46,10 +46,13 @@ Writes its result (rows, Markdown tables) under --out and prints the tables.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import functools
 import math
 import os
+import pstats
 import time
+from pathlib import Path
 
 import torch
 
@@ -213,6 +216,26 @@ def host_us(fn, calls: int = 50) -> float:
     return elapsed / calls * 1e6
 
 
+def host_profile(fn, calls: int = 50, top: int = 12) -> list[dict]:
+    """Where the host time of ``fn`` goes: cProfile over ``calls`` calls, the ``top`` functions by their own time
+    and the ``top`` by their cumulative time, together by cumulative time, each as {"function" (file:line(name)),
+    "calls", "own_us", "cumulative_us"} per call of ``fn``."""
+    fn()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, callers)}
+    by_own = sorted(stats, key=lambda key: -stats[key][2])[:top]
+    by_cumulative = sorted(stats, key=lambda key: -stats[key][3])[:top]
+    rows = sorted(((key, stats[key]) for key in set(by_own) | set(by_cumulative)), key=lambda item: -item[1][3])
+    return [{"function": f"{Path(file).name}:{line}({func})", "calls": n / calls, "own_us": own / calls * 1e6,
+             "cumulative_us": cumulative / calls * 1e6} for (file, line, func), (_, n, own, cumulative, _) in rows]
+
+
 def bench_case(name: str, kind: str, blocks: tuple[int, int], device, dtype, attention_ms: dict) -> dict:
     """One (shape, blocks, input kind): checks, then every timing of the module docstring."""
     b, h, n, d, _ = SHAPES[name]
@@ -307,7 +330,7 @@ def api_case(name: str, rule_name: str, blocks: tuple[int, int], device, dtype) 
         row[label] = {"do_bench_ms": measure(fn)}
         if device.type == "cuda":
             row[label].update(back_to_back_ms=back_to_back_ms(fn), device_ms=flushed_ms(fn, clean=False),
-                              graph_ms=graph_ms(fn, measure), host_us=host_us(fn))
+                              graph_ms=graph_ms(fn, measure), host_us=host_us(fn), host_profile=host_profile(fn))
     row["ratio"] = {how: row["predict_forward"][how] / row["forward"][how] for how in row["forward"]
                     if how.endswith("_ms") and row["forward"][how] and row["predict_forward"][how]}
     row["within_target"] = {how: ratio <= API_TARGET for how, ratio in row["ratio"].items()}
@@ -327,6 +350,13 @@ def api_table(rows: list[dict]) -> str:
         if "host_us" in row["forward"]:
             lines.append(f"| {row['shape']} | {row['rule_name']} | | host us/call | {row['forward']['host_us']:.1f} | "
                          f"{row['predict_forward']['host_us']:.1f} | {row['predict']['host_us']:.1f} | |")
+    for row in rows:  # where the host time goes (cProfile; its own overhead inflates the figures)
+        for label in ("predict", "forward"):
+            if "host_profile" in row[label]:
+                lines += ["", f"Host profile of {label}, {row['shape']} {row['rule_name']} (us per call):", "",
+                          "| function | calls | own us | cumulative us |", "|---|---|---|---|"]
+                lines += [f"| `{f['function']}` | {f['calls']:g} | {f['own_us']:.1f} | {f['cumulative_us']:.1f} |"
+                          for f in row[label]["host_profile"]]
     return "\n".join(lines)
 
 
