@@ -82,10 +82,10 @@ _TUNE_KEY = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "N", "M", "USE_TMA"]
 
 
 @triton.jit
-def _query_rows(H, N, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr):
-    """The ROWS query rows of program (pid_m, b * H + h) of a forward or dQ grid: (pid_m, pid_bh, i_b, i_h, the
-    query block holding them, their offsets o_m [ROWS], the channel offsets o_d [BLOCK_D], the in-bounds mask of
-    their [ROWS, BLOCK_D] tile)."""
+def _program_rows(H, N, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr):
+    """The ROWS rows of program (pid_m, b * H + h) over a sequence of N tokens in blocks of BLOCK_M (query rows
+    of a forward or dQ grid, key rows of the dK/dV grid): (pid_m, pid_bh, i_b, i_h, the block holding them, their
+    offsets o_m [ROWS], the channel offsets o_d [BLOCK_D], the in-bounds mask of their [ROWS, BLOCK_D] tile)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_b = (pid_bh // H).to(tl.int64)
@@ -237,7 +237,7 @@ def _bsa_fwd_kernel(Q, K, V, Out, Lse, KvCount, KvIndex, TileLse, TileMass,
     split of the query block it owns): sum_rows exp2(tile_lse - lse) / rows_in_block at kept key blocks, 0
     elsewhere. That variant walks whole tiles (no SUB_N sub-tiles), so the loop holds no branch and stays
     software-pipelined."""
-    pid_m, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _query_rows(H, N, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS)
+    pid_m, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _program_rows(H, N, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS)
 
     p_q = Q + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :] * stride_qd
     b_q = tl.load(p_q, mask=m_tile, other=0.0)
@@ -367,7 +367,7 @@ def _bsa_bwd_dq_kernel(Q, K, V, dOut, Lse, Delta, dQ, KvCount, KvIndex,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
-    _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _query_rows(H, N, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS)
+    _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _program_rows(H, N, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS)
     m_rows = o_m < N
 
     o_rows = o_m[:, None].to(tl.int64)
@@ -420,14 +420,7 @@ def _bsa_bwd_dkdv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV, QCount, QIndex,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, COLS: tl.constexpr, SUB_M: tl.constexpr,
                          DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    i_b = (pid_bh // H).to(tl.int64)
-    i_h = (pid_bh % H).to(tl.int64)
-    kv_block = (pid_n * COLS) // BLOCK_N
-    o_n = pid_n * COLS + tl.arange(0, COLS)
-    o_d = tl.arange(0, BLOCK_D)
-    m_tile = (o_n < M)[:, None] & (o_d < HEAD_DIM)[None, :]
+    _, pid_bh, i_b, i_h, kv_block, o_n, o_d, m_tile = _program_rows(H, M, HEAD_DIM, BLOCK_D, BLOCK_N, COLS)
 
     o_cols = o_n[:, None].to(tl.int64)
     b_k = tl.load(K + i_b * stride_kb + i_h * stride_kh + o_cols * stride_kn + o_d[None, :] * stride_kd,

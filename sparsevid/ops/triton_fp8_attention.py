@@ -17,7 +17,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import triton_attention as bf16
 from .fp8 import FP8_DTYPE, FP8_MAX, P_SCALE, Fp8Inputs
-from .triton_attention import (LOG2E, _configs, _load_rows, _prune, _query_rows, _rows_source, _store_rows,
+from .triton_attention import (LOG2E, _configs, _load_rows, _prune, _program_rows, _rows_source, _store_rows,
                                _tile_schedule)
 from .triton_launch import launch_tuned
 
@@ -277,7 +277,7 @@ def _bsa_fp8_fwd_kernel(Q, QLo, K, V, QScale, KScale, VScale, KMean, Out, Lse, K
                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr, USE_TMA: tl.constexpr):
     """Forward over the kept tiles of ROWS query rows (inside one query block, hence one q scale); Q and QLo
     (Q's residual) share strides."""
-    _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _query_rows(H, N, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS)
+    _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _program_rows(H, N, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS)
     m_d = o_d < HEAD_DIM
 
     o_q = i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :]

@@ -19,7 +19,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from . import triton_attention as bf16
 from .fp8 import FP8_DTYPE
 from .int8 import INT8_MAX, Int8Inputs, SMOOTH_SAMPLES
-from .triton_attention import (LOG2E, _configs, _load_rows, _prune, _query_rows, _rows_source, _store_rows,
+from .triton_attention import (LOG2E, _configs, _load_rows, _prune, _program_rows, _rows_source, _store_rows,
                                _tile_schedule)
 from .triton_fp8_attention import (_LOG2_P_SCALE, _abs_or_zero, _box_hook, _load_v, _pow2_scale, _tile_ptrs,
                                    _to_fp8)
@@ -180,7 +180,7 @@ def _bsa_int8_fwd_kernel(Q, K, V, KScale, VScale, KMean, Out, Lse, KvCount, KvIn
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr, USE_TMA: tl.constexpr):
     """Forward over the kept tiles of ROWS query rows (inside one query block) of Q [B, H, N, D] (its own dtype
     and strides), quantized to int8 per row here."""
-    _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _query_rows(H, N, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS)
+    _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _program_rows(H, N, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS)
     m_d = o_d < HEAD_DIM
 
     p_q = Q + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :] * stride_qd
