@@ -136,7 +136,7 @@ def test_fp8_kernel_against_emulation(case, inputs, nan_poisoned_outputs):
     assert out.dtype == q.dtype and torch.isfinite(out).all()
     assert rel_err(lse, emu_lse) < 1e-4
     assert rel_err(out, ref) <= 1.25 * rel_err(emu, ref)
-    empty = ~keep.any(-1).repeat_interleave(block_q, -1)[..., :n]
+    empty = ~mask.keep.any(-1).repeat_interleave(block_q, -1)[..., :n]
     assert torch.equal(out[empty], torch.zeros_like(out[empty])) and (lse[empty] == float("-inf")).all()
 
 
@@ -189,7 +189,7 @@ def test_int8_kernel_against_emulation_and_float64(case, inputs, nan_poisoned_ou
     assert rel_err(lse, emu_lse) < 1e-4
     assert rel_err(out, ref) <= 1.25 * rel_err(emu, ref)
     assert rel_err(out, ref) <= 2 * eps
-    empty = ~keep.any(-1).repeat_interleave(block_q, -1)[..., :n]
+    empty = ~mask.keep.any(-1).repeat_interleave(block_q, -1)[..., :n]
     assert torch.equal(out[empty], torch.zeros_like(out[empty])) and (lse[empty] == float("-inf")).all()
 
 
