@@ -91,6 +91,9 @@ CUDA_COMPILE_CASES = [("default", name) for name in MODELS] + [
 def test_inductor_compiled_triton_model_matches_eager_on_cuda(name, mode):
     model, inputs = build(name)
     model = model.to("cuda", torch.float16)
+    for module_name, module in model.named_modules():  # what diffusers' from_pretrained keeps in float32 stays so
+        if set(module_name.split(".")) & set(model._keep_in_fp32_modules or ()):
+            module.float()
 
     def to_cuda(value):  # tensors to the GPU (floating ones in fp16); sizes, flags and lists of tensors as they are
         if isinstance(value, (tuple, list)):
@@ -103,7 +106,15 @@ def test_inductor_compiled_triton_model_matches_eager_on_cuda(name, mode):
     sv.apply_sparse_attention(model, sv.SparseConfig(**{**SPARSE, "backend": "triton"}))
     eager = run_model(model, inputs)
     compiled = torch.compile(model, mode=mode, fullgraph=name == "wan")
-    out = run_model(compiled, inputs)
+    try:
+        out = run_model(compiled, inputs)
+    except torch._inductor.exc.InductorError as error:  # sparse attention must add no failure of its own
+        sv.remove_sparse_attention(model)
+        torch._dynamo.reset()
+        with pytest.raises(type(error)) as stock:
+            run_model(torch.compile(model, mode=mode), inputs)
+        assert str(stock.value) == str(error)
+        pytest.xfail(f"the stock {name} model fails to compile the same way: {str(error).splitlines()[0]}")
     assert relative_error(out.float(), eager.float()) < 1e-2  # fp16: inductor fuses the projections differently
     if name == "wan":  # one graph serves every denoising step
         with torch._dynamo.config.patch(error_on_recompile=True):
