@@ -225,6 +225,11 @@ def test_a_training_variant_compares_student_by_student():
         _assert_refused(variant_comparison, base, variant, edit, match)
     with pytest.raises(ValueError, match="share no student"):
         variant_comparison(base, {**variant, "students": {}})
+    # The same teacher evaluated on another GPU model (its held-out loss in the fourth digit), or not evaluated
+    other_gpu = copy.deepcopy(variant)
+    other_gpu["dense"]["heldout_loss"]["overall"] *= 1 + 5e-4
+    assert variant_comparison(base, other_gpu)["rows"]
+    assert variant_comparison(base, {**variant, "dense": None})["rows"]
 
 
 def test_students_train_at_the_teachers_shift_unless_told(tmp_path):

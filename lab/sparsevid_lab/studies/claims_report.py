@@ -176,11 +176,19 @@ TRAINING_SETTINGS = ("slice", "fine_tuning", "steps", "batch", "clips", "lr", "t
 SHARED_SETTINGS = EVALUATION_SETTINGS + tuple(k for k in TRAINING_SETTINGS if k != "fine_tuning")
 
 
+# The same teacher's held-out loss evaluated in bf16 on another GPU model (H100 against H200) differs in the fourth
+# digit (0.091282 against 0.091249); another teacher differs by far more.
+TEACHER_LOSS_RTOL = 1e-3
+
+
 def _other_teacher(a: dict, b: dict) -> list[str]:
-    """[] when two grids measured the same dense teacher (faithfulness and held-out loss), else [the difference]."""
+    """[] when two grids measured the same dense teacher (equal faithfulness, held-out losses within
+    ``TEACHER_LOSS_RTOL``) or one of them did not measure it (a grid run without the dense evaluation), else [the
+    difference]."""
     teachers = [(g["dense"]["faithfulness"]["overall"], g["dense"]["heldout_loss"]["overall"]) if g.get("dense")
                 else None for g in (a, b)]
-    if teachers[0] == teachers[1]:
+    if None in teachers or (teachers[0][0] == teachers[1][0]
+                            and abs(teachers[0][1] - teachers[1][1]) <= TEACHER_LOSS_RTOL * abs(teachers[0][1])):
         return []
     return [f"the dense teacher's faithfulness and held-out loss ({teachers[0]} against {teachers[1]})"]
 
