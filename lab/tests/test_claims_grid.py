@@ -276,3 +276,37 @@ def test_synthetic_arm_trains_on_the_teachers_own_samples_cached_by_the_library(
     assert torch.allclose(data.batch([row]).latents, alone, atol=1e-4)  # batch of 2 vs alone: float32 arithmetic
     trained = json.loads((tmp_path / "students" / "distill_hybrid_75" / "eval.json").read_text())["training"]
     assert trained["data"] == data.describe()  # the students read the shard folder
+
+
+def test_teacher_samples_can_be_drawn_with_their_own_sampler_settings(tmp_path):
+    """--cache-steps / --cache-guidance set the sampler of --part cache apart from the evaluation's (which they
+    default to), and the grid's settings record them."""
+    import torch
+
+    from sparsevid.training import STREAM_TEACHER, LatentDirectory, sample_generator
+    from sparsevid_lab.model.pipeline import builtin_encoder
+
+    args = ["--out", str(tmp_path), "--fine-tune-on", "synthetic", "--cache-batch", "2", "--objectives", "distill",
+            *TINY]
+    plain = claims_grid.parse_args([*args, "--part", "plan"])
+    grid = claims_grid.Grid(plain)
+    teacher = grid.teacher()
+    assert claims_grid.synthetic_sampling(plain, teacher) == {"steps": 2,
+                                                              "guidance": teacher.config["sampling"]["guidance"]}
+    own = [*args, "--cache-steps", "3", "--cache-guidance", "1.0"]
+    assert claims_grid.synthetic_sampling(claims_grid.parse_args([*own, "--part", "plan"]), teacher) == {
+        "steps": 3, "guidance": 1.0}
+    assert claims_grid.main([*own, "--part", "calibrate", "cache", "train", "report"]) == 0
+    data = LatentDirectory(tmp_path / "synthetic", seed=1)
+    captions = [s["caption"] for s in json.loads((tmp_path / "synthetic" / "index.json").read_text())["samples"]]
+    alone = builtin_encoder(teacher).pipe(
+        prompt=captions[1:], height=teacher.clip_shape[2], width=teacher.clip_shape[3],
+        num_frames=teacher.clip_shape[1], num_inference_steps=3, guidance_scale=1.0, output_type="latent",
+        generator=[sample_generator(1, 1, STREAM_TEACHER)]).frames
+    row = next(i for i in range(2) if data.sample(i) == 1)
+    assert torch.allclose(data.batch([row]).latents, alone, atol=1e-4)  # batch of 2 vs alone: float32 arithmetic
+    settings = json.loads((tmp_path / "grid.json").read_text())["settings"]
+    assert settings["synthetic_sampling"] == {"steps": 3, "guidance": 1.0}
+    for bad, match in ((["--cache-steps", "0"], "--cache-steps"), (["--cache-guidance", "-1"], "--cache-guidance")):
+        with pytest.raises(SystemExit):
+            claims_grid.parse_args([*args, *bad, "--part", "plan"])

@@ -530,6 +530,8 @@ def write_grid(grid: Grid) -> None:
     result = {"settings": {"targets": a.targets, "steps": a.steps, "batch": a.batch, "clips": a.clips, "lr": a.lr,
                            "trainable": a.trainable, "train_shift": a.train_shift, "seed": a.seed,
                            "data_seed": a.data_seed, **context,
+                           **({"synthetic_sampling": synthetic_sampling(a, grid._loaded_teacher())}
+                              if a.fine_tune_on == "synthetic" else {}),
                            "model": a.model or ("tiny" if a.tiny else "shipped"),
                            "calibration": grid.read("calibration.json")},
               "dense": reference.get("dense"), "noise_floor": reference.get("noise_floor"),
@@ -588,6 +590,16 @@ def part_plan(grid: Grid) -> None:
           f"~{entries * grid.eval_seconds() / 60:.1f} min")
 
 
+def synthetic_sampling(a: argparse.Namespace, teacher) -> dict:
+    """{"steps", "guidance"} of the teacher samples ``--part cache`` draws: ``--cache-steps`` /
+    ``--cache-guidance``, by default the evaluation's sampler (``--sample-steps`` / ``--guidance``, else the
+    teacher's own)."""
+    sampling = teacher.config["sampling"]
+    steps = next(v for v in (a.cache_steps, a.sample_steps, sampling["steps"]) if v is not None)
+    guidance = next(v for v in (a.cache_guidance, a.guidance, sampling["guidance"]) if v is not None)
+    return {"steps": steps, "guidance": guidance}
+
+
 def part_cache(grid: Grid) -> None:
     """``--fine-tune-on synthetic``: sample the teacher densely for the captions of the slice arm's ``--clips``
     fine-tuning clips (same data seed) into OUT/synthetic, with ``sparsevid.data.cache_synthetic`` (resumable: a
@@ -603,10 +615,10 @@ def part_cache(grid: Grid) -> None:
     teacher = grid.teacher()
     captions = ProceduralSource(grid.data_slice(teacher), seed=a.data_seed, clips=a.clips).captions(range(a.clips))
     frames, height, width = teacher.clip_shape[1:]
-    sampling = teacher.config["sampling"]
+    sampling = synthetic_sampling(a, teacher)
     report = cache_synthetic(builtin_encoder(teacher), captions, a.clips, grid.path("synthetic"), height, width,
-                             frames, steps=a.sample_steps or sampling["steps"], guidance=a.guidance or
-                             sampling["guidance"], seed=a.data_seed, batch_size=a.cache_batch)
+                             frames, steps=sampling["steps"], guidance=sampling["guidance"], seed=a.data_seed,
+                             batch_size=a.cache_batch)
     print(f"cache: {report.written} clips sampled in {report.seconds:.0f} s ({report.clips_per_second:.2f} clips/s); "
           f"{report.total} of {a.clips} in {grid.path('synthetic')}")
 
@@ -656,6 +668,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "distribution (like pre-training), or the teacher's own samples of the slice's captions "
                         "(made by --part cache); the evaluation stays outside the slice either way")
     p.add_argument("--cache-batch", type=int, default=8, help="--part cache: clips sampled per call")
+    p.add_argument("--cache-steps", type=int, default=None,
+                   help="--part cache: sampler steps of the teacher samples (default: the evaluation's)")
+    p.add_argument("--cache-guidance", type=float, default=None,
+                   help="--part cache: guidance scale of the teacher samples (default: the evaluation's)")
     p.add_argument("--max-objects", type=int, default=1, help="fine-tuning slice: objects per clip at most")
     p.add_argument("--backgrounds", type=_words, default=["navy"], help="fine-tuning slice: backgrounds")
     p.add_argument("--colours", type=_words, default=None, help="fine-tuning slice: colours (default: all)")
@@ -677,6 +693,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--targets must be sparsities in (0, 1), got {args.targets}")
     if args.train_shift is not None and not args.train_shift > 0:
         p.error(f"--train-shift must be positive, got {args.train_shift}")
+    if args.cache_steps is not None and args.cache_steps < 1:
+        p.error(f"--cache-steps must be >= 1, got {args.cache_steps}")
+    if args.cache_guidance is not None and not args.cache_guidance >= 0:
+        p.error(f"--cache-guidance must be >= 0, got {args.cache_guidance}")
     for name in ("steps", "batch", "clips", "captions", "cache_batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")

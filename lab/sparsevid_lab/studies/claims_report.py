@@ -170,7 +170,7 @@ def _target(grid: dict, target: float) -> dict:
 
 EVALUATION_SETTINGS = ("captions", "seeds", "sample_steps", "guidance", "heldout")
 TRAINING_SETTINGS = ("slice", "fine_tuning", "steps", "batch", "clips", "lr", "trainable", "train_shift", "seed",
-                     "data_seed")
+                     "data_seed", "synthetic_sampling")
 # What must be equal in the two data arms for their entries to compare: the evaluation and the budget, all but the
 # fine-tuning data (the teacher is checked by its measured yardsticks: a grid names it by where it was loaded from).
 SHARED_SETTINGS = EVALUATION_SETTINGS + tuple(k for k in TRAINING_SETTINGS if k != "fine_tuning")
