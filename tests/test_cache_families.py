@@ -121,14 +121,19 @@ def tiny_ltx():
                                  text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
 
 
+def normalised_t5_expected(pipe, pixels, caption, mean, std, max_sequence_length: int):
+    """The encoding of LTX and Mochi pipelines: (z - mean) * scaling_factor / std, with mean and std [C] the VAE's
+    latent statistics; T5's states and mask padded to max_sequence_length."""
+    z = pipe.vae.encode(pixels).latent_dist.mode()
+    mean, std = (torch.as_tensor(values).view(1, -1, 1, 1, 1) for values in (mean, std))
+    text, mask, _, _ = pipe.encode_prompt(caption, do_classifier_free_guidance=False,
+                                          max_sequence_length=max_sequence_length)
+    return (z - mean) * pipe.vae.config.scaling_factor / std, {"text": text[0], "text_mask": mask[0]}
+
+
 def ltx_expected(pipe, pixels, caption):
-    """LTXPipeline's encoding: (z - latents_mean) * scaling_factor / latents_std; T5's states and mask."""
-    vae = pipe.vae
-    z = vae.encode(pixels).latent_dist.mode()
-    latents = (z - vae.latents_mean.view(1, -1, 1, 1, 1)) * vae.config.scaling_factor / vae.latents_std.view(
-        1, -1, 1, 1, 1)
-    text, mask, _, _ = pipe.encode_prompt(caption, do_classifier_free_guidance=False, max_sequence_length=128)
-    return latents, {"text": text[0], "text_mask": mask[0]}
+    """LTXPipeline's encoding: the VAE's latents_mean / latents_std buffers, T5 padded to 128 tokens."""
+    return normalised_t5_expected(pipe, pixels, caption, pipe.vae.latents_mean, pipe.vae.latents_std, 128)
 
 
 def tiny_mochi():
@@ -152,13 +157,9 @@ def tiny_mochi():
 
 
 def mochi_expected(pipe, pixels, caption):
-    """MochiPipeline's encoding: (z - latents_mean) * scaling_factor / latents_std; T5's states and mask."""
-    vae = pipe.vae
-    z = vae.encode(pixels).latent_dist.mode()
-    mean, std = (torch.tensor(values).view(1, -1, 1, 1, 1) for values in (vae.config.latents_mean,
-                                                                            vae.config.latents_std))
-    text, mask, _, _ = pipe.encode_prompt(caption, do_classifier_free_guidance=False, max_sequence_length=256)
-    return (z - mean) * vae.config.scaling_factor / std, {"text": text[0], "text_mask": mask[0]}
+    """MochiPipeline's encoding: the latent statistics of the VAE's config, T5 padded to 256 tokens."""
+    return normalised_t5_expected(pipe, pixels, caption, pipe.vae.config.latents_mean, pipe.vae.config.latents_std,
+                                  256)
 
 
 def ltx_clip_inputs(fps, guidance):
