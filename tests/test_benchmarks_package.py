@@ -103,8 +103,9 @@ def test_results_hold_one_current_result_per_benchmark_and_gpu():
 def test_gpu_session_runs_benchmarks_through_the_registry_and_studies_from_the_lab():
     text = (PACKAGE / "gpu_session.sh").read_text()
     assert not re.search(r"-m benchmarks\.", text), "a module run directly instead of by its registered name"
-    names = re.findall(r"^\s+bench (\w+)", text, flags=re.M) + re.findall(r'-m benchmarks --results "\$RESULTS" (\w+)',
-                                                                         text)
+    names = re.findall(r"^\s+(?:family_)?bench (\w+)", text, flags=re.M) + re.findall(
+        r'-m benchmarks --results "\$RESULTS" (\w+)', text)
+    assert "families_compiled_mochi" in names  # the families parts too
     assert names and set(names) <= set(BENCHMARKS), set(names) - set(BENCHMARKS)
     assert "sparsevid_lab.studies." in text
 
