@@ -91,3 +91,20 @@ def config_spec_arg(text: str) -> str:
     except (ValueError, TypeError, OSError) as error:
         raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
     return text
+
+
+def add_calibration_objective(parser: argparse.ArgumentParser) -> None:
+    """A calibration command's objective: --target-sparsity (a mean sparsity in (0, 1)) or --max-error (a bound
+    >= 0 on each head's relative L1), exactly one, and --error (what a target sparsity's allocation minimises)."""
+    from ..plan.calibration import ERRORS
+
+    objective = parser.add_mutually_exclusive_group(required=True)
+    objective.add_argument("--target-sparsity", type=lambda text: number_arg(
+        text, float, lambda v: 0 < v < 1, "a mean sparsity in (0, 1)"), help="mean sparsity over layers and heads")
+    objective.add_argument("--max-error", type=lambda text: number_arg(
+        text, float, lambda v: v >= 0, "a relative L1 error >= 0"),
+        help="bound on each head's attention-output relative L1")
+    parser.add_argument("--error", choices=ERRORS, default=None,
+                        help="--target-sparsity: the head errors whose sum is minimised: output (the default: through "
+                             "its slice of the layer's output projection), relative (every head alike) or absolute "
+                             "(weighed by the size of its output)")

@@ -5,18 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..plan.calibration import ERRORS
-from .args import CommandError, default_device, device_arg, number_arg, positive_int_arg
+from .args import CommandError, add_calibration_objective, default_device, device_arg, positive_int_arg
 
 CALIBRATION_FILE = "sparse_calibration.json"
-
-
-def _target_arg(text: str) -> float:
-    return number_arg(text, float, lambda v: 0 < v < 1, "a mean sparsity in (0, 1)")
-
-
-def _error_arg(text: str) -> float:
-    return number_arg(text, float, lambda v: v >= 0, "a relative L1 error >= 0")
 
 
 def add_parser(subparsers) -> None:
@@ -34,13 +25,7 @@ def add_parser(subparsers) -> None:
                                           "(needs --height, --width, --frames) and every denoising step measured")
     inputs.add_argument("--data", help="a folder of cached latents (`sparsevid cache`): forwards at stratified noise "
                                        "levels")
-    objective = p.add_mutually_exclusive_group(required=True)
-    objective.add_argument("--target-sparsity", type=_target_arg, help="mean sparsity over layers and heads")
-    objective.add_argument("--max-error", type=_error_arg, help="bound on each head's attention-output relative L1")
-    p.add_argument("--error", choices=ERRORS, default=None,
-                   help="--target-sparsity: the head errors whose sum is minimised: output (the default: through its "
-                        "slice of the layer's output projection), relative (every head alike) or absolute (weighed "
-                        "by the size of its output)")
+    add_calibration_objective(p)
     p.add_argument("--out", help=f"the calibration file (default: {CALIBRATION_FILE} in the --model folder)")
     p.add_argument("--plot", help="the heat map PNG (default: the --out path with .png)")
     p.add_argument("--block-q", type=int, choices=(64, 128), default=128, help="query tile size")

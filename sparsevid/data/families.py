@@ -102,7 +102,6 @@ HUNYUAN_VIDEO = Family(name="hunyuan_video", pipelines=("HunyuanVideoPipeline",)
                        patch=lambda config: int(config["patch_size"]), clip_inputs=_embedded_guidance)
 
 
-
 def _ltx_normalise(vae, latents: torch.Tensor) -> torch.Tensor:
     """(z - latents_mean) * scaling_factor / latents_std per channel, the VAE's own buffers (as LTXPipeline)."""
     shape = (1, -1, 1, 1, 1)
@@ -110,14 +109,12 @@ def _ltx_normalise(vae, latents: torch.Tensor) -> torch.Tensor:
     return (latents - mean) * vae.config.scaling_factor / std
 
 
-def _masked_t5_prompt(length: int):
-    """The encode_prompt of a family whose transformer takes T5's states with their mask (bool), at ``length``
-    tokens (LTX-Video, Mochi)."""
-    def encode(pipe, prompts: list[str], device: torch.device):
-        text, mask, _, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False, max_sequence_length=length,
-                                              device=device)
-        return text, mask, mask.sum(dim=1).tolist()
-    return encode
+def _masked_t5_prompt(pipe, prompts: list[str], device: torch.device):
+    """T5's states with their mask (bool), at the family's text length (LTX-Video, Mochi)."""
+    length = family_for(type(pipe).__name__).text_length
+    text, mask, _, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False, max_sequence_length=length,
+                                          device=device)
+    return text, mask, mask.sum(dim=1).tolist()
 
 
 def _ltx_rope_scale(pipe, fps: float | None, guidance: float | None) -> dict[str, torch.Tensor]:
@@ -135,11 +132,11 @@ def _ltx_unpack(pipe, tokens: torch.Tensor, grid: tuple[int, int, int]) -> torch
 
 
 LTX = Family(name="ltx", pipelines=("LTXPipeline",), text_length=128, normalise=_ltx_normalise,
-             encode_prompt=_masked_t5_prompt(128), patch=lambda config: int(config["patch_size"]), clip_inputs=_ltx_rope_scale,
+             encode_prompt=_masked_t5_prompt, patch=lambda config: int(config["patch_size"]),
+             clip_inputs=_ltx_rope_scale,
              compression=lambda pipe: (int(pipe.vae_temporal_compression_ratio),
                                        int(pipe.vae_spatial_compression_ratio)),
              unpack=_ltx_unpack)
-
 
 
 def _mochi_normalise(vae, latents: torch.Tensor) -> torch.Tensor:
@@ -152,7 +149,7 @@ def _mochi_normalise(vae, latents: torch.Tensor) -> torch.Tensor:
 
 
 MOCHI = Family(name="mochi", pipelines=("MochiPipeline",), text_length=256, normalise=_mochi_normalise,
-               encode_prompt=_masked_t5_prompt(256), patch=lambda config: int(config["patch_size"]),
+               encode_prompt=_masked_t5_prompt, patch=lambda config: int(config["patch_size"]),
                compression=lambda pipe: (int(pipe.vae_temporal_scale_factor), int(pipe.vae_spatial_scale_factor)))
 
 FAMILIES = (WAN, HUNYUAN_VIDEO, LTX, MOCHI)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparsevid.cli.args import CommandError, default_device, device_arg, positive_int_arg
-from sparsevid.plan.calibration import ERRORS
+from sparsevid.cli.args import CommandError, add_calibration_objective, default_device, device_arg, positive_int_arg
 
 from .args import clip_arg, model_dir_arg
 
@@ -36,13 +35,7 @@ def add_parser(subparsers) -> None:
                     "candidates at every step, choose each head's setting (--target-sparsity or --max-error) and "
                     "write the calibration (JSON), its table and heat map. Load it with "
                     "sparsevid.SparseConfig.from_calibration.")
-    objective = p.add_mutually_exclusive_group(required=True)
-    objective.add_argument("--target-sparsity", type=float, help="mean sparsity over layers and heads, in (0, 1)")
-    objective.add_argument("--max-error", type=float, help="bound on each head's attention-output relative L1")
-    p.add_argument("--error", choices=ERRORS, default=None,
-                   help="--target-sparsity: the head errors whose sum is minimised: output (the default: through its "
-                        "slice of the layer's output projection), relative (every head alike) or absolute (weighed "
-                        "by the size of its output)")
+    add_calibration_objective(p)
     p.add_argument("--captions", type=positive_int_arg, default=2, help="how many of the fixed captions to sample")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="noise seeds: one clip per caption and seed")
     p.add_argument("--steps", type=positive_int_arg, default=None, help="sampler steps (default: the model's)")
