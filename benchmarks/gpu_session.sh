@@ -77,11 +77,10 @@
 #               (CUDA graphs) and max-autotune-no-cudagraphs)
 #   e2e14b      benchmark e2e_14b (Wan 14B 720p at 95%, dense and sparse, eager)
 #   e2e14b_compiled  benchmark e2e_14b_compiled (the same compiled: compile_repeated_blocks, default mode)
-#   families    benchmark families (real-size forward, eager, dense vs top-k 5% and hybrid: Wan2.2 TI2V-5B, HunyuanVideo
-#               1.5, LTX-Video, SkyReels-V2, CogVideoX-5B; `python -m benchmarks families --estimate` prints the
-#               estimated seconds per family); families_large: the same for Wan2.2 A14B, HunyuanVideo 13B and
-#               Mochi-1 10B;
-#               families_extra: LTX-Video 0.9.7 13B and Wan2.1 VACE-14B
+#   families    benchmark families (real-size forward, eager, dense vs top-k 5% and hybrid: Wan2.2 TI2V-5B, LTX-Video,
+#               SkyReels-V2, CogVideoX-5B; `python -m benchmarks families --estimate` prints the estimated seconds
+#               per family); families_large: the same for Wan2.2 A14B, HunyuanVideo 1.5 and Mochi-1 10B;
+#               families_extra: LTX-Video 0.9.7 13B, Wan2.1 VACE-14B and HunyuanVideo 13B
 #   families_compiled, families_compiled_large, families_compiled_hunyuan, families_compiled_mochi,
 #               families_compiled_cogvideox  the same
 #               compiled (benchmarks of those names, one GPU call each)
