@@ -48,6 +48,9 @@
 #   training_seeds  the run-to-run noise of the slice grid's distilled hybrid 63% student: trained again with other
 #               training-noise and data seeds (seed S, data seed S+1) in OUT/claims_seedS, calibrated as the slice
 #               grid; arguments are the seeds (default 1 2), about 4.5 minutes each
+#   synthetic   lab/scripts/claims_synthetic.sh cache then train in one call (the distilled hybrid 63% student fine-tuned
+#               on the teacher's own samples; env NAME, CLIPS, CACHE_STEPS, CACHE_GUIDANCE as that script takes them, e.g.
+#               `NAME=synthetic_unguided CACHE_GUIDANCE=1`; 256 guided clips cache in ~100 s, training ~290 s)
 #   calibrated_students  one call of lab/scripts/calibrated_students.sh (OUT/calibrated_students): students of the
 #               built-in model distilled with the per-head calibrated mask plan vs global top-k at the same sparsity
 #               (95%; arguments are the targets, e.g. `calibrated_students 0.95 0.63`); repeat the part until
@@ -89,7 +92,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|fp8|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|per_head_study|calibrate|training|training_full|training_shift|training_seeds|calibrated_students|motion|\
+PARTS="kernels|fp8|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|per_head_study|calibrate|training|training_full|training_shift|training_seeds|synthetic|calibrated_students|motion|\
 demo_student|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
 families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_mochi|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
@@ -147,6 +150,10 @@ throughput14b_compiled)
     ;;
 predict)
     bench predict 240
+    ;;
+synthetic)
+    step synthetic_cache 560 env OUT="$OUT" PYTHON="$PYTHON" bash lab/scripts/claims_synthetic.sh cache
+    step synthetic_train 300 env OUT="$OUT" PYTHON="$PYTHON" bash lab/scripts/claims_synthetic.sh train
     ;;
 calibrated_students)
     step calibrated_students 580 env OUT="$OUT" PYTHON="$PYTHON" bash lab/scripts/calibrated_students.sh "$@"
