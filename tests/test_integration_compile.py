@@ -81,6 +81,22 @@ def test_compile_repeated_blocks_matches_eager():
     assert relative_error(run_model(model, inputs), eager) < 1e-5
 
 
+def test_eager_stretches_between_graph_breaks_do_not_compile_the_attention_interceptor():
+    """Mochi's processor breaks the graph (a data-dependent ``nonzero`` per batch entry), so stretches of it run
+    eagerly through sparsevid's torch-function mode: the mode's ``__torch_function__`` must run there as it is, not
+    be compiled as a frame of its own per op signature (which hit dynamo's recompile limit on the GPU)."""
+    from sparsevid.integration.processors import SDPAInterceptor
+
+    model, inputs = build("mochi")
+    sv.apply_sparse_attention(model, sv.SparseConfig(**SPARSE))
+    eager = run_model(model, inputs)
+    compiled = torch.compile(model, backend="aot_eager")
+    for _ in range(2):  # the second forward reuses the packing made in the first (same mask and rotary tensors)
+        assert relative_error(run_model(compiled, inputs), eager) < 1e-5
+    cache_entries = torch._dynamo.eval_frame._debug_get_cache_entry_list
+    assert cache_entries(SDPAInterceptor.__torch_function__.__code__) == []
+
+
 # Every family in inductor's default mode; max-autotune (minutes of GEMM benchmarking per model) on three.
 CUDA_COMPILE_CASES = [("default", name) for name in MODELS] + [
     ("max-autotune-no-cudagraphs", name) for name in ("wan", "hunyuan_video", "cogvideox")]

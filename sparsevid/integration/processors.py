@@ -53,6 +53,28 @@ class SDPAInterceptor(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _skip_as_compiled_frame(function) -> None:
+    """Let torch.compile run ``function`` eagerly when it is called from eager code, while still inlining it into
+    the graphs it traces. Dynamo otherwise compiles the mode's ``__torch_function__`` as a frame of its own for
+    every op of an eager stretch between graph breaks (Mochi's processor, a data-dependent ``nonzero``), one
+    recompilation per call signature until its recompile limit."""
+    skip_code = getattr(getattr(torch, "_dynamo", None) and torch._dynamo.eval_frame, "skip_code", None)
+    if skip_code is not None:
+        skip_code(function.__code__)
+
+
+_skip_as_compiled_frame(SDPAInterceptor.__torch_function__)
+
+
+def _same(a, b) -> bool:
+    """Whether ``a`` and ``b`` are the same objects, element by element for tuples and lists (a rotary embedding
+    (cos, sin) is rebuilt as a tuple per call but holds the same tensors; torch.compile traces ``is`` only on
+    tensors and constants)."""
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a is b
+
+
 def _native_copy(processor):
     """A shallow copy of ``processor`` whose diffusers attention dispatch uses the native (SDPA) backend."""
     pinned = copy.copy(processor)
@@ -210,7 +232,7 @@ class SparseAttnProcessor:
         attn, hidden_states = args
         text_mask, rotary = kwargs.get("attention_mask"), kwargs.get(self._rotary_name)
         values = self.context.values
-        if values.packed is None or values.packed[0] is not text_mask or values.packed[1] is not rotary:
+        if values.packed is None or not _same(values.packed[0], text_mask) or not _same(values.packed[1], rotary):
             values.packed = (text_mask, rotary, PackedBatch.of(text_mask, layout.video_len, rotary))
         packed = values.packed[2]
         hidden, text, mask = packed.inputs(hidden_states, kwargs["encoder_hidden_states"])
