@@ -65,6 +65,8 @@
 #   fp8         the quantized forwards' GPU tests (precision fp8 and int8, one fixed config) and benchmark
 #               attention_fp8 (int8 and fp8 vs bf16 sparse on the same masks, Wan 1.3B at 95/90/50%/full and 14B at
 #               95%/full: kernel, quantization, public call and prediction + call ms, accuracy)
+#   peers       benchmark attention_peers (SageAttention, FlashInfer, SpargeAttn where they are installed, beside the
+#               bf16 and int8 forwards on the same masks; a peer that does not import or run is listed with its error)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
 #   parallel    (two GPUs) benchmark context_parallel (Wan 14B forward, one vs two GPUs); distillation under DDP
 #   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
@@ -93,7 +95,7 @@ OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
 PARTS="kernels|fp8|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|per_head_study|calibrate|training|training_full|training_shift|training_seeds|synthetic|calibrated_students|motion|\
-demo_student|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
+demo_student|peers|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
 families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_mochi|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
@@ -198,6 +200,9 @@ demo_student)
     step demo_student 200 "$PYTHON" -m sparsevid_lab distill --out "$OUT/demo_student" --clip 16,64,64 \
         --config rule=topk,topk=0.25 --trainable attention --batch-size 32 --max-steps 500 --minutes 1.9 --lr 1e-4 \
         --warmup 20 --train-shift 2.0 --log-every 25 --no-progress
+    ;;
+peers)
+    bench attention_peers 300
     ;;
 fp8)
     SPARSEVID_AUTOTUNE=off step fp8_tests 200 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu \

@@ -36,6 +36,10 @@ BENCHMARKS = {
         "int8 and fp8 vs bf16 block-sparse forward, 128x64, Wan 1.3B at 95/90/50%/full and 14B at 95%/full: ms "
         "(kernel, quantization, public call, with prediction), accuracy",
         ("--shapes", "wan1.3b-480p,wan14b-720p", "--sparsities", "0.95,0.9,0.5,0/0.95,0")),
+    "attention_peers": Benchmark(
+        "benchmarks.bench_attention_peers",
+        "quantized and block-sparse peers (SageAttention, FlashInfer, SpargeAttn) beside sparsevid's bf16 and int8 "
+        "forwards on the same masks, Wan 1.3B at 95/90%: what ran, ms, accuracy, why the others did not"),
     "attention_cpu": Benchmark(
         "benchmarks.bench_attention_cpu",
         "CPU attention at the built-in demo's shape: the gather backend vs dense SDPA and the reference backend"),
