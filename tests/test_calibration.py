@@ -12,10 +12,12 @@ from sparsevid.plan import LayerRuntime
 from sparsevid.plan.calibration import Calibration, Candidate, allocate_error, allocate_sparsity, default_candidates
 
 pytest.importorskip("diffusers")
-from tiny_models import build  # noqa: E402
+from tiny_models import MODELS, build, relative_error, run_model  # noqa: E402
 
 from sparsevid.cli import main  # noqa: E402
 from sparsevid.eval.calibrate import calibrate_heads  # noqa: E402
+from sparsevid.integration import adapter_for  # noqa: E402
+from sparsevid.integration.adapters import attention_heads  # noqa: E402
 
 BLOCKS = {"block_q": 64, "block_k": 64}
 
@@ -494,8 +496,31 @@ def test_the_config_of_a_choice_per_layer(calibration):
         calibration.config(dense_layers=(1,))
 
 
-def test_joint_text_video_attention_is_refused_when_calibrating():
-    model, inputs = build("hunyuan_video")
-    with pytest.raises(ValueError, match="video-only self-attention"):
-        calibrate_heads(model, [lambda: model(**inputs)], backend="reference", **BLOCKS)
-    assert not any(hook for hook in model._forward_pre_hooks.values())  # the recorder's hooks are gone
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_family_calibrates_and_its_saved_calibration_runs(name, tmp_path):
+    """Every supported family, joint text-video attention included: each layer is measured (through the sparse
+    processors, with every layer dense), the measuring leaves the model as it was, a candidate that keeps every
+    tile reproduces the dense output of its heads (the video rows merged with their text keys, where there are
+    any), and the saved choice loads and runs sparse."""
+    model, inputs = build(name)
+    with torch.no_grad():
+        dense_out = run_model(model, inputs)
+    candidates = (Candidate("dense"), Candidate("topk", 1.0), Candidate("topk", 0.5), Candidate("topp", 0.5))
+    calibration = calibrate_heads(model, [lambda: run_model(model, inputs)], candidates=candidates,
+                                  backend="reference", **BLOCKS)
+    assert not sv.is_sparse(model)
+    with torch.no_grad():
+        assert torch.equal(run_model(model, inputs), dense_out)
+    attentions = adapter_for(model).self_attentions(model)
+    assert calibration.model["heads"] == [attention_heads(a) for a in attentions]
+    assert min(calibration.inputs["calls_per_layer"]) >= 1
+    for layer in calibration.error:
+        for dense, every_tile, half, mass in layer:
+            assert dense == 0.0 and every_tile < 1e-5 < half  # float32 rounding only, then a real loss
+    assert all(row[2] > 0 for layer in calibration.sparsity for row in layer)
+    calibration.choose(target_sparsity=0.3)
+    config = sv.SparseConfig.from_calibration(calibration.save(tmp_path / "calibration.json"), backend="reference")
+    sv.apply_sparse_attention(model, config)
+    with torch.no_grad():
+        sparse_out = run_model(model, inputs)
+    assert torch.isfinite(sparse_out).all() and relative_error(sparse_out, dense_out) > 0

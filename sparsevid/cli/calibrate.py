@@ -16,7 +16,8 @@ def add_parser(subparsers) -> None:
                "of its attention output), and choose each head's setting: the least summed error at a mean target "
                "sparsity (--target-sparsity), or the sparsest setting within an error bound per head (--max-error). "
                "Writes the calibration (JSON) beside the model, a summary table and a layer x head heat map; load it "
-               "with sparsevid.SparseConfig.from_calibration(path). Wan-layout families (video-only self-attention).")
+               "with sparsevid.SparseConfig.from_calibration(path). Every supported family (joint text-video attention: the "
+               "video rows' output with their dense text keys).")
     p = subparsers.add_parser("calibrate", description=summary, help="Per-layer, per-head sparsity from the model.")
     p.add_argument("--model", required=True, help="the dense model: a pipeline or transformer folder, or a hub id "
                                                   "(--prompts needs a pipeline)")

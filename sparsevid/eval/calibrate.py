@@ -105,17 +105,24 @@ class HeadMeter:
 
     @torch.no_grad()
     def add(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
-            projection: torch.Tensor | None = None) -> None:
-        """Measure one call q, k, v [B, H, N, D] of ``layer`` (in the token order the masks refer to); ``projection``:
-        the layer's output projection weight [C, H * D], the same at each of the layer's calls (its Gram matrices
-        are kept from the first; None: the output error is not measured, NaN)."""
+            projection: torch.Tensor | None = None, text: tuple | None = None) -> None:
+        """Measure one call q, k, v [B, H, N, D] of ``layer``'s video tokens (in the token order the masks refer to);
+        ``projection``: the layer's output projection weight [C, H * D], the same at each of the layer's calls (its
+        Gram matrices are kept from the first; None: the output error is not measured, NaN). ``text``: of a joint
+        text-video attention, (k_text, v_text [B, H, Nt, D], valid text keys per batch entry or None): the video rows
+        also attend them densely, as the sparse layers do, and the errors are of those rows' joint output (the
+        recall stays the mass kept among the video keys)."""
+        from ..integration.joint_attention import attend_text_keys, merge_partials
         from ..ops import block_sparse_attention, predict_mask
         from .oracle import ExactTiles
 
         if q.shape[1] != self.heads[layer]:
             raise ValueError(f"layer {layer} has {self.heads[layer]} heads, the call {q.shape[1]}")
         tiles = ExactTiles.measure(q, k, v, self.block_q, self.block_k, scale, self.backend)
-        reference = tiles.out.float()
+        joint = None
+        if text is not None:
+            joint = attend_text_keys(q, *text, self.block_q, self.block_k, scale, self.backend)
+        reference = (tiles.out if joint is None else merge_partials(tiles.out, tiles.lse, *joint)).float()
         reference_l1 = reference.abs().sum(dim=(0, 2, 3)).double()  # [H]
         rows = _row_weights(q.shape[2], self.block_q, tiles.mass.device)
         sums = self._layer_sums(layer, tiles.mass.device)
@@ -138,7 +145,11 @@ class HeadMeter:
             topk, topp = candidate.budgets
             mask, _ = predict_mask(q, k, rule="hybrid", topk=topk, topp=topp, block_q=self.block_q,
                                    block_k=self.block_k, scale=scale, backend=self.predict_backend)
-            out = block_sparse_attention(q, k, v, mask, scale=scale, backend=self.backend).float()
+            if joint is None:
+                out = block_sparse_attention(q, k, v, mask, scale=scale, backend=self.backend).float()
+            else:
+                out = merge_partials(*block_sparse_attention(q, k, v, mask, scale=scale, backend=self.backend,
+                                                             return_lse=True), *joint).float()
             l1 = (out - reference).abs().sum(dim=(0, 2, 3)).double()  # [H]
             error = l1 / reference_l1.clamp_min(1e-30)
             kept = (tiles.mass.double() * mask.keep.to(tiles.mass.device)).sum(dim=-1)  # [B, H, QB]
@@ -157,8 +168,8 @@ class HeadMeter:
         measured in."""
         missing = [layer for layer, n in enumerate(self.calls) if n == 0]
         if missing:
-            raise ValueError(f"no video self-attention call was measured in layers {missing} (the model must run "
-                             f"diffusers' native attention backend, which calls scaled_dot_product_attention)")
+            raise ValueError(f"no video self-attention call was measured in layers {missing}: the forwards did not "
+                             f"run them")
         means = {name: [(table.cpu() / n).tolist() for table, n in zip(tables, self.calls)]
                  for name, tables in self.sums.items()}
         if self.unprojected:
@@ -193,49 +204,16 @@ def _row_weights(q_len: int, block_q: int, device) -> torch.Tensor:
     return rows / q_len
 
 
-class _Recorder:
-    """The SDPA handler and hooks that hand each video self-attention call of a dense transformer's forwards to a
-    :class:`HeadMeter`, in the tile order ``tile`` of the latent grid."""
+class _Measurement:
+    """What a calibrated transformer's dense layers hand their video attention to
+    (:func:`sparsevid.integration.set_attention_measure`): each call goes to the :class:`HeadMeter` with the layer's
+    output projection. ``tile``: the token order of the masks."""
 
-    def __init__(self, transformer, adapter, meter: HeadMeter, tile):
-        self.adapter, self.meter, self.tile = adapter, meter, tile
-        self.layer: int | None = None
-        self.grid = None
-        self.hooks = [transformer.register_forward_pre_hook(self._begin_forward, with_kwargs=True)]
-        self.projections = [_output_projection(adapter, attention) for attention in adapter.self_attentions(transformer)]
-        for index, attention in enumerate(adapter.self_attentions(transformer)):
-            self.hooks.append(attention.register_forward_pre_hook(lambda *_, index=index: self._enter(index)))
-            self.hooks.append(attention.register_forward_hook(lambda *_: self._enter(None)))
+    def __init__(self, meter: HeadMeter, projections: Sequence[torch.Tensor | None], tile):
+        self.meter, self.projections, self.tile = meter, list(projections), tile
 
-    def _begin_forward(self, module, args, kwargs):
-        self.grid = self.adapter.call_grid(module, args, kwargs)
-
-    def _enter(self, layer: int | None):
-        self.layer = layer
-
-    def remove(self) -> None:
-        for hook in self.hooks:
-            hook.remove()
-
-    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                                               dropout_p=dropout_p, is_causal=is_causal,
-                                                               scale=scale, **kwargs)
-        if self.layer is None:
-            return out
-        tokens = None if self.grid is None else self.grid[0] * self.grid[1] * self.grid[2]
-        if tokens is None or query.shape[2] != tokens or key.shape[2] != tokens or attn_mask is not None:
-            raise ValueError(f"calibration measures video-only self-attention (Wan-layout families); layer "
-                             f"{self.layer} attends {query.shape[2]} queries to {key.shape[2]} keys for a latent grid "
-                             f"{self.grid}")
-        tensors = (query, key, value)
-        if self.tile != "none":
-            from ..integration import tile_order
-
-            perm = tile_order(self.grid, self.tile, query.device).perm
-            tensors = tuple(t.index_select(2, perm) for t in tensors)
-        self.meter.add(self.layer, *tensors, scale=scale, projection=self.projections[self.layer])
-        return out
+    def __call__(self, layer: int, q, k, v, scale, text) -> None:
+        self.meter.add(layer, q, k, v, scale=scale, projection=self.projections[layer], text=text)
 
 
 def _output_projection(adapter, attention: torch.nn.Module) -> torch.Tensor | None:
@@ -251,33 +229,42 @@ def _output_projection(adapter, attention: torch.nn.Module) -> torch.Tensor | No
 def calibrate_heads(transformer: torch.nn.Module, forwards: Iterable[Callable[[], object]], candidates=None,
                     block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K, tile="auto",
                     backend: str = "auto", inputs: dict | None = None):
-    """Measure every head of ``transformer`` (a dense diffusers video transformer of a Wan-layout family) under
+    """Measure every head of ``transformer`` (a dense diffusers video transformer of a supported family) under
     each candidate setting while ``forwards`` run: each item is called and runs some dense forwards of it (a
     forward on cached latents, a whole sampling, ...). Returns a
     :class:`~sparsevid.plan.calibration.Calibration` without a choice yet (``.choose(...)``).
+
+    The measurement runs inside the sparse processors with every layer dense (installed for the call and removed
+    after it), so it sees each layer's video tokens as the sparse layers will (the families' token layouts, text
+    padding, token order); the video rows of a joint text-video attention are measured with their dense text keys.
 
     candidates: default ``default_candidates()``; block_q, block_k, tile: the tiles and token order of the
     masks (as the configuration will use them); backend: the attention backend; inputs: a description of what
     ran, kept in the file.
     """
-    from ..integration import SDPAInterceptor, adapter_for, is_sparse
+    from ..integration import adapter_for, apply_sparse_attention, is_sparse, remove_sparse_attention
+    from ..integration import set_attention_measure
     from ..integration.adapters import attention_heads
     from ..plan import SparseConfig
     from ..plan.calibration import Calibration, default_candidates
 
     if is_sparse(transformer):
         raise ValueError("transformer must run dense attention: remove its sparse attention before calibrating")
-    SparseConfig(block_q=block_q, block_k=block_k, tile=tile, backend=backend)  # checks them, naming the bad one
     adapter = adapter_for(transformer)
-    heads = [attention_heads(attention) for attention in adapter.self_attentions(transformer)]
+    attentions = adapter.self_attentions(transformer)
+    all_dense = SparseConfig(block_q=block_q, block_k=block_k, tile=tile, backend=backend,
+                             dense_layers=tuple(range(len(attentions))))  # checks them, naming the bad one
+    heads = [attention_heads(attention) for attention in attentions]
     meter = HeadMeter(heads, default_candidates() if candidates is None else candidates, block_q, block_k, backend)
-    recorder = _Recorder(transformer, adapter, meter, tile)
+    measurement = _Measurement(meter, [_output_projection(adapter, attention) for attention in attentions], tile)
+    apply_sparse_attention(transformer, all_dense)
     try:
-        with torch.no_grad(), SDPAInterceptor(recorder):
+        set_attention_measure(transformer, measurement)
+        with torch.no_grad():
             for forward in forwards:
                 forward()
     finally:
-        recorder.remove()
+        remove_sparse_attention(transformer)
     model = {"family": adapter.name, "class_name": type(transformer).__name__, "heads": heads}
     settings = {"block_q": block_q, "block_k": block_k, "tile": list(tile) if isinstance(tile, tuple) else tile}
     return Calibration(model, settings, meter.candidates, **meter.means(),

@@ -45,7 +45,8 @@ class ExactTiles:
     """Exact tile masses of one attention call and its dense output.
 
     mass: float32 [B, H, QB, KB], the mean over query block i's rows of the probability they give key block j
-    (each row of tiles sums to 1); out: the attention output with every tile kept, [B, H, N, D].
+    (each row of tiles sums to 1); out: the attention output with every tile kept, [B, H, N, D]; lse: its row
+    log-sum-exps, float32 [B, H, N].
     """
 
     mass: torch.Tensor
@@ -54,6 +55,7 @@ class ExactTiles:
     kv_len: int
     block_q: int
     block_k: int
+    lse: torch.Tensor | None = None
 
     @classmethod
     @torch.no_grad()
@@ -62,8 +64,9 @@ class ExactTiles:
                 scale: float | None = None, backend: str = "auto") -> "ExactTiles":
         """Run ``block_sparse_attention`` with a full mask on q [B, H, N, D], k, v [B, H, M, D]."""
         full = SparseMask.full(q.shape[2], k.shape[2], block_q, block_k, device=q.device)
-        out, mass = block_sparse_attention(q, k, v, full, scale=scale, backend=backend, return_tile_mass=True)
-        return cls(mass, out, q.shape[2], k.shape[2], block_q, block_k)
+        out, lse, mass = block_sparse_attention(q, k, v, full, scale=scale, backend=backend, return_lse=True,
+                                                return_tile_mass=True)
+        return cls(mass, out, q.shape[2], k.shape[2], block_q, block_k, lse)
 
     def _row_weights(self) -> torch.Tensor:
         """float64 [QB]: the share of the N query rows in each query block (the last one may be short)."""

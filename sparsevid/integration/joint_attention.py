@@ -102,15 +102,18 @@ def _full_mask(q_len: int, kv_len: int, block_q: int, block_k: int, device: torc
     return SparseMask.full(q_len, kv_len, block_q, block_k, device=device)
 
 
-def _attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch.Tensor,
-                      key_sets: list[torch.Tensor] | None, mask: SparseMask, scale: float | None, backend: str):
-    """Dense attention of video rows [B, H, Nv, D] over the valid text keys: (out [B, H, Nv, D], lse [B, H, Nv]);
-    an entry without valid text keys (an empty prompt's mask) gets zeros with lse -inf (it adds nothing)."""
+def attend_text_keys(q_video: torch.Tensor, k_text: torch.Tensor, v_text: torch.Tensor,
+                     key_sets: list[torch.Tensor] | None, block_q: int, block_k: int, scale: float | None,
+                     backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense attention of video rows [B, H, Nv, D] over the valid text keys (``key_sets``: see
+    :func:`text_key_sets`; None: all), through ``block_sparse_attention`` with a full mask of block_q x block_k
+    tiles: (out [B, H, Nv, D], lse [B, H, Nv]); an entry without valid text keys (an empty prompt's mask) gets
+    zeros with lse -inf (it adds nothing)."""
     def attend(q, k, v):
         if k.shape[2] == 0:
             lse_dtype = torch.promote_types(q.dtype, torch.float32)  # as block_sparse_attention's lse
             return q.new_zeros(q.shape), q.new_full(q.shape[:3], float("-inf"), dtype=lse_dtype)
-        full = _full_mask(q.shape[2], k.shape[2], mask.block_q, mask.block_k, q.device)
+        full = _full_mask(q.shape[2], k.shape[2], block_q, block_k, q.device)
         return block_sparse_attention(q, k, v, full, scale=scale, return_lse=True, backend=backend)
 
     if key_sets is None:
@@ -178,8 +181,8 @@ def joint_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
         out_v, mass = attend(return_lse=False)
     else:
         out_vv, lse_vv, mass = attend(return_lse=True)
-        out_vt, lse_vt = _attend_text_keys(q_v, k[:, :, layout.text], v[:, :, layout.text], key_sets, mask, scale,
-                                           backend)
+        out_vt, lse_vt = attend_text_keys(q_v, k[:, :, layout.text], v[:, :, layout.text], key_sets, mask.block_q,
+                                          mask.block_k, scale, backend)
         out_v = merge_partials(out_vv, lse_vv, out_vt, lse_vt, out=out_video if order is None else None)
     mark(clock, "attended")
     if order is not None and layout.text_len == 0:

@@ -175,7 +175,7 @@ class SparseAttnProcessor:
         plan = None if context.dense else self.runtime.plan
         parallel = getattr(self.original, "_parallel_config", None)
         check_parallel_config(parallel, self.adapter, attention_heads(attn))
-        if plan is None and not context.collect_stats:
+        if plan is None and not context.collect_stats and context.measure is None:
             return self.original(*args, **kwargs)
         layout = self._layout(hidden_states, encoder_hidden_states)
         heads = None
@@ -189,7 +189,7 @@ class SparseAttnProcessor:
             context.records.append(record)
         handler = functools.partial(self._attend, layout=layout, record=record, heads=heads)
         calls, packed = 1, None
-        if self.adapter.batch_loop and plan is None:  # dense: the processor's own call per batch entry
+        if self.adapter.batch_loop and plan is None and context.measure is None:  # dense: its own call per entry
             calls = hidden_states.shape[0]
         elif self.adapter.batch_loop:
             packed, args, kwargs = self._pack(args, kwargs, layout)
@@ -250,6 +250,17 @@ class SparseAttnProcessor:
             values.key_sets = (attn_mask, text_key_sets(attn_mask, layout, batch))
         return values.key_sets[1]
 
+    def _measure(self, query, key, value, attn_mask, scale, layout: TokenLayout) -> None:
+        """Hand this dense call's video attention to the calibration measuring it (``context.measure``): the video
+        q, k, v [B, H, Nv, D] in the measurement's token order and, in a joint attention, the text keys and values
+        the video rows attend too, with the valid ones per batch entry."""
+        measure = self.context.measure
+        q_v, k_v, v_v = video_tokens(query, key, value, layout, self._token_order(measure.tile, layout, query.device))
+        text = None
+        if layout.text_len:
+            text = (key[:, :, layout.text], value[:, :, layout.text], self._key_sets(attn_mask, layout, query.shape[0]))
+        measure(self.layer, q_v, k_v, v_v, scale, text)
+
     def _attend(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                 enable_gqa=False, *, layout: TokenLayout, record: AttentionRecord | None, heads: range | None):
         """Stands in for ``F.scaled_dot_product_attention`` (q, k, v [B, H, N, D]) inside the processor.
@@ -270,6 +281,8 @@ class SparseAttnProcessor:
         clock = None if record is None else record.clock
         mark_first(clock, "start")
         if plan is None:
+            if self.context.measure is not None:
+                self._measure(query, key, value, attn_mask, scale, layout)
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
             mark(clock, "end")

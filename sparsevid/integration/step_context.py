@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import struct
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -84,6 +85,8 @@ class StepContext:
         values: per-forward shared values (:class:`ForwardValues`), fresh every forward.
         collect_stats: record per-layer stats (see ``attention_stats``).
         dense: every layer runs dense for now (``dense_attention``).
+        measure: a per-head calibration's measurement (``sparsevid.eval.calibrate``), called by every dense layer
+            with its video attention (``SparseAttnProcessor._measure``), or None.
         records: the stats records of the last forward.
         tile: the 3D tile the video tokens of the current forward are ordered in, None for raster order.
         order: that order as a permutation of the raster tokens (None for raster order).
@@ -98,6 +101,7 @@ class StepContext:
     values: ForwardValues = field(default_factory=ForwardValues)
     collect_stats: bool = False
     dense: bool = False
+    measure: Callable | None = None
     records: list = field(default_factory=list)
     tile: tuple[int, int, int] | None = None
     order: TokenOrder | None = None

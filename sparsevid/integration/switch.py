@@ -268,6 +268,15 @@ def set_collect_stats(transformer: torch.nn.Module, enabled: bool) -> None:
     _state(transformer).context.collect_stats = enabled
 
 
+def set_attention_measure(transformer: torch.nn.Module, measure) -> None:
+    """Make every dense layer of a sparse ``transformer`` hand its video attention to ``measure`` (a callable
+    ``(layer, q, k, v, scale, text)`` with a ``tile`` attribute: a per-head calibration's measurement,
+    ``sparsevid.eval.calibrate``); None stops it."""
+    if measure is not None and not callable(measure):
+        raise TypeError(f"measure must be callable or None, got {type(measure).__name__}")
+    _state(transformer).context.measure = measure
+
+
 def reset_denoising_step(transformer: torch.nn.Module) -> None:
     """Start counting denoising steps afresh: the next forward is step 0."""
     _state(transformer).context.reset()
