@@ -336,6 +336,25 @@ def test_compiled_per_head_model_matches_eager_in_one_graph(calibration):
     assert float((out - eager).norm() / eager.norm()) < 1e-5
 
 
+@pytest.mark.slow  # compiling takes 5-20 s per tiny model on a CPU
+@pytest.mark.parametrize("name", ["hunyuan_video", "cogvideox", "ltx", "mochi"])  # joint, joint, video-only, packed
+def test_per_head_budgets_compile_like_eager_in_other_families(name):
+    """Per-head budgets of every layer (each head its own top-k share) under torch.compile give eager's output."""
+    model, inputs = build(name)
+    heads = {attention_heads(a) for a in adapter_for(model).self_attentions(model)}
+    assert len(heads) == 1, "the tiny models have as many heads in every layer"
+    count = heads.pop()
+    topk = tuple(round(0.25 + 0.5 * h / max(1, count - 1), 3) for h in range(count))
+    sv.apply_sparse_attention(model, sv.SparseConfig(rule="hybrid", topk=topk, topp=(1e-6,) * count,
+                                                     backend="reference", **BLOCKS))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = run_model(model, inputs)
+        compiled = run_model(torch.compile(model, backend="aot_eager"), inputs)
+    torch._dynamo.reset()
+    assert relative_error(compiled, eager) < 1e-5
+
+
 # --------------------------------------------------------------------------- another model's calibration
 
 @pytest.mark.parametrize("name, config, message", [
