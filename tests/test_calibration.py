@@ -430,6 +430,22 @@ def test_the_command_calibrates_a_saved_tiny_wan_end_to_end(saved_wan, capsys):
         assert torch.isfinite(transformer(**inputs, return_dict=False)[0]).all()
 
 
+def test_the_command_calibrates_a_joint_family_from_its_cached_latents(tmp_path):
+    """HunyuanVideo 1.5 (joint text-video attention with a text-padding mask, an image and a second text encoder's
+    states per sample) through the command, from a folder of its cached inputs."""
+    from test_training_families import _family_data
+
+    model, _ = _family_data("hunyuan_video15", tmp_path)
+    model.save_pretrained(tmp_path / "transformer")
+    out = tmp_path / "calibration.json"
+    assert main(["calibrate", "--model", str(tmp_path / "transformer"), "--data", str(tmp_path / "latents_hunyuan_video15"),
+                 "--target-sparsity", "0.5", "--block-q", "64", "--block-k", "64", "--per-bin", "1", "--bins", "2",
+                 "--device", "cpu", "--out", str(out)]) == 0
+    calibration = Calibration.load(out)
+    assert calibration.model["family"] == "hunyuan_video15"
+    assert set(calibration.inputs["calls_per_layer"]) == {2} and calibration.summary()["mean_sparsity"] >= 0.5
+
+
 def test_the_command_with_an_error_bound(saved_wan, tmp_path):
     out = tmp_path / "bound.json"
     assert main(["calibrate", "--model", str(saved_wan / "transformer"), "--data", str(saved_wan / "latents"),
