@@ -496,6 +496,34 @@ def test_the_command_calibrates_from_prompts_through_the_pipeline(tmp_path):
     assert calibration.inputs["calls_per_layer"] == [4, 4]  # 2 prompts x 2 steps, no guidance pass
 
 
+def test_the_command_calibrates_both_experts_of_a_two_expert_pipeline(tmp_path, capsys):
+    """Wan2.2's A14B pipelines sample the high-noise steps with ``transformer`` and the others with ``transformer_2``:
+    each gets its own calibration from the same samplings, and they load onto the pipeline in one call."""
+    pytest.importorskip("av")  # test_cache's module needs it
+    from test_cache import tiny_wan_pipeline
+
+    pipe = tiny_wan_pipeline()
+    torch.manual_seed(1)
+    pipe.register_modules(transformer_2=type(pipe.transformer).from_config(pipe.transformer.config))
+    pipe.register_to_config(boundary_ratio=0.9)  # steps at t >= 900 run `transformer`, the rest `transformer_2`
+    pipe.save_pretrained(tmp_path / "pipeline")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat runs\nblue ball rolls\n")
+    assert main(["calibrate", "--model", str(tmp_path / "pipeline"), "--prompts", str(prompts), "--height", "128",
+                 "--width", "128", "--frames", "9", "--steps", "4", "--guidance", "1.0", "--block-q", "64",
+                 "--block-k", "64", "--target-sparsity", "0.5"]) == 0
+    printed = capsys.readouterr().out
+    assert "transformer:" in printed and "transformer_2:" in printed
+    files = {name: tmp_path / "pipeline" / f"sparse_calibration{suffix}.json"
+             for name, suffix in (("transformer", ""), ("transformer_2", "_transformer_2"))}
+    calibrations = {name: Calibration.load(path) for name, path in files.items()}
+    calls = [c.inputs["calls_per_layer"] for c in calibrations.values()]
+    assert all(min(c) >= 1 for c in calls) and calls[0][0] + calls[1][0] == 8  # 2 prompts x 4 steps between them
+    assert (tmp_path / "pipeline" / "sparse_calibration_transformer_2.png").stat().st_size > 0
+    sv.apply_sparse_attention(pipe, {name: sv.SparseConfig.from_calibration(path) for name, path in files.items()})
+    assert sv.is_sparse(pipe.transformer) and sv.is_sparse(pipe.transformer_2)
+
+
 def test_the_table_lists_heads_or_counts_them(calibration):
     from sparsevid.eval.calibrate import calibration_table
 

@@ -85,8 +85,10 @@ def _data_forwards(args, transformer, device, dtype):
 
 
 def _prompt_forwards(args, device, dtype):
-    """(transformer, forwards, description): one sampling per prompt of the --prompts file."""
+    """({name: transformer} of the pipeline (Wan2.2's two experts: both), forwards, description): one sampling per
+    prompt of the --prompts file."""
     from ..data import load_encoder
+    from ..integration import pipeline_transformers
     from ..training import STREAM_TEACHER, sample_generator
 
     if None in (args.height, args.width, args.frames):
@@ -104,14 +106,20 @@ def _prompt_forwards(args, device, dtype):
 
     description = {"prompts": prompts, "height": args.height, "width": args.width, "frames": args.frames,
                    "steps": args.steps, "guidance": args.guidance, "seed": args.seed}
-    return encoder.pipe.transformer, [lambda i=i: sample(i) for i in range(len(prompts))], description
+    return pipeline_transformers(encoder.pipe), [lambda i=i: sample(i) for i in range(len(prompts))], description
+
+
+def _beside(path: Path, name: str) -> Path:
+    """Where the file of transformer ``name`` goes: ``path`` for the pipeline's ``transformer``, else beside it with
+    the name added (``sparse_calibration_transformer_2.json``)."""
+    return path if name == "transformer" else path.with_name(f"{path.stem}_{name}{path.suffix}")
 
 
 def run(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from ..eval.calibrate import calibrate_heads, calibration_table, plot_calibration
+    from ..eval.calibrate import calibrate_transformers, calibration_table, plot_calibration
     from ..integration import load_transformer
 
     tile = _tile(args.tile)
@@ -120,20 +128,25 @@ def run(args) -> int:
     start = time.perf_counter()
     try:
         if args.data is not None:
-            transformer = load_transformer(args.model, dtype=dtype, device=args.device).eval()
-            forwards, description = _data_forwards(args, transformer, args.device, dtype)
+            transformers = {"transformer": load_transformer(args.model, dtype=dtype, device=args.device).eval()}
+            forwards, description = _data_forwards(args, transformers["transformer"], args.device, dtype)
         else:
-            transformer, forwards, description = _prompt_forwards(args, args.device, dtype)
-        calibration = calibrate_heads(transformer, tqdm(forwards, desc="calibrate", unit="input"), block_q=args.block_q,
-                                      block_k=args.block_k, tile=tile, inputs=description)
-        calibration.choose(args.target_sparsity, args.max_error, args.error)
+            transformers, forwards, description = _prompt_forwards(args, args.device, dtype)
+        calibrations = calibrate_transformers(transformers, tqdm(forwards, desc="calibrate", unit="input"),
+                                              block_q=args.block_q, block_k=args.block_k, tile=tile,
+                                              inputs=description)
+        for calibration in calibrations.values():
+            calibration.choose(args.target_sparsity, args.max_error, args.error)
     except (FileNotFoundError, TypeError, ValueError) as error:
         raise CommandError(str(error)) from None
-    calibration.inputs["seconds"] = round(time.perf_counter() - start, 3)
-    calibration.inputs["device"] = str(args.device)
-    calibration.save(out)
-    plot = plot_calibration(calibration, args.plot or out.with_suffix(".png"))
-    print(calibration_table(calibration))
-    print(f"calibration written to {out} (heat map {plot}); load it with "
-          f"sparsevid.SparseConfig.from_calibration({str(out)!r})")
+    seconds = round(time.perf_counter() - start, 3)
+    for name, calibration in calibrations.items():
+        calibration.inputs.update(seconds=seconds, device=str(args.device))
+        path = calibration.save(_beside(out, name))
+        plot = plot_calibration(calibration, _beside(Path(args.plot), name) if args.plot else path.with_suffix(".png"))
+        if len(calibrations) > 1:
+            print(f"{name}:")
+        print(calibration_table(calibration))
+        print(f"calibration written to {path} (heat map {plot}); load it with "
+              f"sparsevid.SparseConfig.from_calibration({str(path)!r})")
     return 0

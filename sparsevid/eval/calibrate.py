@@ -242,33 +242,56 @@ def calibrate_heads(transformer: torch.nn.Module, forwards: Iterable[Callable[[]
     masks (as the configuration will use them); backend: the attention backend; inputs: a description of what
     ran, kept in the file.
     """
+    return calibrate_transformers({"transformer": transformer}, forwards, candidates, block_q, block_k, tile,
+                                  backend, inputs)["transformer"]
+
+
+def calibrate_transformers(transformers: dict[str, torch.nn.Module], forwards: Iterable[Callable[[], object]],
+                           candidates=None, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+                           tile="auto", backend: str = "auto", inputs: dict | None = None) -> dict:
+    """:func:`calibrate_heads` of several transformers measured over the same ``forwards`` (a pipeline's, e.g.
+    Wan2.2's two experts ``transformer`` and ``transformer_2``, each sampling step running one of them):
+    {name: Calibration}. ValueError naming a transformer whose layers the forwards never ran."""
     from ..integration import adapter_for, apply_sparse_attention, is_sparse, remove_sparse_attention
     from ..integration import set_attention_measure
     from ..integration.adapters import attention_heads
     from ..plan import SparseConfig
     from ..plan.calibration import Calibration, default_candidates
 
-    if is_sparse(transformer):
-        raise ValueError("transformer must run dense attention: remove its sparse attention before calibrating")
-    adapter = adapter_for(transformer)
-    attentions = adapter.self_attentions(transformer)
-    all_dense = SparseConfig(block_q=block_q, block_k=block_k, tile=tile, backend=backend,
-                             dense_layers=tuple(range(len(attentions))))  # checks them, naming the bad one
-    heads = [attention_heads(attention) for attention in attentions]
-    meter = HeadMeter(heads, default_candidates() if candidates is None else candidates, block_q, block_k, backend)
-    measurement = _Measurement(meter, [_output_projection(adapter, attention) for attention in attentions], tile)
-    apply_sparse_attention(transformer, all_dense)
+    candidates = default_candidates() if candidates is None else candidates
+    measured = {}
+    for name, transformer in transformers.items():
+        if is_sparse(transformer):
+            raise ValueError(f"{name} must run dense attention: remove its sparse attention before calibrating")
+        adapter = adapter_for(transformer)
+        attentions = adapter.self_attentions(transformer)
+        all_dense = SparseConfig(block_q=block_q, block_k=block_k, tile=tile, backend=backend,
+                                 dense_layers=tuple(range(len(attentions))))  # checks them, naming the bad one
+        meter = HeadMeter([attention_heads(a) for a in attentions], candidates, block_q, block_k, backend)
+        measured[name] = (adapter, meter, all_dense,
+                          _Measurement(meter, [_output_projection(adapter, a) for a in attentions], tile))
     try:
-        set_attention_measure(transformer, measurement)
+        for name, (_, _, all_dense, measurement) in measured.items():
+            apply_sparse_attention(transformers[name], all_dense)
+            set_attention_measure(transformers[name], measurement)
         with torch.no_grad():
             for forward in forwards:
                 forward()
     finally:
-        remove_sparse_attention(transformer)
-    model = {"family": adapter.name, "class_name": type(transformer).__name__, "heads": heads}
+        for transformer in transformers.values():
+            if is_sparse(transformer):
+                remove_sparse_attention(transformer)
     settings = {"block_q": block_q, "block_k": block_k, "tile": list(tile) if isinstance(tile, tuple) else tile}
-    return Calibration(model, settings, meter.candidates, **meter.means(),
-                       inputs={**(inputs or {}), "calls_per_layer": list(meter.calls)})
+    calibrations = {}
+    for name, (adapter, meter, _, _) in measured.items():
+        model = {"family": adapter.name, "class_name": type(transformers[name]).__name__, "heads": meter.heads}
+        try:
+            means = meter.means()
+        except ValueError as error:
+            raise ValueError(f"{name}: {error}") from None
+        calibrations[name] = Calibration(model, settings, meter.candidates, **means,
+                                         inputs={**(inputs or {}), "calls_per_layer": list(meter.calls)})
+    return calibrations
 
 
 def calibration_table(calibration, max_heads: int = 8) -> str:
