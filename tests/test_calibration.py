@@ -202,6 +202,22 @@ def test_output_errors_are_each_heads_error_through_its_slice_of_the_output_proj
         meter.add(0, q, k, v, projection=weight[:, :16])
 
 
+def test_a_single_stream_attention_is_projected_through_its_share_of_the_blocks_proj_out():
+    """HunyuanVideo's single-stream blocks concatenate the attention output with the MLP's before one ``proj_out``:
+    the attention's output projection is that weight's first H * D columns; dual-stream blocks have their own."""
+    from sparsevid.eval.calibrate import _output_projections
+
+    model, _ = build("hunyuan_video")
+    adapter = adapter_for(model)
+    layer_of = {id(attention): i for i, attention in enumerate(adapter.self_attentions(model))}
+    weights = _output_projections(model, adapter)
+    single, dual = model.single_transformer_blocks[0], model.transformer_blocks[0]
+    inner = single.attn.to_q.out_features
+    assert single.proj_out.weight.shape[1] > inner
+    assert torch.equal(weights[layer_of[id(single.attn)]], single.proj_out.weight[:, :inner])
+    assert weights[layer_of[id(dual.attn)]] is dual.attn.to_out[0].weight
+
+
 def test_a_head_without_output_projection_weight_takes_the_sparsest_setting():
     """A head whose slice of to_out is zero moves nothing: its output error is 0 for every candidate, so the
     "output" allocation gives it the sparsest one; scaling another head's slice up 10x scales its error up against
@@ -577,6 +593,7 @@ def test_every_family_calibrates_and_its_saved_calibration_runs(name, tmp_path):
     attentions = adapter_for(model).self_attentions(model)
     assert calibration.model["heads"] == [attention_heads(a) for a in attentions]
     assert min(calibration.inputs["calls_per_layer"]) >= 1
+    assert calibration.output_error is not None  # every layer's output projection found (single-stream: proj_out)
     for layer in calibration.error:
         for dense, every_tile, half, mass in layer:
             assert dense == 0.0 and every_tile < 1e-5 < half  # float32 rounding only, then a real loss

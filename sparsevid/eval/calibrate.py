@@ -180,7 +180,7 @@ class HeadMeter:
 def _projection_grams(projection: torch.Tensor, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 (W_h^T W_h [H, D, D] of each head's slice W_h [C, D], W^T W [H * D, H * D]) of an output projection
     weight W [C, H * D]."""
-    weight = projection.detach().double()
+    weight = projection.detach().double().contiguous()  # a column slice of a shared projection is strided
     slices = weight.view(weight.shape[0], heads, head_dim).transpose(0, 1)  # [H, C, D]
     return slices.transpose(1, 2) @ slices, weight.T @ weight
 
@@ -216,14 +216,30 @@ class _Measurement:
         self.meter.add(layer, q, k, v, scale=scale, projection=self.projections[layer], text=text)
 
 
-def _output_projection(adapter, attention: torch.nn.Module) -> torch.Tensor | None:
-    """The weight [C, H * D] of an attention module's output projection (the last of the adapter's ``projections``,
-    e.g. ``to_out.0``), None where it has no such linear layer."""
+def _output_projections(transformer: torch.nn.Module, adapter) -> list[torch.Tensor | None]:
+    """Per self-attention layer, the weight [C, H * D] that carries its output into the residual stream: its own output
+    projection (the last of the adapter's ``projections``, e.g. ``to_out.0``), or, in a single-stream block that
+    concatenates the attention output with its MLP's before one ``proj_out`` (HunyuanVideo, FramePack, Motif-Video),
+    that projection's first H * D columns; None where neither exists."""
+    parents = {id(child): module for module in transformer.modules() for child in module.children()}
+    weights = []
+    for attention in adapter.self_attentions(transformer):
+        weights.append(_linear_weight(attention, adapter.projections[-1]))
+        if weights[-1] is None:
+            query = _linear_weight(attention, adapter.projections[0])
+            shared = _linear_weight(parents.get(id(attention)), "proj_out")
+            if query is not None and shared is not None and shared.shape[1] > query.shape[0]:
+                weights[-1] = shared[:, :query.shape[0]]
+    return weights
+
+
+def _linear_weight(module: torch.nn.Module | None, name: str) -> torch.Tensor | None:
+    """The weight of the linear layer ``name`` inside ``module``, None where there is none."""
     try:
-        module = attention.get_submodule(adapter.projections[-1])
+        linear = module.get_submodule(name) if module is not None else None
     except AttributeError:
         return None
-    return module.weight if isinstance(module, torch.nn.Linear) else None
+    return linear.weight if isinstance(linear, torch.nn.Linear) else None
 
 
 def calibrate_heads(transformer: torch.nn.Module, forwards: Iterable[Callable[[], object]], candidates=None,
@@ -269,7 +285,7 @@ def calibrate_transformers(transformers: dict[str, torch.nn.Module], forwards: I
                                  dense_layers=tuple(range(len(attentions))))  # checks them, naming the bad one
         meter = HeadMeter([attention_heads(a) for a in attentions], candidates, block_q, block_k, backend)
         measured[name] = (adapter, meter, all_dense,
-                          _Measurement(meter, [_output_projection(adapter, a) for a in attentions], tile))
+                          _Measurement(meter, _output_projections(transformers[name], adapter), tile))
     try:
         for name, (_, _, all_dense, measurement) in measured.items():
             apply_sparse_attention(transformers[name], all_dense)
