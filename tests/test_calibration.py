@@ -494,6 +494,19 @@ def test_the_command_names_its_mistakes(saved_wan, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(base[:-1] + ["1.5", "--data", str(saved_wan / "latents")])
     assert "a mean sparsity in (0, 1)" in capsys.readouterr().err
+    for bad in ("0.9,0.5", "0.5", "0,2"):
+        with pytest.raises(SystemExit):
+            main(base + ["--data", str(saved_wan / "latents"), "--noise-range", bad])
+        assert "LOW,HIGH with 0 <= LOW < HIGH <= 1" in capsys.readouterr().err
+
+
+def test_the_command_measures_one_range_of_noise_levels(saved_wan, tmp_path):
+    """An expert of a two-expert pipeline serves a range of noise levels: --noise-range puts the triples there."""
+    out = tmp_path / "calibration.json"
+    assert main(["calibrate", "--model", str(saved_wan / "transformer"), "--data", str(saved_wan / "latents"),
+                 "--target-sparsity", "0.5", "--block-q", "64", "--block-k", "64", "--per-bin", "1", "--bins", "2",
+                 "--noise-range", "0.5,0.9", "--device", "cpu", "--out", str(out)]) == 0
+    assert Calibration.load(out).inputs["bin_edges"] == pytest.approx([0.5, 0.7, 0.9])
 
 
 def test_the_command_calibrates_from_prompts_through_the_pipeline(tmp_path):

@@ -88,6 +88,16 @@ def test_dense_teacher_is_the_dense_model_on_its_original_weights():
     assert sv.is_sparse(model)  # the teacher's pass leaves the student sparse
 
 
+def test_heldout_triples_stratify_the_noise_range_they_are_given(tmp_path):
+    data = LatentDirectory(_latents("wan", tmp_path), seed=0)
+    whole, part = heldout_set(data, per_bin=2, num_bins=2), heldout_set(data, per_bin=2, num_bins=2,
+                                                                         noise_range=(0.5, 0.9))
+    assert torch.allclose(part.t, 0.5 + 0.4 * whole.t, rtol=0, atol=1e-7)  # the same draws in the range (float32)
+    assert part.bin_edges == pytest.approx([0.5, 0.7, 0.9]) and torch.equal(part.bins, whole.bins)
+    with pytest.raises(ValueError, match="noise_range"):
+        heldout_set(data, per_bin=2, num_bins=2, noise_range=(0.9, 0.5))
+
+
 @pytest.mark.parametrize("objective", ["distill", "diffusion"])
 def test_distill_trains_a_tiny_wan_and_the_student_loads_back(tmp_path, objective):
     torch.manual_seed(0)

@@ -75,6 +75,12 @@ def positive_int_arg(text: str) -> int:
     return number_arg(text, int, lambda v: v >= 1, "a whole number >= 1")
 
 
+def noise_range_arg(text: str) -> tuple[float, float]:
+    """LOW,HIGH: a range of noise levels t, 0 <= LOW < HIGH <= 1."""
+    return number_arg(text, lambda t: tuple(float(x) for x in t.split(",")),
+                      lambda v: len(v) == 2 and 0 <= v[0] < v[1] <= 1, "LOW,HIGH with 0 <= LOW < HIGH <= 1")
+
+
 def sparsity_arg(text: str) -> float:
     """A sparsity: the share of attention tiles skipped, a number in [0, 1)."""
     return number_arg(text, float, lambda v: 0 <= v < 1, "a sparsity in [0, 1)")

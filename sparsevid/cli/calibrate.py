@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .args import CommandError, add_calibration_objective, default_device, device_arg, positive_int_arg
+from .args import (CommandError, add_calibration_objective, default_device, device_arg, noise_range_arg,
+                   positive_int_arg)
 
 CALIBRATION_FILE = "sparse_calibration.json"
 
@@ -34,6 +35,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tile", default="auto", help="token order of the masks: auto, none or T,H,W")
     p.add_argument("--per-bin", type=positive_int_arg, default=2, help="--data: triples per noise-level bin")
     p.add_argument("--bins", type=positive_int_arg, default=3, help="--data: noise-level bins")
+    p.add_argument("--noise-range", type=noise_range_arg, default=(0.0, 1.0), metavar="LOW,HIGH",
+                   help="--data: the noise levels t the triples span (default 0,1); e.g. for Wan2.2 A14B's experts "
+                        "(boundary 0.875) 0.875,1 for PIPELINE/transformer and 0,0.875 for PIPELINE/transformer_2")
     p.add_argument("--height", type=positive_int_arg, help="--prompts: clip height in pixels")
     p.add_argument("--width", type=positive_int_arg, help="--prompts: clip width in pixels")
     p.add_argument("--frames", type=positive_int_arg, help="--prompts: clip frames")
@@ -72,7 +76,7 @@ def _data_forwards(args, transformer, device, dtype):
     from ..training import LatentDirectory
     from ..training.velocity import predict_velocity
 
-    heldout = heldout_set(LatentDirectory(args.data), args.per_bin, args.bins)
+    heldout = heldout_set(LatentDirectory(args.data), args.per_bin, args.bins, noise_range=args.noise_range)
 
     def forward(i: int):
         index = torch.tensor([i])

@@ -29,8 +29,8 @@ HELDOUT_SEED = 2_718_281  # far from the seeds training draws from (0 and 1 by d
 @dataclass(frozen=True)
 class HeldOutSet:
     """Fixed triples: ``samples`` (latents [n, C, T, H, W] and their conditioning, on the CPU), noise like the
-    latents, noise levels t float32 [n] in (0, 1), their bin int64 [n], the bin count, the seed and the source's
-    sample ``indices`` they were read from."""
+    latents, noise levels t float32 [n] in ``noise_range`` (default (0, 1)), their bin int64 [n] (equal shares of
+    that range), the bin count, the seed and the source's sample ``indices`` they were read from."""
 
     samples: LatentBatch
     noise: torch.Tensor
@@ -39,25 +39,32 @@ class HeldOutSet:
     num_bins: int
     seed: int
     indices: tuple[int, ...]
+    noise_range: tuple[float, float] = (0.0, 1.0)
 
     def __len__(self) -> int:
         return self.t.numel()
 
     @property
     def bin_edges(self) -> list[float]:
-        return [b / self.num_bins for b in range(self.num_bins + 1)]
+        low, high = self.noise_range
+        return [low + (high - low) * b / self.num_bins for b in range(self.num_bins + 1)]
 
     def describe(self) -> dict:
         return {"triples": len(self), "bins": self.num_bins, "bin_edges": self.bin_edges, "seed": self.seed}
 
 
 def heldout_set(source, per_bin: int = 8, num_bins: int = 5, seed: int = HELDOUT_SEED,
-                indices: Sequence[int] | None = None) -> HeldOutSet:
+                indices: Sequence[int] | None = None, noise_range: tuple[float, float] = (0.0, 1.0)) -> HeldOutSet:
     """``per_bin * num_bins`` triples from a latent ``source``: its samples ``indices`` (default 0, 1, ...; e.g.
-    held-out samples the fine-tuning never reads), each with the noise and noise level of its index."""
+    held-out samples the fine-tuning never reads), each with the noise and noise level of its index, the levels
+    stratified over ``noise_range`` (low, high), 0 <= low < high <= 1 (e.g. the steps one expert of a two-expert
+    pipeline serves)."""
     for name, value in (("per_bin", per_bin), ("num_bins", num_bins)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+    low, high = noise_range
+    if not 0.0 <= low < high <= 1.0:
+        raise ValueError(f"noise_range must be (low, high) with 0 <= low < high <= 1, got {noise_range!r}")
     n = per_bin * num_bins
     indices = list(range(n)) if indices is None else list(indices)
     if len(indices) != n:
@@ -66,10 +73,11 @@ def heldout_set(source, per_bin: int = 8, num_bins: int = 5, seed: int = HELDOUT
     noise, t = [], []
     for position, i in enumerate(indices):
         generator = sample_generator(seed, i, STREAM_NOISE)
-        t.append((position % num_bins + torch.rand(1, generator=generator)) / num_bins)
+        t.append(low + (high - low) * (position % num_bins + torch.rand(1, generator=generator)) / num_bins)
         noise.append(torch.randn(samples.latents.shape[1:], generator=generator))
     bins = torch.arange(n) % num_bins
-    return HeldOutSet(samples, torch.stack(noise), torch.cat(t).float(), bins, num_bins, seed, tuple(indices))
+    return HeldOutSet(samples, torch.stack(noise), torch.cat(t).float(), bins, num_bins, seed, tuple(indices),
+                      (float(low), float(high)))
 
 
 @torch.no_grad()
