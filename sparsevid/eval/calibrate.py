@@ -285,7 +285,7 @@ def calibrate_transformers(transformers: dict[str, torch.nn.Module], forwards: I
                                  dense_layers=tuple(range(len(attentions))))  # checks them, naming the bad one
         meter = HeadMeter([attention_heads(a) for a in attentions], candidates, block_q, block_k, backend)
         measured[name] = (adapter, meter, all_dense,
-                          _Measurement(meter, _output_projections(transformers[name], adapter), tile))
+                          _Measurement(meter, _output_projections(transformer, adapter), tile))
     try:
         for name, (_, _, all_dense, measurement) in measured.items():
             apply_sparse_attention(transformers[name], all_dense)

@@ -58,7 +58,9 @@ def _skip_as_compiled_frame(function) -> None:
     the graphs it traces. Dynamo otherwise compiles the mode's ``__torch_function__`` as a frame of its own for
     every op of an eager stretch between graph breaks (Mochi's processor, a data-dependent ``nonzero``), one
     recompilation per call signature until its recompile limit."""
-    skip_code = getattr(getattr(torch, "_dynamo", None) and torch._dynamo.eval_frame, "skip_code", None)
+    import torch._dynamo.eval_frame
+
+    skip_code = getattr(torch._dynamo.eval_frame, "skip_code", None)  # private: kept optional across torch versions
     if skip_code is not None:
         skip_code(function.__code__)
 
