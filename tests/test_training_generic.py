@@ -88,6 +88,40 @@ def test_dense_teacher_is_the_dense_model_on_its_original_weights():
     assert sv.is_sparse(model)  # the teacher's pass leaves the student sparse
 
 
+def test_noise_levels_of_a_range_follow_the_training_distribution_restricted_to_it():
+    """An expert's fine-tuning draws its noise levels from the pre-training distribution (shifted logit-normal)
+    restricted to the levels it serves: every draw inside, and distributed as the full draws that fall there."""
+    from sparsevid.training.flow import sample_t
+
+    n = 200_000
+    inside = sample_t(n, torch.Generator().manual_seed(0), shift=3.0, noise_range=(0.2, 0.875))
+    full = sample_t(4 * n, torch.Generator().manual_seed(1), shift=3.0)
+    kept = full[(full >= 0.2) & (full <= 0.875)]
+    assert 0.2 <= float(inside.min()) and float(inside.max()) <= 0.875
+    for level in (0.3, 0.5, 0.7, 0.8):  # empirical CDFs agree within 5 standard errors of their difference
+        share, reference = float((inside <= level).float().mean()), float((kept <= level).float().mean())
+        standard_error = (reference * (1 - reference) * (1 / n + 1 / kept.numel())) ** 0.5
+        assert abs(share - reference) < 5 * standard_error
+    # The whole range draws as before (the same stream of normal draws).
+    whole = sample_t(4, torch.Generator().manual_seed(2), shift=3.0)
+    z = torch.randn(4, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(whole, 3.0 * torch.sigmoid(z) / (1 + 2.0 * torch.sigmoid(z)))
+
+
+def test_a_distillation_restricted_to_a_noise_range_draws_there_and_records_it(tmp_path):
+    from sparsevid.training.distill import Draws
+
+    data = LatentDirectory(_latents("wan", tmp_path), seed=0)
+    config = DistillConfig(sparse=SPARSE, batch_size=4, shift=3.0, noise_range=(0.0, 0.875))
+    t = torch.cat([Draws(data, config, 0, 1, "cpu")(step)[1] for step in range(8)])
+    assert float(t.max()) <= 0.875
+    assert config.run_info(data)["noise_range"] == [0.0, 0.875]
+    assert "noise_range" not in DistillConfig(sparse=SPARSE).run_info(data)  # runs before it resume as they were
+    for bad in ((0.5, 0.5), (-0.1, 0.5), [0.0, 0.5]):
+        with pytest.raises(ValueError, match="noise_range"):
+            DistillConfig(sparse=SPARSE, noise_range=bad)
+
+
 def test_heldout_triples_stratify_the_noise_range_they_are_given(tmp_path):
     data = LatentDirectory(_latents("wan", tmp_path), seed=0)
     whole, part = heldout_set(data, per_bin=2, num_bins=2), heldout_set(data, per_bin=2, num_bins=2,

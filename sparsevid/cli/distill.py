@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .args import CommandError, config_spec_arg, default_device, device_arg, positive_float_arg, positive_int_arg
+from .args import (CommandError, config_spec_arg, default_device, device_arg, noise_range_arg, positive_float_arg,
+                   positive_int_arg)
 
 
 def add_parser(subparsers) -> None:
@@ -38,6 +39,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--warmup", type=int, default=50, help="linear warm-up steps")
     p.add_argument("--shift", type=positive_float_arg, default=1.0,
                    help="time shift of the training noise levels (logit-normal, then shifted)")
+    p.add_argument("--noise-range", type=noise_range_arg, default=(0.0, 1.0), metavar="LOW,HIGH",
+                   help="train (and evaluate) only noise levels t in this range, e.g. one expert of Wan2.2 A14B "
+                        "(boundary 0.875): 0.875,1 for PIPELINE/transformer, 0,0.875 for PIPELINE/transformer_2")
     p.add_argument("--null-prob", type=float, default=0.1, help="probability of the empty prompt (caption dropout)")
     p.add_argument("--seed", type=int, default=0, help="seed of the noise, noise levels and caption dropout")
     p.add_argument("--data-seed", type=int, default=0, help="seed of the data order")
@@ -62,12 +66,14 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def heldout_triples(data, per_bin: int, bins: int = 5):
+def heldout_triples(data, per_bin: int, bins: int = 5, noise_range: tuple[float, float] = (0.0, 1.0)):
     """Held-out triples of a latent folder, all of one shape: the samples of its first run of the data order
-    (one bucket; the whole folder when it holds one shape), reused when it holds fewer than needed."""
+    (one bucket; the whole folder when it holds one shape), reused when it holds fewer than needed; their noise
+    levels stratified over ``noise_range``."""
     from ..eval import heldout_set
 
-    return heldout_set(data, per_bin, bins, indices=[i % data.order.group for i in range(per_bin * bins)])
+    return heldout_set(data, per_bin, bins, indices=[i % data.order.group for i in range(per_bin * bins)],
+                       noise_range=noise_range)
 
 
 def memory_advice(args) -> str:
@@ -97,7 +103,8 @@ def run(args) -> int:
         data = LatentDirectory(args.data, seed=args.data_seed)
         sparse = SparseConfig() if args.sparse is None else parse_config(args.sparse)
         config = DistillConfig(objective=args.objective, sparse=sparse, trainable=args.trainable,
-                               batch_size=args.batch_size, seed=args.seed, shift=args.shift, null_prob=args.null_prob,
+                               batch_size=args.batch_size, seed=args.seed, shift=args.shift,
+                               noise_range=args.noise_range, null_prob=args.null_prob,
                                gradient_checkpointing=args.gradient_checkpointing, lora_rank=args.lora_rank,
                                lora_alpha=args.lora_alpha, compile="inductor" if args.compile else None)
         loop = LoopConfig(lr=args.lr, warmup_steps=args.warmup, ema_decay=None, max_steps=args.steps,
@@ -106,7 +113,8 @@ def run(args) -> int:
                           eval_every=args.eval_every if args.heldout else None)
         heldout = None
         if args.heldout is not None:
-            heldout = heldout_triples(LatentDirectory(args.heldout), args.heldout_per_bin)
+            heldout = heldout_triples(LatentDirectory(args.heldout), args.heldout_per_bin,
+                                      noise_range=args.noise_range)
     except (FileNotFoundError, ValueError, TypeError) as error:
         raise CommandError(str(error)) from None
     job = setup(args.device)

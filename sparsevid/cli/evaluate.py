@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .args import CommandError, config_spec_arg, default_device, device_arg, positive_int_arg
+from .args import CommandError, config_spec_arg, default_device, device_arg, noise_range_arg, positive_int_arg
 from .distill import heldout_triples
 
 
@@ -21,6 +21,8 @@ def add_parser(subparsers) -> None:
     what.add_argument("--student", help="a student folder written by `sparsevid distill`")
     p.add_argument("--per-bin", type=positive_int_arg, default=4, help="triples per noise-level bin")
     p.add_argument("--bins", type=positive_int_arg, default=5, help="noise-level bins")
+    p.add_argument("--noise-range", type=noise_range_arg, default=(0.0, 1.0), metavar="LOW,HIGH",
+                   help="the noise levels t the triples span (default 0,1; one expert's, e.g. 0,0.875)")
     p.add_argument("--device", type=device_arg, default=default_device(), help="cpu, cuda or cuda:N")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.set_defaults(func=run)
@@ -37,7 +39,7 @@ def run(args) -> int:
     dtype = torch.bfloat16 if torch.device(args.device).type == "cuda" else torch.float32
     try:
         data = LatentDirectory(args.data)
-        heldout = heldout_triples(data, args.per_bin, args.bins)
+        heldout = heldout_triples(data, args.per_bin, args.bins, args.noise_range)
         transformer = load_transformer(args.model, dtype=dtype, device=args.device).eval()
         dense = predict_velocities(transformer, heldout)
         if args.student is not None:

@@ -53,6 +53,8 @@ class DistillConfig:
         seed: seeds the noise, noise levels and caption dropout of every sample index.
         shift, logit_std: the noise-level distribution (``sample_t``), as in pre-training (Wan: shift 1 in
             training with the sampler at 3-5; a model's own recipe wins).
+        noise_range: (low, high), the noise levels trained, that distribution restricted to them (default all; an
+            expert of a two-expert pipeline, e.g. Wan2.2 A14B's ``transformer_2``, at those it serves: (0, 0.875)).
         null_prob: probability that a sample's text becomes the empty prompt's (keeps guidance working).
         gradient_checkpointing: recompute the transformer blocks in the backward pass.
         compile: a ``torch.compile`` backend ("inductor" on CUDA) for the transformer's repeated blocks
@@ -66,6 +68,7 @@ class DistillConfig:
     seed: int = 0
     shift: float = 1.0
     logit_std: float = 1.0
+    noise_range: tuple[float, float] = (0.0, 1.0)
     null_prob: float = 0.1
     gradient_checkpointing: bool = False
     lora_rank: int = 64
@@ -98,6 +101,10 @@ class DistillConfig:
             raise ValueError(f"lora_alpha must be positive, got {self.lora_alpha}")
         if self.shift <= 0 or self.logit_std <= 0:
             raise ValueError(f"shift and logit_std must be positive, got {self.shift}, {self.logit_std}")
+        if (not isinstance(self.noise_range, tuple) or len(self.noise_range) != 2
+                or not 0 <= self.noise_range[0] < self.noise_range[1] <= 1):
+            raise ValueError(f"noise_range must be a tuple (low, high) with 0 <= low < high <= 1, got "
+                             f"{self.noise_range!r}")
         if not 0 <= self.null_prob < 1:
             raise ValueError(f"null_prob must be in [0, 1), got {self.null_prob}")
         if not isinstance(self.gradient_checkpointing, bool):
@@ -111,6 +118,8 @@ class DistillConfig:
                 "trainable": self.trainable, **self.lora_settings(), "batch_size": self.batch_size, "seed": self.seed,
                 "shift": self.shift, "logit_std": self.logit_std, "null_prob": self.null_prob,
                 "data": source.describe()}
+        if self.noise_range != (0.0, 1.0):  # (absent from runs before it existed, which trained every level)
+            info["noise_range"] = list(self.noise_range)
         return json.loads(json.dumps(info))
 
     def lora_settings(self) -> dict:
@@ -148,7 +157,7 @@ class Draws:
         ts, noises, drops = [], [], []
         for index in indices:
             generator = sample_generator(cfg.seed, index, STREAM_NOISE)
-            ts.append(sample_t(1, generator, shift=cfg.shift, logit_std=cfg.logit_std))
+            ts.append(sample_t(1, generator, shift=cfg.shift, logit_std=cfg.logit_std, noise_range=cfg.noise_range))
             drops.append(torch.rand(1, generator=generator) < cfg.null_prob)
             noises.append(torch.randn(batch.latents.shape[1:], generator=generator))
         batch = batch.drop_text(torch.cat(drops), self.null)

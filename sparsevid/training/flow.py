@@ -9,13 +9,27 @@ def shift_t(t: torch.Tensor, shift: float) -> torch.Tensor:
     return shift * t / (1 + (shift - 1) * t)
 
 
+def unshift_t(t: torch.Tensor, shift: float) -> torch.Tensor:
+    """The inverse of :func:`shift_t`: t / (s - (s - 1) t)."""
+    return t / (shift - (shift - 1) * t)
+
+
 def sample_t(batch: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu",
-             shift: float = 1.0, logit_std: float = 1.0) -> torch.Tensor:
-    """Noise levels float32 [batch] in (0, 1): logit-normal (mean 0, ``logit_std``), then shifted."""
+             shift: float = 1.0, logit_std: float = 1.0, noise_range: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
+    """Noise levels float32 [batch] in (0, 1): logit-normal (mean 0, ``logit_std``), then shifted. ``noise_range``
+    (low, high): the same distribution restricted to [low, high] (e.g. the levels one expert of a two-expert
+    pipeline serves), drawn exactly by inverting its normal CDF between the bounds."""
     if shift <= 0:
         raise ValueError(f"shift must be positive, got {shift}")
-    t = torch.sigmoid(torch.randn(batch, generator=generator) * logit_std)
-    return shift_t(t, shift).to(device)
+    low, high = noise_range
+    if (low, high) == (0.0, 1.0):
+        z = torch.randn(batch, generator=generator)
+    else:
+        bounds = torch.special.ndtr(torch.logit(unshift_t(torch.tensor([low, high], dtype=torch.float64), shift))
+                                    / logit_std)
+        u = bounds[0] + (bounds[1] - bounds[0]) * torch.rand(batch, generator=generator, dtype=torch.float64)
+        z = torch.special.ndtri(u).float()
+    return shift_t(torch.sigmoid(z * logit_std), shift).to(device)
 
 
 def noisy(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
