@@ -81,6 +81,14 @@ def noise_range_arg(text: str) -> tuple[float, float]:
                       lambda v: len(v) == 2 and 0 <= v[0] < v[1] <= 1, "LOW,HIGH with 0 <= LOW < HIGH <= 1")
 
 
+def add_noise_range_option(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """--noise-range LOW,HIGH (default every noise level), e.g. the levels one expert of a two-expert pipeline
+    serves."""
+    from ..training.flow import FULL_RANGE
+
+    parser.add_argument("--noise-range", type=noise_range_arg, default=FULL_RANGE, metavar="LOW,HIGH", help=help_text)
+
+
 def sparsity_arg(text: str) -> float:
     """A sparsity: the share of attention tiles skipped, a number in [0, 1)."""
     return number_arg(text, float, lambda v: 0 <= v < 1, "a sparsity in [0, 1)")

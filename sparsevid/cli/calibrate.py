@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .args import (CommandError, add_calibration_objective, default_device, device_arg, noise_range_arg,
+from .args import (CommandError, add_calibration_objective, add_noise_range_option, default_device, device_arg,
                    positive_int_arg)
 
 CALIBRATION_FILE = "sparse_calibration.json"
@@ -17,8 +17,8 @@ def add_parser(subparsers) -> None:
                "of its attention output), and choose each head's setting: the least summed error at a mean target "
                "sparsity (--target-sparsity), or the sparsest setting within an error bound per head (--max-error). "
                "Writes the calibration (JSON) beside the model, a summary table and a layer x head heat map; load it "
-               "with sparsevid.SparseConfig.from_calibration(path). Every supported family (joint text-video attention: the "
-               "video rows' output with their dense text keys).")
+               "with sparsevid.SparseConfig.from_calibration(path). Every supported family (joint text-video "
+               "attention: the video rows' output with their dense text keys).")
     p = subparsers.add_parser("calibrate", description=summary, help="Per-layer, per-head sparsity from the model.")
     p.add_argument("--model", required=True, help="the dense model: a pipeline or transformer folder, or a hub id "
                                                   "(--prompts needs a pipeline)")
@@ -35,9 +35,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tile", default="auto", help="token order of the masks: auto, none or T,H,W")
     p.add_argument("--per-bin", type=positive_int_arg, default=2, help="--data: triples per noise-level bin")
     p.add_argument("--bins", type=positive_int_arg, default=3, help="--data: noise-level bins")
-    p.add_argument("--noise-range", type=noise_range_arg, default=(0.0, 1.0), metavar="LOW,HIGH",
-                   help="--data: the noise levels t the triples span (default 0,1); e.g. for Wan2.2 A14B's experts "
-                        "(boundary 0.875) 0.875,1 for PIPELINE/transformer and 0,0.875 for PIPELINE/transformer_2")
+    add_noise_range_option(p, "--data: the noise levels t the triples span (default 0,1); e.g. for Wan2.2 A14B's "
+                              "experts (boundary 0.875) 0.875,1 for PIPELINE/transformer and 0,0.875 for "
+                              "PIPELINE/transformer_2")
     p.add_argument("--height", type=positive_int_arg, help="--prompts: clip height in pixels")
     p.add_argument("--width", type=positive_int_arg, help="--prompts: clip width in pixels")
     p.add_argument("--frames", type=positive_int_arg, help="--prompts: clip frames")

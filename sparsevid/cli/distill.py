@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .args import (CommandError, config_spec_arg, default_device, device_arg, noise_range_arg, positive_float_arg,
-                   positive_int_arg)
+from ..training.flow import FULL_RANGE
+from .args import (CommandError, add_noise_range_option, config_spec_arg, default_device, device_arg,
+                   positive_float_arg, positive_int_arg)
 
 
 def add_parser(subparsers) -> None:
@@ -39,9 +40,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--warmup", type=int, default=50, help="linear warm-up steps")
     p.add_argument("--shift", type=positive_float_arg, default=1.0,
                    help="time shift of the training noise levels (logit-normal, then shifted)")
-    p.add_argument("--noise-range", type=noise_range_arg, default=(0.0, 1.0), metavar="LOW,HIGH",
-                   help="train (and evaluate) only noise levels t in this range, e.g. one expert of Wan2.2 A14B "
-                        "(boundary 0.875): 0.875,1 for PIPELINE/transformer, 0,0.875 for PIPELINE/transformer_2")
+    add_noise_range_option(p, "train (and evaluate) only noise levels t in this range, e.g. one expert of Wan2.2 "
+                              "A14B (boundary 0.875): 0.875,1 for PIPELINE/transformer, 0,0.875 for "
+                              "PIPELINE/transformer_2")
     p.add_argument("--null-prob", type=float, default=0.1, help="probability of the empty prompt (caption dropout)")
     p.add_argument("--seed", type=int, default=0, help="seed of the noise, noise levels and caption dropout")
     p.add_argument("--data-seed", type=int, default=0, help="seed of the data order")
@@ -66,7 +67,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def heldout_triples(data, per_bin: int, bins: int = 5, noise_range: tuple[float, float] = (0.0, 1.0)):
+def heldout_triples(data, per_bin: int, bins: int = 5, noise_range: tuple[float, float] = FULL_RANGE):
     """Held-out triples of a latent folder, all of one shape: the samples of its first run of the data order
     (one bucket; the whole folder when it holds one shape), reused when it holds fewer than needed; their noise
     levels stratified over ``noise_range``."""

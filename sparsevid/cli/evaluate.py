@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .args import CommandError, config_spec_arg, default_device, device_arg, noise_range_arg, positive_int_arg
+from .args import (CommandError, add_noise_range_option, config_spec_arg, default_device, device_arg,
+                   positive_int_arg)
 from .distill import heldout_triples
 
 
@@ -21,8 +22,7 @@ def add_parser(subparsers) -> None:
     what.add_argument("--student", help="a student folder written by `sparsevid distill`")
     p.add_argument("--per-bin", type=positive_int_arg, default=4, help="triples per noise-level bin")
     p.add_argument("--bins", type=positive_int_arg, default=5, help="noise-level bins")
-    p.add_argument("--noise-range", type=noise_range_arg, default=(0.0, 1.0), metavar="LOW,HIGH",
-                   help="the noise levels t the triples span (default 0,1; one expert's, e.g. 0,0.875)")
+    add_noise_range_option(p, "the noise levels t the triples span (default 0,1; one expert's, e.g. 0,0.875)")
     p.add_argument("--device", type=device_arg, default=default_device(), help="cpu, cuda or cuda:N")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.set_defaults(func=run)

@@ -20,6 +20,7 @@ import torch
 
 from ..integration import apply_sparse_attention, remove_sparse_attention, set_denoising_step
 from ..training.draws import STREAM_NOISE, sample_generator
+from ..training.flow import FULL_RANGE, check_noise_range
 from ..training.latents import LatentBatch
 from ..training.velocity import check_flow_family, predict_velocity
 
@@ -39,7 +40,7 @@ class HeldOutSet:
     num_bins: int
     seed: int
     indices: tuple[int, ...]
-    noise_range: tuple[float, float] = (0.0, 1.0)
+    noise_range: tuple[float, float] = FULL_RANGE
 
     def __len__(self) -> int:
         return self.t.numel()
@@ -54,7 +55,7 @@ class HeldOutSet:
 
 
 def heldout_set(source, per_bin: int = 8, num_bins: int = 5, seed: int = HELDOUT_SEED,
-                indices: Sequence[int] | None = None, noise_range: tuple[float, float] = (0.0, 1.0)) -> HeldOutSet:
+                indices: Sequence[int] | None = None, noise_range: tuple[float, float] = FULL_RANGE) -> HeldOutSet:
     """``per_bin * num_bins`` triples from a latent ``source``: its samples ``indices`` (default 0, 1, ...; e.g.
     held-out samples the fine-tuning never reads), each with the noise and noise level of its index, the levels
     stratified over ``noise_range`` (low, high), 0 <= low < high <= 1 (e.g. the steps one expert of a two-expert
@@ -62,9 +63,8 @@ def heldout_set(source, per_bin: int = 8, num_bins: int = 5, seed: int = HELDOUT
     for name, value in (("per_bin", per_bin), ("num_bins", num_bins)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+    check_noise_range(noise_range)
     low, high = noise_range
-    if not 0.0 <= low < high <= 1.0:
-        raise ValueError(f"noise_range must be (low, high) with 0 <= low < high <= 1, got {noise_range!r}")
     n = per_bin * num_bins
     indices = list(range(n)) if indices is None else list(indices)
     if len(indices) != n:

@@ -24,7 +24,7 @@ from ..integration.adapters import latent_families
 from ..plan import SparseConfig
 from .distributed import Distributed, is_main_process, setup, wrap
 from .draws import STREAM_NOISE, sample_generator
-from .flow import flow_matching_loss, noisy, sample_t
+from .flow import FULL_RANGE, check_noise_range, flow_matching_loss, noisy, sample_t
 from .latents import LatentBatch
 from .loop import LoopConfig, train_loop
 from .lora import add_lora
@@ -68,7 +68,7 @@ class DistillConfig:
     seed: int = 0
     shift: float = 1.0
     logit_std: float = 1.0
-    noise_range: tuple[float, float] = (0.0, 1.0)
+    noise_range: tuple[float, float] = FULL_RANGE
     null_prob: float = 0.1
     gradient_checkpointing: bool = False
     lora_rank: int = 64
@@ -101,10 +101,7 @@ class DistillConfig:
             raise ValueError(f"lora_alpha must be positive, got {self.lora_alpha}")
         if self.shift <= 0 or self.logit_std <= 0:
             raise ValueError(f"shift and logit_std must be positive, got {self.shift}, {self.logit_std}")
-        if (not isinstance(self.noise_range, tuple) or len(self.noise_range) != 2
-                or not 0 <= self.noise_range[0] < self.noise_range[1] <= 1):
-            raise ValueError(f"noise_range must be a tuple (low, high) with 0 <= low < high <= 1, got "
-                             f"{self.noise_range!r}")
+        check_noise_range(self.noise_range)
         if not 0 <= self.null_prob < 1:
             raise ValueError(f"null_prob must be in [0, 1), got {self.null_prob}")
         if not isinstance(self.gradient_checkpointing, bool):
@@ -118,7 +115,7 @@ class DistillConfig:
                 "trainable": self.trainable, **self.lora_settings(), "batch_size": self.batch_size, "seed": self.seed,
                 "shift": self.shift, "logit_std": self.logit_std, "null_prob": self.null_prob,
                 "data": source.describe()}
-        if self.noise_range != (0.0, 1.0):  # (absent from runs before it existed, which trained every level)
+        if self.noise_range != FULL_RANGE:  # (absent from runs before it existed, which trained every level)
             info["noise_range"] = list(self.noise_range)
         return json.loads(json.dumps(info))
 

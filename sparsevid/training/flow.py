@@ -14,15 +14,27 @@ def unshift_t(t: torch.Tensor, shift: float) -> torch.Tensor:
     return t / (shift - (shift - 1) * t)
 
 
+FULL_RANGE = (0.0, 1.0)
+
+
+def check_noise_range(noise_range) -> None:
+    """ValueError unless ``noise_range`` is a tuple (low, high) of noise levels with 0 <= low < high <= 1."""
+    if (not isinstance(noise_range, tuple) or len(noise_range) != 2
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in noise_range)
+            or not 0 <= noise_range[0] < noise_range[1] <= 1):
+        raise ValueError(f"noise_range must be a tuple (low, high) with 0 <= low < high <= 1, got {noise_range!r}")
+
+
 def sample_t(batch: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu",
-             shift: float = 1.0, logit_std: float = 1.0, noise_range: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
+             shift: float = 1.0, logit_std: float = 1.0, noise_range: tuple[float, float] = FULL_RANGE) -> torch.Tensor:
     """Noise levels float32 [batch] in (0, 1): logit-normal (mean 0, ``logit_std``), then shifted. ``noise_range``
     (low, high): the same distribution restricted to [low, high] (e.g. the levels one expert of a two-expert
     pipeline serves), drawn exactly by inverting its normal CDF between the bounds."""
     if shift <= 0:
         raise ValueError(f"shift must be positive, got {shift}")
+    check_noise_range(noise_range)
     low, high = noise_range
-    if (low, high) == (0.0, 1.0):
+    if noise_range == FULL_RANGE:
         z = torch.randn(batch, generator=generator)
     else:
         bounds = torch.special.ndtr(torch.logit(unshift_t(torch.tensor([low, high], dtype=torch.float64), shift))
