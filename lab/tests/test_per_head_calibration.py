@@ -91,3 +91,27 @@ def test_the_achieved_sparsity_and_error_of_each_setting_on_held_out_triples():
     assert errors["dense"]["velocity_error"] < 1e-5 and errors["dense"]["sparsity"] == 0.0
     assert errors["quarter"]["sparsity"] == 0.75 and errors["quarter"]["velocity_error"] > 1e-3
     assert len(errors["quarter"]["velocity_error_per_bin"]) == 2
+
+
+def test_the_study_compares_a_calibration_by_noise_range(tmp_path):
+    """--noise-splits: the tiny model's two sampler steps (noise levels 1 and about 0.83) fall on either side of 0.9;
+    the per-head settings of the pooled measurements equal those of the same study without splits."""
+    common = ["--tiny", "--device", "cpu", "--steps", "2", "--captions", "1", "--calib-captions", "1", "--seeds", "0",
+              "--sparsities", "0.5", "--heldout-per-bin", "1", "--noise-bins", "1", "--block-q", "64", "--block-k",
+              "64", "--metrics", "velocity"]
+    split = study(["--out", str(tmp_path / "split"), "--noise-splits", "0.9"] + common)
+    whole = study(["--out", str(tmp_path / "whole")] + common)
+    (target,) = split["targets"]
+    assert "per-head-ranges 50%" in target["labels"] and split["calibration"]["noise_splits"] == [0.9]
+    assert sum(split["calibration"]["range_weights"]) == pytest.approx(1.0) and min(
+        split["calibration"]["range_weights"]) > 0
+    ranges = sv.SparseConfig.from_dict(split["configs"]["per-head-ranges 50%"]["config"])
+    assert [entry["noise_range"] for entry in ranges.noise_overrides] == [(0.0, 0.9), (0.9, 1.0)]
+    assert split["configs"]["per-head-ranges 50%"]["velocity_error"] > 0
+    for label in ("per-head 50%", "per-head-out 50%"):
+        assert split["configs"][label]["config"] == whole["configs"][label]["config"], label
+    assert (tmp_path / "split" / "calibration_ranges.json").is_file()
+    assert (tmp_path / "split" / "calibration_ranges_50.png").is_file()
+    reused = study(["--out", str(tmp_path / "reused"), "--calibration",
+                    str(tmp_path / "split" / "calibration_ranges.json")] + common)
+    assert reused["configs"]["per-head-ranges 50%"]["config"] == split["configs"]["per-head-ranges 50%"]["config"]

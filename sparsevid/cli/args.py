@@ -81,6 +81,21 @@ def noise_range_arg(text: str) -> tuple[float, float]:
                       lambda v: len(v) == 2 and 0 <= v[0] < v[1] <= 1, "LOW,HIGH with 0 <= LOW < HIGH <= 1")
 
 
+def noise_splits_arg(text: str) -> tuple[float, ...]:
+    """S1,S2,...: noise levels strictly ascending within (0, 1)."""
+    from ..plan.noise_ranges import check_splits
+
+    def valid(values) -> bool:
+        try:
+            check_splits(values)
+        except ValueError:
+            return False
+        return True
+
+    return number_arg(text, lambda t: tuple(float(x) for x in t.split(",")), valid,
+                      "noise levels S1,S2,... strictly ascending within (0, 1)")
+
+
 def add_noise_range_option(parser: argparse.ArgumentParser, help_text: str) -> None:
     """--noise-range LOW,HIGH (default every noise level), e.g. the levels one expert of a two-expert pipeline
     serves."""
@@ -122,3 +137,8 @@ def add_calibration_objective(parser: argparse.ArgumentParser) -> None:
                         help="--target-sparsity: the head errors whose sum is minimised: output (the default: through "
                              "its slice of the layer's output projection), relative (every head alike) or absolute "
                              "(weighed by the size of its output)")
+    parser.add_argument("--noise-splits", type=noise_splits_arg, default=(), metavar="S1,S2,...",
+                        help="measure and choose separately in ranges of the noise level split at these levels (in "
+                             "(0, 1), ascending), e.g. 0.5 for one choice at high and one at low noise: a target "
+                             "sparsity is then allocated over every range at once; the configuration switches with "
+                             "each step's noise level (SparseConfig.noise_overrides)")

@@ -138,14 +138,15 @@ def run(args) -> int:
             transformers, forwards, description = _prompt_forwards(args, args.device, dtype)
         calibrations = calibrate_transformers(transformers, tqdm(forwards, desc="calibrate", unit="input"),
                                               block_q=args.block_q, block_k=args.block_k, tile=tile,
-                                              inputs=description)
+                                              inputs=description, noise_splits=args.noise_splits)
         for calibration in calibrations.values():
             calibration.choose(args.target_sparsity, args.max_error, args.error)
     except (FileNotFoundError, TypeError, ValueError) as error:
         raise CommandError(str(error)) from None
     seconds = round(time.perf_counter() - start, 3)
     for name, calibration in calibrations.items():
-        calibration.inputs.update(seconds=seconds, device=str(args.device))
+        for part in getattr(calibration, "ranges", [calibration]):  # a calibration by noise range: each range's
+            part.inputs.update(seconds=seconds, device=str(args.device))
         path = calibration.save(_beside(out, name))
         plot = plot_calibration(calibration, _beside(Path(args.plot), name) if args.plot else path.with_suffix(".png"))
         if len(calibrations) > 1:

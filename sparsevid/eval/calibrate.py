@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from ..ops import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from ..plan.noise_ranges import range_index
 
 BISECTION_STEPS = 14
 
@@ -206,14 +207,22 @@ def _row_weights(q_len: int, block_q: int, device) -> torch.Tensor:
 
 class _Measurement:
     """What a calibrated transformer's dense layers hand their video attention to
-    (:func:`sparsevid.integration.set_attention_measure`): each call goes to the :class:`HeadMeter` with the layer's
-    output projection. ``tile``: the token order of the masks."""
+    (:func:`sparsevid.integration.set_attention_measure`): each call goes, with the layer's output projection, to
+    the :class:`HeadMeter` of the noise range its timestep falls in (one meter per range of ``splits``; sigma =
+    timestep / ``num_train_timesteps``). ``tile``: the token order of the masks."""
 
-    def __init__(self, meter: HeadMeter, projections: Sequence[torch.Tensor | None], tile):
-        self.meter, self.projections, self.tile = meter, list(projections), tile
+    def __init__(self, meters: Sequence[HeadMeter], splits: Sequence[float], num_train_timesteps: float,
+                 projections: Sequence[torch.Tensor | None], tile):
+        self.meters, self.splits, self.num_train_timesteps = list(meters), tuple(splits), num_train_timesteps
+        self.projections, self.tile = list(projections), tile
 
-    def __call__(self, layer: int, q, k, v, scale, text) -> None:
-        self.meter.add(layer, q, k, v, scale=scale, projection=self.projections[layer], text=text)
+    def __call__(self, layer: int, q, k, v, scale, text, timestep: float | None) -> None:
+        meter = self.meters[0]
+        if self.splits:
+            if timestep is None:
+                raise ValueError("a calibration by noise range needs forwards with a timestep; this forward had none")
+            meter = self.meters[range_index(self.splits, timestep / self.num_train_timesteps)]
+        meter.add(layer, q, k, v, scale=scale, projection=self.projections[layer], text=text)
 
 
 def _output_projections(transformer: torch.nn.Module, adapter) -> list[torch.Tensor | None]:
@@ -244,11 +253,16 @@ def _linear_weight(module: torch.nn.Module | None, name: str) -> torch.Tensor | 
 
 def calibrate_heads(transformer: torch.nn.Module, forwards: Iterable[Callable[[], object]], candidates=None,
                     block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K, tile="auto",
-                    backend: str = "auto", inputs: dict | None = None):
+                    backend: str = "auto", inputs: dict | None = None, noise_splits: Sequence[float] = (),
+                    num_train_timesteps: float = 1000.0):
     """Measure every head of ``transformer`` (a dense diffusers video transformer of a supported family) under
     each candidate setting while ``forwards`` run: each item is called and runs some dense forwards of it (a
     forward on cached latents, a whole sampling, ...). Returns a
-    :class:`~sparsevid.plan.calibration.Calibration` without a choice yet (``.choose(...)``).
+    :class:`~sparsevid.plan.calibration.Calibration` without a choice yet (``.choose(...)``); with
+    ``noise_splits`` (noise levels in (0, 1), ascending) a
+    :class:`~sparsevid.plan.noise_ranges.NoiseRangeCalibration`: each call measured in the range of its forward's
+    noise level sigma = timestep / ``num_train_timesteps`` (the timestep in the flow convention: 1000 t at noise
+    level t for diffusers' flow-matching schedulers).
 
     The measurement runs inside the sparse processors with every layer dense (installed for the call and removed
     after it), so it sees each layer's video tokens as the sparse layers will (the families' token layouts, text
@@ -259,22 +273,28 @@ def calibrate_heads(transformer: torch.nn.Module, forwards: Iterable[Callable[[]
     ran, kept in the file.
     """
     return calibrate_transformers({"transformer": transformer}, forwards, candidates, block_q, block_k, tile,
-                                  backend, inputs)["transformer"]
+                                  backend, inputs, noise_splits, num_train_timesteps)["transformer"]
 
 
 def calibrate_transformers(transformers: dict[str, torch.nn.Module], forwards: Iterable[Callable[[], object]],
                            candidates=None, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
-                           tile="auto", backend: str = "auto", inputs: dict | None = None) -> dict:
+                           tile="auto", backend: str = "auto", inputs: dict | None = None,
+                           noise_splits: Sequence[float] = (), num_train_timesteps: float = 1000.0) -> dict:
     """:func:`calibrate_heads` of several transformers measured over the same ``forwards`` (a pipeline's, e.g.
     Wan2.2's two experts ``transformer`` and ``transformer_2``, each sampling step running one of them):
-    {name: Calibration}. ValueError naming a transformer whose layers the forwards never ran."""
+    {name: Calibration (NoiseRangeCalibration with ``noise_splits``)}. ValueError naming a transformer whose
+    layers the forwards never ran (in a noise range: naming the range)."""
     from ..integration import adapter_for, apply_sparse_attention, is_sparse, remove_sparse_attention
     from ..integration import set_attention_measure
     from ..integration.adapters import attention_heads
     from ..plan import SparseConfig
     from ..plan.calibration import Calibration, default_candidates
+    from ..plan.noise_ranges import NoiseRangeCalibration, check_splits, range_bounds
 
     candidates = default_candidates() if candidates is None else candidates
+    splits = check_splits(noise_splits) if len(noise_splits) else ()
+    if not isinstance(num_train_timesteps, (int, float)) or not num_train_timesteps > 0:
+        raise ValueError(f"num_train_timesteps must be a positive number, got {num_train_timesteps!r}")
     measured = {}
     for name, transformer in transformers.items():
         if is_sparse(transformer):
@@ -283,9 +303,10 @@ def calibrate_transformers(transformers: dict[str, torch.nn.Module], forwards: I
         attentions = adapter.self_attentions(transformer)
         all_dense = SparseConfig(block_q=block_q, block_k=block_k, tile=tile, backend=backend,
                                  dense_layers=tuple(range(len(attentions))))  # checks them, naming the bad one
-        meter = HeadMeter([attention_heads(a) for a in attentions], candidates, block_q, block_k, backend)
-        measured[name] = (adapter, meter, all_dense,
-                          _Measurement(meter, _output_projections(transformer, adapter), tile))
+        meters = [HeadMeter([attention_heads(a) for a in attentions], candidates, block_q, block_k, backend)
+                  for _ in range(len(splits) + 1)]
+        measured[name] = (adapter, meters, all_dense, _Measurement(
+            meters, splits, num_train_timesteps, _output_projections(transformer, adapter), tile))
     try:
         for name, (_, _, all_dense, measurement) in measured.items():
             apply_sparse_attention(transformers[name], all_dense)
@@ -299,21 +320,46 @@ def calibrate_transformers(transformers: dict[str, torch.nn.Module], forwards: I
                 remove_sparse_attention(transformer)
     settings = {"block_q": block_q, "block_k": block_k, "tile": list(tile) if isinstance(tile, tuple) else tile}
     calibrations = {}
-    for name, (adapter, meter, _, _) in measured.items():
-        model = {"family": adapter.name, "class_name": type(transformers[name]).__name__, "heads": meter.heads}
-        try:
-            means = meter.means()
-        except ValueError as error:
-            raise ValueError(f"{name}: {error}") from None
-        calibrations[name] = Calibration(model, settings, meter.candidates, **means,
-                                         inputs={**(inputs or {}), "calls_per_layer": list(meter.calls)})
+    for name, (adapter, meters, _, _) in measured.items():
+        model = {"family": adapter.name, "class_name": type(transformers[name]).__name__, "heads": meters[0].heads}
+        ranges = []
+        for meter, (low, high) in zip(meters, range_bounds(splits)):
+            try:
+                means = meter.means()
+            except ValueError as error:
+                where = f" at noise levels [{low:g}, {high:g}{']' if high == 1 else ')'}" if splits else ""
+                raise ValueError(f"{name}{where}: {error}") from None
+            ranges.append(Calibration(model, settings, meter.candidates, **means,
+                                      inputs={**(inputs or {}), "calls_per_layer": list(meter.calls)}))
+        calibrations[name] = (NoiseRangeCalibration(splits, ranges, num_train_timesteps) if splits
+                              else ranges[0])
     return calibrations
+
+
+def _panels(calibration) -> list[tuple[str, object]]:
+    """(title, Calibration) of each part of a calibration: itself, or each noise range of a NoiseRangeCalibration."""
+    if not hasattr(calibration, "ranges"):
+        return [("", calibration)]
+    return [(f"noise levels [{low:g}, {high:g}{']' if high == 1 else ')'} ({weight:.0%} of the calls)", part)
+            for part, (low, high), weight in zip(calibration.ranges, calibration.bounds, calibration.weights())]
 
 
 def calibration_table(calibration, max_heads: int = 8) -> str:
     """A text table of a calibration's choice: per layer its mean sparsity and error, then each head's setting with
     its sparsity and error (layers of more than ``max_heads`` heads: how many heads took each kind of setting and
-    their sparsity range); the overall means last."""
+    their sparsity range); the overall means last. A calibration by noise range: one table per range, then the
+    call-weighted means."""
+    panels = _panels(calibration)
+    if len(panels) > 1:
+        summary = calibration.summary()
+        tables = [f"{title}:\n{_choice_table(part, max_heads)}" for title, part in panels]
+        return "\n\n".join(tables) + (f"\nall ranges: mean sparsity {summary['mean_sparsity']:.1%}, mean error "
+                                        f"{summary['mean_error']:.4f}, mean exact attention mass kept "
+                                        f"{summary['mean_recall']:.3f}")
+    return _choice_table(calibration, max_heads)
+
+
+def _choice_table(calibration, max_heads: int) -> str:
     summary = calibration.summary()
     lines = [f"{'layer':>5}  {'sparsity':>8}  {'error':>7}  heads (setting: sparsity / output error)"]
     for layer, (labels, sparsity, error) in enumerate(zip(summary["labels"], summary["sparsity"], summary["error"])):
@@ -330,19 +376,24 @@ def calibration_table(calibration, max_heads: int = 8) -> str:
 
 
 def plot_calibration(calibration, path: str | Path) -> Path:
-    """Heat maps (layer x head) of the chosen sparsity and output error of a calibration, as a PNG at ``path``."""
+    """Heat maps (layer x head) of the chosen sparsity and output error of a calibration (one row of them per noise
+    range of a NoiseRangeCalibration), as a PNG at ``path``."""
     from ..training.plots import pyplot, save_figure
 
-    summary = calibration.summary()
+    panels = _panels(calibration)
     heads = max(calibration.model["heads"])
+    layers = calibration.num_layers
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(4 + 0.5 * heads, 1.5 + 0.3 * calibration.num_layers), squeeze=False)
-    for ax, name, cmap in zip(axes[0], ("sparsity", "error"), ("viridis", "magma")):
-        table = torch.full((calibration.num_layers, heads), float("nan"))
-        for layer, row in enumerate(summary[name]):
-            table[layer, :len(row)] = torch.tensor(row)
-        image = ax.imshow(table.numpy(), aspect="auto", cmap=cmap, interpolation="nearest")
-        ax.set(xlabel="head", ylabel="layer", title=f"{name} (mean {summary[f'mean_{name}']:.3g})",
-               xticks=range(heads), yticks=range(calibration.num_layers))
-        fig.colorbar(image, ax=ax)
+    fig, axes = plt.subplots(len(panels), 2, figsize=(4 + 0.5 * heads, (1.5 + 0.3 * layers) * len(panels)),
+                             squeeze=False)
+    for row_axes, (title, part) in zip(axes, panels):
+        summary = part.summary()
+        for ax, name, cmap in zip(row_axes, ("sparsity", "error"), ("viridis", "magma")):
+            table = torch.full((layers, heads), float("nan"))
+            for layer, row in enumerate(summary[name]):
+                table[layer, :len(row)] = torch.tensor(row)
+            image = ax.imshow(table.numpy(), aspect="auto", cmap=cmap, interpolation="nearest")
+            ax.set(xlabel="head", ylabel="layer", xticks=range(heads), yticks=range(layers),
+                   title=f"{title + chr(10) if title else ''}{name} (mean {summary[f'mean_{name}']:.3g})")
+            fig.colorbar(image, ax=ax)
     return save_figure(fig, path)

@@ -41,9 +41,9 @@ class SparseState:
 @torch.compiler.disable
 def _begin_step(state: SparseState) -> tuple[int, int, int] | None:
     """Host-side bookkeeping of a forward whose plans vary with the step: read where the denoising is (one
-    device read, none after ``reset_denoising_step`` unless the schedule follows the timestep), hand it to every
+    device read, none after ``reset_denoising_step`` unless the plans follow the timestep), hand it to every
     layer's runtime, and return the tile most sparse layers of this step use."""
-    position = state.context.position(with_timestep=state.config.schedule == "snr")
+    position = state.context.position(with_timestep=state.config.follows_timestep)
     return forward_tile([runtime.begin(position) for runtime in state.runtimes])
 
 
@@ -76,7 +76,10 @@ def _set_processor(attn: torch.nn.Module, processor) -> None:
 
 
 def _check_layers(config: SparseConfig, num_layers: int) -> None:
-    for name, layers in (("dense_layers", config.dense_layers), ("layer_overrides", config.layer_overrides)):
+    named = [("dense_layers", config.dense_layers), ("layer_overrides", config.layer_overrides)]
+    named += [(f"noise_overrides[{i}].layer_overrides", entry["layer_overrides"])
+              for i, entry in enumerate(config.noise_overrides)]
+    for name, layers in named:
         bad = sorted(i for i in layers if i >= num_layers)
         if bad:
             raise ValueError(f"config.{name} names layers {bad}, but the transformer has {num_layers} "
@@ -270,7 +273,7 @@ def set_collect_stats(transformer: torch.nn.Module, enabled: bool) -> None:
 
 def set_attention_measure(transformer: torch.nn.Module, measure) -> None:
     """Make every dense layer of a sparse ``transformer`` hand its video attention to ``measure`` (a callable
-    ``(layer, q, k, v, scale, text)`` with a ``tile`` attribute: a per-head calibration's measurement,
+    ``(layer, q, k, v, scale, text, timestep)`` with a ``tile`` attribute: a per-head calibration's measurement,
     ``sparsevid.eval.calibrate``); None stops it."""
     if measure is not None and not callable(measure):
         raise TypeError(f"measure must be callable or None, got {type(measure).__name__}")

@@ -94,32 +94,38 @@ def _choose(error: torch.Tensor, sparsity: torch.Tensor, lam: float) -> torch.Te
     return torch.argmin(error - lam * sparsity, dim=-1)
 
 
-def _mean_at(sparsity: torch.Tensor, choice: torch.Tensor, valid: torch.Tensor) -> float:
-    return float(sparsity.gather(-1, choice.unsqueeze(-1)).squeeze(-1)[valid].mean())
+def _mean_at(sparsity: torch.Tensor, choice: torch.Tensor, weights: torch.Tensor) -> float:
+    """The ``weights``-weighted mean sparsity of ``choice`` (padded heads weigh 0)."""
+    return float((sparsity.gather(-1, choice.unsqueeze(-1)).squeeze(-1) * weights).sum() / weights.sum())
 
 
-def allocate_sparsity(error: torch.Tensor, sparsity: torch.Tensor, target: float) -> torch.Tensor:
+def allocate_sparsity(error: torch.Tensor, sparsity: torch.Tensor, target: float,
+                      weights: torch.Tensor | None = None) -> torch.Tensor:
     """int64 [L, H]: the candidate of each head (error, sparsity float64 [L, H, C]; padded heads NaN) that
-    minimises the summed error at a mean sparsity >= ``target`` (the sparsest choice when none reaches it)."""
+    minimises the summed error (each head's weighed by ``weights``) at a mean sparsity >= ``target`` (the sparsest
+    choice when none reaches it). ``weights``: float64 [L, H] >= 0, each head's share of the mean (default: every
+    head alike; a calibration by noise range weighs each range's heads by the share of the calls it measured)."""
     valid = ~sparsity[..., 0].isnan()
-    error, sparsity = error.nan_to_num(0.0), sparsity.nan_to_num(0.0)
+    weights = (torch.ones_like(sparsity[..., 0]) if weights is None else weights.double()).nan_to_num(0.0) * valid
+    error, sparsity = error.nan_to_num(0.0) * weights.unsqueeze(-1), sparsity.nan_to_num(0.0)
+    gain = sparsity * weights.unsqueeze(-1)  # what a head's choice adds to the weighted sum
     low, high = 0.0, 1.0
-    while _mean_at(sparsity, _choose(error, sparsity, high), valid) < target and high < 1e12:
+    while _mean_at(sparsity, _choose(error, gain, high), weights) < target and high < 1e12:
         low, high = high, high * 4
     for _ in range(100):
         mid = (low + high) / 2
-        if _mean_at(sparsity, _choose(error, sparsity, mid), valid) >= target:
+        if _mean_at(sparsity, _choose(error, gain, mid), weights) >= target:
             high = mid
         else:
             low = mid
-    choice, fallback = _choose(error, sparsity, high), _choose(error, sparsity, low)
+    choice, fallback = _choose(error, gain, high), _choose(error, gain, low)
     # Heads whose choice the last step of lambda changed go back (most error per sparsity first) while the mean
     # stays at the target.
     d_err = (error.gather(-1, choice.unsqueeze(-1)) - error.gather(-1, fallback.unsqueeze(-1))).squeeze(-1)
-    d_sp = (sparsity.gather(-1, choice.unsqueeze(-1)) - sparsity.gather(-1, fallback.unsqueeze(-1))).squeeze(-1)
+    d_sp = (gain.gather(-1, choice.unsqueeze(-1)) - gain.gather(-1, fallback.unsqueeze(-1))).squeeze(-1)
     ratio = d_err / d_sp.clamp_min(1e-12)
     moved = sorted(((choice != fallback) & valid).nonzero().tolist(), key=lambda lh: -float(ratio[lh[0], lh[1]]))
-    total, needed = float(sparsity.gather(-1, choice.unsqueeze(-1))[valid].sum()), target * int(valid.sum())
+    total, needed = float(gain.gather(-1, choice.unsqueeze(-1)).sum()), target * float(weights.sum())
     for layer, head in moved:
         if total - float(d_sp[layer, head]) >= needed:
             total -= float(d_sp[layer, head])
@@ -200,17 +206,21 @@ class Calibration:
         what it moves its layer's output through the output projection); None: :meth:`default_error`.
         ``max_error`` bounds the relative error."""
         _check_objective(target_sparsity, max_error)
+        table, sparsity = self.allocation_tables(error, max_error)
+        choice = (allocate_sparsity(table, sparsity, target_sparsity) if max_error is None
+                  else allocate_error(table, sparsity, max_error))
+        return [row[:h] for row, h in zip(choice.tolist(), self.model["heads"])]
+
+    def allocation_tables(self, error: str | None, max_error: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """float64 [L, H, C] (the error table an objective allocates on, the sparsity table); ``error`` as in
+        :meth:`allocate`; ValueError where this calibration did not measure it or ``max_error`` is set with it."""
         error = self.default_error(max_error) if error is None else error
         if error not in ERRORS:
             raise ValueError(f"error must be one of {ERRORS}, got {error!r}")
         if error != "relative" and (getattr(self, ERROR_TABLES[error]) is None or max_error is not None):
             raise ValueError(f"error={error!r} needs target_sparsity and a calibration that measured {error} errors "
                              "(calibrate again with this version)")
-        table = _table(getattr(self, ERROR_TABLES[error]), "error")
-        sparsity = _table(self.sparsity, "sparsity")
-        choice = (allocate_sparsity(table, sparsity, target_sparsity) if max_error is None
-                  else allocate_error(table, sparsity, max_error))
-        return [row[:h] for row, h in zip(choice.tolist(), self.model["heads"])]
+        return _table(getattr(self, ERROR_TABLES[error]), "error"), _table(self.sparsity, "sparsity")
 
     def choose(self, target_sparsity: float | None = None, max_error: float | None = None,
                error: str | None = None) -> None:
@@ -248,9 +258,21 @@ class Calibration:
         setting), or dense where every head is; ``fields``: further SparseConfig fields (not the per-layer ones)."""
         choice = self._require(None) if target_sparsity is None and max_error is None else self.allocate(
             target_sparsity, max_error, error)
-        taken = sorted(set(fields) & {"layer_overrides", "dense_layers", "calibrated_for"})
+        return SparseConfig(layer_overrides=self.layer_overrides(choice), **self.config_fields(fields))
+
+    def config_fields(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """The SparseConfig fields a configuration of this calibration shares (the tiles, the model it was made
+        for) with the caller's ``fields``; ValueError where those name what the calibration decides."""
+        taken = sorted(set(fields) & {"layer_overrides", "dense_layers", "calibrated_for", "noise_overrides"})
         if taken:
             raise ValueError(f"{taken} come from the calibration; they cannot be given as fields")
+        return {"block_q": self.settings["block_q"], "block_k": self.settings["block_k"],
+                "tile": self.settings["tile"], **fields,
+                "calibrated_for": {"family": self.model["family"], "heads": list(self.model["heads"])}}
+
+    def layer_overrides(self, choice: list[list[int]]) -> dict[int, dict[str, Any]]:
+        """SparseConfig layer overrides of a [layer][head] ``choice``: per layer the hybrid rule with per-head
+        ``topk`` and ``topp`` (scalars where every head took the same setting), or dense where every head is."""
         overrides = {}
         for layer, picks in enumerate(choice):
             chosen = [self.candidates[c] for c in picks]
@@ -262,10 +284,7 @@ class Calibration:
             else:
                 topk, topp = zip(*(c.budgets for c in chosen))
                 overrides[layer] = {"rule": "hybrid", "topk": list(topk), "topp": list(topp)}
-        base = {"block_q": self.settings["block_q"], "block_k": self.settings["block_k"],
-                "tile": self.settings["tile"], **fields}
-        return SparseConfig(layer_overrides=overrides, calibrated_for={"family": self.model["family"],
-                                                                       "heads": list(self.model["heads"])}, **base)
+        return overrides
 
     # ------------------------------------------------------------------ the file
     def to_dict(self) -> dict[str, Any]:
@@ -293,6 +312,9 @@ class Calibration:
             raise TypeError(f"a calibration must be a JSON object, got {type(data).__name__}")
         if data.get("format") != FORMAT:
             raise ValueError(f"not a sparsevid calibration (its 'format' is not {FORMAT!r})")
+        if "noise_splits" in data:
+            raise ValueError("this calibration was measured by noise range: read it with "
+                             "sparsevid.plan.noise_ranges.load_calibration")
         if data.get("version") != VERSION:
             raise ValueError(f"calibration version {data.get('version')!r} is not supported (this sparsevid reads "
                              f"version {VERSION})")
@@ -307,10 +329,16 @@ class Calibration:
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
         """Read a calibration file (FileNotFoundError / ValueError naming the path when it is not one)."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"no calibration file at {path}")
-        try:
-            return cls.from_dict(json.loads(path.read_text()))
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise ValueError(f"{path} is not a readable sparsevid calibration: {error}") from None
+        return read_calibration_file(path, cls.from_dict)
+
+
+def read_calibration_file(path: str | Path, parse):
+    """``parse`` (a ``from_dict``) of the JSON in the calibration file at ``path``; FileNotFoundError / ValueError
+    naming the path when it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no calibration file at {path}")
+    try:
+        return parse(json.loads(path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"{path} is not a readable sparsevid calibration: {error}") from None

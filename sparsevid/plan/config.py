@@ -296,6 +296,12 @@ def _check_precision(values: dict[str, Any], where: str) -> None:
                          "(refresh_search='exact' needs precision='native'); use refresh_search 'full' or 'within'")
 
 
+def _overrides_dict(overrides: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """JSON form of layer overrides: layer keys strings, tuples lists."""
+    return {str(layer): {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+            for layer, values in overrides.items()}
+
+
 def _interpolate(start, final, progress: float):
     """start + (final - start) * progress; counts (ints) are rounded to the nearest count."""
     if final is None:
@@ -343,6 +349,12 @@ class SparseConfig:
             refresh; Triton / gather / reference backends, inference only; otherwise as "within").
         calibrated_for: None, or {"family": adapter name, "heads": [heads of each self-attention layer]} of the
             model a calibration was made for; ``apply_sparse_attention`` refuses another model (``check_model``).
+        noise_overrides: layer overrides by noise level (a calibration with noise ranges makes them): a list of
+            ``{"noise_range": [low, high], "layer_overrides": {layer: {field: value}}}`` with non-overlapping ranges
+            of sigma = timestep / ``num_train_timesteps`` (``[low, high)``; a range ending at 1 includes it). A step
+            whose sigma lies in a range takes that range's override of a layer in place of ``layer_overrides``'
+            (a layer the range does not name keeps its ``layer_overrides`` entry); a forward without a timestep, or
+            one outside every range, uses ``layer_overrides``. A batch of several timesteps follows its largest.
 
     The mask settings (``rule`` ... ``refresh_search``, the first fields) are declared once, in
     ``MASK_SETTINGS``; the rest say where and when they apply.
@@ -357,6 +369,7 @@ class SparseConfig:
     num_steps: int | None = None
     num_train_timesteps: float = 1000.0
     calibrated_for: dict[str, Any] | None = None
+    noise_overrides: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("tile", "topk", "topp"):
@@ -372,31 +385,64 @@ class SparseConfig:
         _check_precision({k: getattr(self, k) for k in PLAN_FIELDS}, where="")
         if not _is_int(self.dense_steps) or self.dense_steps < 0:
             raise ValueError(f"dense_steps must be an int >= 0, got {self.dense_steps!r}")
-        if not isinstance(self.layer_overrides, dict):
-            raise TypeError(f"layer_overrides must be a dict {{layer: {{field: value}}}}, got {self.layer_overrides!r}")
-        overrides = {}
-        for layer, values in self.layer_overrides.items():
+        self.layer_overrides = self._checked_overrides(self.layer_overrides, "layer_overrides")
+        self.noise_overrides = self._checked_noise_overrides()
+        self._check_calibrated_for()
+
+    def _checked_overrides(self, overrides: Any, where: str) -> dict[int, dict[str, Any]]:
+        """``overrides`` ({layer: {field: value}}, layer keys ints or digit strings) checked and normalised; errors
+        name ``where``."""
+        if not isinstance(overrides, dict):
+            raise TypeError(f"{where} must be a dict {{layer: {{field: value}}}}, got {overrides!r}")
+        checked = {}
+        for layer, values in overrides.items():
             index = int(layer) if isinstance(layer, str) and layer.isdigit() else layer
             if not _is_int(index) or index < 0:
-                raise ValueError(f"layer_overrides keys must be layer indices >= 0, got {layer!r}")
+                raise ValueError(f"{where} keys must be layer indices >= 0, got {layer!r}")
             if not isinstance(values, dict):
-                raise TypeError(f"layer_overrides[{index}] must be a dict of fields, got {values!r}")
+                raise TypeError(f"{where}[{index}] must be a dict of fields, got {values!r}")
             unknown = set(values) - set(PLAN_FIELDS + SCHEDULE_FIELDS) - {"dense"}
             if unknown:
-                raise ValueError(f"layer_overrides[{index}] has unknown fields {sorted(unknown)}; "
+                raise ValueError(f"{where}[{index}] has unknown fields {sorted(unknown)}; "
                                  f"allowed: {PLAN_FIELDS + SCHEDULE_FIELDS + ('dense',)}")
             values = {k: _as_value(k, v) for k, v in values.items()}
             if "dense" in values and not isinstance(values["dense"], bool):
-                raise TypeError(f"layer_overrides[{index}].dense must be a bool, got {values['dense']!r}")
-            _check_plan_fields(values, where=f"layer_overrides[{index}].")
+                raise TypeError(f"{where}[{index}].dense must be a bool, got {values['dense']!r}")
+            _check_plan_fields(values, where=f"{where}[{index}].")
             if self.schedule == "constant" and set(values) & set(SCHEDULE_FIELDS):
-                raise ValueError(f"layer_overrides[{index}] sets {sorted(set(values) & set(SCHEDULE_FIELDS))} but "
+                raise ValueError(f"{where}[{index}] sets {sorted(set(values) & set(SCHEDULE_FIELDS))} but "
                                  "schedule is 'constant'")
-            _check_final(self._layer_values(values), where=f"layer_overrides[{index}].")
-            _check_precision(self._layer_values(values), where=f"layer_overrides[{index}].")
-            overrides[index] = values
-        self.layer_overrides = overrides
-        self._check_calibrated_for()
+            _check_final(self._layer_values(values), where=f"{where}[{index}].")
+            _check_precision(self._layer_values(values), where=f"{where}[{index}].")
+            checked[index] = values
+        return checked
+
+    def _checked_noise_overrides(self) -> list[dict[str, Any]]:
+        """``noise_overrides`` checked (ranges within [0, 1], not overlapping; their overrides as
+        ``layer_overrides``) and normalised (ranges as float pairs, sorted by their start)."""
+        if not isinstance(self.noise_overrides, (list, tuple)):
+            raise TypeError(f"noise_overrides must be a list of {{'noise_range': [low, high], 'layer_overrides': "
+                            f"{{...}}}}, got {self.noise_overrides!r}")
+        checked = []
+        for i, entry in enumerate(self.noise_overrides):
+            where = f"noise_overrides[{i}]"
+            if not isinstance(entry, dict) or set(entry) != {"noise_range", "layer_overrides"}:
+                raise ValueError(f"{where} must be {{'noise_range': [low, high], 'layer_overrides': {{...}}}}, "
+                                 f"got {entry!r}")
+            bounds = entry["noise_range"]
+            if (not isinstance(bounds, (list, tuple)) or len(bounds) != 2 or not all(_is_number(b) for b in bounds)
+                    or not 0 <= bounds[0] < bounds[1] <= 1):
+                raise ValueError(f"{where}.noise_range must be [low, high] with 0 <= low < high <= 1 (noise levels "
+                                 f"sigma), got {bounds!r}")
+            checked.append({"noise_range": (float(bounds[0]), float(bounds[1])),
+                            "layer_overrides": self._checked_overrides(entry["layer_overrides"],
+                                                                       f"{where}.layer_overrides")})
+        checked.sort(key=lambda entry: entry["noise_range"])
+        for before, after in zip(checked, checked[1:]):
+            if after["noise_range"][0] < before["noise_range"][1]:
+                raise ValueError(f"noise_overrides ranges {list(before['noise_range'])} and "
+                                 f"{list(after['noise_range'])} overlap")
+        return checked
 
     def _check_calibrated_for(self) -> None:
         made = self.calibrated_for
@@ -438,9 +484,33 @@ class SparseConfig:
         mask reuse. When not, every layer's plan is ``plan(layer, None)`` and the step need not be known."""
         if self.dense_steps > 0 or self.schedule != "constant":
             return True
+        if self.noise_overrides:
+            return True
         layers = [{}] + list(self.layer_overrides.values())
         return any(values["refresh_interval"] > 1 or values["refresh_search"] != "full"
                    for values in map(self._layer_values, layers))
+
+    @property
+    def follows_timestep(self) -> bool:
+        """Whether a plan depends on the step's timestep value (the "snr" schedule, noise overrides): the
+        integration then reads it for every forward."""
+        return self.schedule == "snr" or bool(self.noise_overrides)
+
+    def all_layer_overrides(self) -> list[dict[int, dict[str, Any]]]:
+        """``layer_overrides`` and the layer overrides of every noise range."""
+        return [self.layer_overrides] + [entry["layer_overrides"] for entry in self.noise_overrides]
+
+    def _override(self, layer: int, timestep: float | None) -> dict[str, Any]:
+        """The override of ``layer`` at a step of ``timestep``: its noise range's, else ``layer_overrides``'."""
+        if timestep is not None:
+            sigma = float(timestep) / self.num_train_timesteps
+            for entry in self.noise_overrides:
+                low, high = entry["noise_range"]
+                if low <= sigma < high or sigma == high == 1.0:
+                    if layer in entry["layer_overrides"]:
+                        return entry["layer_overrides"][layer]
+                    break
+        return self.layer_overrides.get(layer, {})
 
     def progress(self, step: int | None, timestep: float | None = None) -> float:
         """How far the schedule is at ``step`` (with that step's ``timestep``), in [0, 1]: 0 at the first
@@ -465,7 +535,7 @@ class SparseConfig:
         """
         if layer in self.dense_layers or (step is not None and step < self.dense_steps):
             return None
-        override = self.layer_overrides.get(layer, {})
+        override = self._override(layer, timestep)
         if override.get("dense", False):
             return None
         values = self._layer_values(override)
@@ -490,15 +560,16 @@ class SparseConfig:
                 if expected != count:
                     raise ValueError(f"{where}, layer {layer} with {expected} heads; this transformer's layer {layer} "
                                      f"has {count}")
-        for layer, count in enumerate(heads):
-            override = self.layer_overrides.get(layer, {})
-            if layer in self.dense_layers or override.get("dense", False):
-                continue
-            values = self._layer_values(override)
-            for name in ("topk", "topp"):
-                if is_per_head(values[name]) and len(values[name]) != count:
-                    raise ValueError(f"layer {layer}: {name} gives {len(values[name])} per-head values, but the "
-                                     f"layer has {count} heads")
+        for overrides in self.all_layer_overrides():
+            for layer, count in enumerate(heads):
+                override = overrides.get(layer, {})
+                if layer in self.dense_layers or override.get("dense", False):
+                    continue
+                values = self._layer_values(override)
+                for name in ("topk", "topp"):
+                    if is_per_head(values[name]) and len(values[name]) != count:
+                        raise ValueError(f"layer {layer}: {name} gives {len(values[name])} per-head values, but the "
+                                         f"layer has {count} heads")
 
     # ------------------------------------------------------------------ serialisation
     @classmethod
@@ -508,12 +579,13 @@ class SparseConfig:
         (:class:`~sparsevid.plan.calibration.Calibration`): the settings chosen there, or chosen afresh from its
         measurements for ``target_sparsity`` (mean over layers and heads; ``error`` "output", the default where the
         file measured it, weighs each head by what it moves its layer's output through the output projection,
-        "absolute" by the size of its output, "relative" every head alike) or ``max_error`` (per head). ``fields``:
+        "absolute" by the size of its output, "relative" every head alike) or ``max_error`` (per head). A file
+        measured by noise range (``sparsevid calibrate --noise-splits``) gives ``noise_overrides``. ``fields``:
         further SparseConfig fields (e.g. ``backend``, ``dense_steps``). Applying it to another model than the
         calibrated one raises ValueError."""
-        from .calibration import Calibration
+        from .noise_ranges import load_calibration
 
-        return Calibration.load(path).config(target_sparsity=target_sparsity, max_error=max_error, error=error,
+        return load_calibration(path).config(target_sparsity=target_sparsity, max_error=max_error, error=error,
                                              **fields)
 
     def to_dict(self) -> dict[str, Any]:
@@ -523,10 +595,10 @@ class SparseConfig:
         for name in ("tile", "topk", "topp"):
             value = getattr(self, name)
             out[name] = list(value) if isinstance(value, tuple) else value
-        out["layer_overrides"] = {
-            str(layer): {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
-            for layer, values in self.layer_overrides.items()
-        }
+        out["layer_overrides"] = _overrides_dict(self.layer_overrides)
+        out["noise_overrides"] = [{"noise_range": list(entry["noise_range"]),
+                                   "layer_overrides": _overrides_dict(entry["layer_overrides"])}
+                                  for entry in self.noise_overrides]
         return out
 
     @classmethod

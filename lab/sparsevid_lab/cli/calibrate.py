@@ -13,7 +13,7 @@ def calibrate_builtin(model, jobs, steps: int | None = None, guidance: float | N
                       **options):
     """The :class:`~sparsevid.plan.calibration.Calibration` (no choice yet) of the built-in ``model``'s heads over
     its dense sampling of each (caption, seed) in ``jobs``; ``options``: ``calibrate_heads``'s (block_q,
-    block_k, tile, backend, candidates)."""
+    block_k, tile, backend, candidates, noise_splits: then a ``NoiseRangeCalibration``)."""
     from tqdm.auto import tqdm
 
     from sparsevid.eval.calibrate import calibrate_heads
@@ -61,7 +61,7 @@ def run(args) -> int:
     jobs = [(c, s) for c in captions for s in args.seeds]
     try:
         calibration = calibrate_builtin(model, jobs, args.steps, args.guidance, block_q=args.block_q,
-                                        block_k=args.block_k)
+                                        block_k=args.block_k, noise_splits=args.noise_splits)
         calibration.choose(args.target_sparsity, args.max_error, args.error)
     except ValueError as error:
         raise CommandError(str(error)) from None

@@ -3,6 +3,9 @@
 1. Calibrate once (``calibrate_builtin``: the library's ``calibrate_heads`` over the dense sampling of
    ``--calib-captions`` captions, every step, every layer and head), timed.
    ``--calibration FILE`` reuses a calibration file of the same model and clip instead (e.g. this study's own).
+   ``--noise-splits S ...`` measures by noise range (``NoiseRangeCalibration``, saved as calibration_ranges.json):
+   the setting "per-head-ranges" allocates over every range at once; the other per-head settings use the same
+   measurements pooled (what one measurement without ranges finds).
 2. For each target in ``--sparsities`` (default 63%, 90%, 95%): the per-head configurations chosen for it
    (``Calibration.config(target_sparsity=..., error=...)`` for each kind of head error in ``--errors``: "per-head"
    minimises the heads' relative output errors, "per-head-abs" their absolute ones, "per-head-out" their errors
@@ -51,6 +54,7 @@ from sparsevid.eval import HELDOUT_SEED, OracleStudy, calibrate_rules
 from sparsevid.eval.calibrate import plot_calibration
 from sparsevid.plan import LayerRuntime
 from sparsevid.plan.calibration import Calibration
+from sparsevid.plan.noise_ranges import NoiseRangeCalibration, load_calibration
 
 from ..cli.calibrate import calibrate_builtin
 from ..eval.harness import DEFAULT_CAPTIONS, run_harness, video_token_grid
@@ -60,6 +64,7 @@ from ..eval.recording import record_video_attention
 RULES = ("topk", "topp", "hybrid")
 METRICS = ("sampling", "velocity", "overhead")
 PER_HEAD = {"relative": "per-head", "absolute": "per-head-abs", "output": "per-head-out"}  # label of each error
+RANGES = "per-head-ranges"  # the label of the calibration by noise range
 OVERHEAD_TOPK = 0.1  # the overhead's setting: top-k 10% in every head (per-head: the same value in each)
 OFF = 1e-6
 
@@ -69,29 +74,34 @@ def _label(kind: str, target: float) -> str:
 
 
 def settings_for(calibration, calls, target: float, blocks: dict, errors=tuple(PER_HEAD),
-                 rules=RULES) -> tuple[dict, float]:
+                 rules=RULES, ranged: NoiseRangeCalibration | None = None) -> tuple[dict, float]:
     """({label: SparseConfig}, the per-head choice's mean sparsity on the calibration clips) at ``target``: the
-    per-head configurations allocated on each kind of head error in ``errors`` and the global ``rules`` calibrated
-    to the relative one's mean sparsity."""
+    per-head configurations allocated on each kind of head error in ``errors`` (and, given the same measurements
+    by noise range, ``ranged``, its configuration on the default error: "per-head-ranges") and the global ``rules``
+    calibrated to the relative one's mean sparsity."""
     reached = calibration.summary(calibration.allocate(target_sparsity=target))["mean_sparsity"]
     calibrated = calibrate_rules(calls, [min(reached, 0.999)], **blocks)
     configs = {_label(PER_HEAD[error], target): calibration.config(target_sparsity=target, error=error)
                for error in errors}
+    if ranged is not None:
+        configs[_label(RANGES, target)] = ranged.config(target_sparsity=target)
     for rule in rules:
         (config,) = [c for label, c in calibrated.items() if label.startswith(rule + " ")]
         configs[_label(rule, target)] = config
     return configs, reached
 
 
-def reused_calibration(path: Path, model, blocks: dict) -> tuple[Calibration, list[tuple[str, int]]]:
-    """A calibration file of the built-in model at its current clip and tiles, and its (caption, seed) jobs;
-    ValueError naming what differs."""
-    calibration = Calibration.load(path)
-    measured = {"clip": calibration.inputs.get("clip"), **{k: calibration.settings.get(k) for k in blocks}}
+def reused_calibration(path: Path, model, blocks: dict) -> tuple[Calibration | NoiseRangeCalibration,
+                                                                  list[tuple[str, int]]]:
+    """A calibration file of the built-in model at its current clip and tiles (measured by noise range or not), and
+    its (caption, seed) jobs; ValueError naming what differs."""
+    calibration = load_calibration(path)
+    part = getattr(calibration, "ranges", [calibration])[0]
+    measured = {"clip": part.inputs.get("clip"), **{k: part.settings.get(k) for k in blocks}}
     wanted = {"clip": list(model.clip_shape[1:]), **blocks}
     if measured != wanted:
         raise ValueError(f"--calibration {path} was measured at {measured}, this run uses {wanted}")
-    return calibration, [tuple(job) for job in calibration.inputs["jobs"]]
+    return calibration, [tuple(job) for job in part.inputs["jobs"]]
 
 
 def _timed(fn, device: torch.device) -> float:
@@ -181,6 +191,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="head errors to allocate per-head settings on")
     parser.add_argument("--rules", nargs="+", choices=RULES, default=list(RULES),
                         help="global rules to compare with")
+    parser.add_argument("--noise-splits", type=float, nargs="+", default=(),
+                        help="also calibrate by noise range, split at these noise levels (ascending in (0, 1)): "
+                             "the setting per-head-ranges, allocated over every range at once (the other per-head "
+                             "settings use the same measurements pooled)")
     parser.add_argument("--metrics", nargs="+", choices=METRICS, default=list(METRICS),
                         help="what to measure: sampling (PSNR, SSIM, recalls), velocity (held-out), overhead")
     parser.add_argument("--captions", type=int, default=4, help="evaluation captions (after the calibration ones)")
@@ -225,9 +239,12 @@ def main(argv=None) -> dict:
         torch.cuda.synchronize(device)
     start = time.perf_counter()
     if args.calibration is None:
-        calibration = calibrate_builtin(model, calib_jobs, steps, args.guidance, **blocks)
+        measured = calibrate_builtin(model, calib_jobs, steps, args.guidance, noise_splits=args.noise_splits,
+                                     **blocks)
     else:
-        calibration, calib_jobs = reused_calibration(args.calibration, model, blocks)
+        measured, calib_jobs = reused_calibration(args.calibration, model, blocks)
+    ranged = measured if isinstance(measured, NoiseRangeCalibration) else None
+    calibration = measured.pooled() if ranged is not None else measured
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     calibration_seconds = time.perf_counter() - start if args.calibration is None else None
@@ -241,17 +258,22 @@ def main(argv=None) -> dict:
     configs, targets = {}, []
     args.out.mkdir(parents=True, exist_ok=True)
     for target in args.sparsities:
-        chosen, reached = settings_for(calibration, calls, target, blocks, args.errors, args.rules)
+        chosen, reached = settings_for(calibration, calls, target, blocks, args.errors, args.rules, ranged)
         configs.update(chosen)
         targets.append({"target": target, "calibrated_sparsity": reached, "labels": list(chosen)})
         calibration.choose(target_sparsity=target)
         plot_calibration(calibration, args.out / f"calibration_{round(target * 100)}.png")
+        if ranged is not None:
+            ranged.choose(target_sparsity=target)
+            plot_calibration(ranged, args.out / f"calibration_ranges_{round(target * 100)}.png")
     results = {**run_metadata(device), "clip": list(model.clip_shape[1:]), "tokens": grid[0] * grid[1] * grid[2],
                "steps": steps, "metrics": args.metrics, "heldout_seeds": [], "targets": targets,
                "overhead": overhead, "configs": {label: {"config": config.to_dict(), "heldout": {}}
                                                  for label, config in configs.items()},
                "calibration": {"seconds": calibration_seconds, "jobs": [list(j) for j in calib_jobs],
-                               "calls_per_layer": calibration.inputs["calls_per_layer"]},
+                               "calls_per_layer": calibration.inputs["calls_per_layer"],
+                               "noise_splits": None if ranged is None else list(ranged.splits),
+                               "range_weights": None if ranged is None else ranged.weights()},
                "args": {k: str(v) for k, v in vars(args).items()}}
     if "sampling" in args.metrics:
         results.update(sampled_metrics(model, configs, results["configs"], args, eval_captions, steps, grid, blocks))
@@ -274,6 +296,9 @@ def main(argv=None) -> dict:
             target["best_global"] = None
     calibration.choose(target_sparsity=args.sparsities[0])
     calibration.save(args.out / "calibration.json")
+    if ranged is not None:
+        ranged.choose(target_sparsity=args.sparsities[0])
+        ranged.save(args.out / "calibration_ranges.json")
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     (args.out / "results.md").write_text(table(results))
     print(table(results))
