@@ -344,6 +344,11 @@ def _panels(calibration) -> list[tuple[str, object]]:
             for part, (low, high), weight in zip(calibration.ranges, calibration.bounds, calibration.weights())]
 
 
+def _row_label(title: str) -> str:
+    """A panel title as a row label: "noise levels [0, 0.5)\n(40% of the calls)\nlayer"."""
+    return title.replace(" (", "\n(") + "\nlayer" if title else "layer"
+
+
 def calibration_table(calibration, max_heads: int = 8) -> str:
     """A text table of a calibration's choice: per layer its mean sparsity and error, then each head's setting with
     its sparsity and error (layers of more than ``max_heads`` heads: how many heads took each kind of setting and
@@ -384,8 +389,8 @@ def plot_calibration(calibration, path: str | Path) -> Path:
     heads = max(calibration.model["heads"])
     layers = calibration.num_layers
     plt = pyplot()
-    fig, axes = plt.subplots(len(panels), 2, figsize=(4 + 0.5 * heads, (1.5 + 0.3 * layers) * len(panels)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(panels), 2, squeeze=False,
+                             figsize=(4 + 0.5 * heads + (2 if len(panels) > 1 else 0), (1.5 + 0.3 * layers) * len(panels)))
     for row_axes, (title, part) in zip(axes, panels):
         summary = part.summary()
         for ax, name, cmap in zip(row_axes, ("sparsity", "error"), ("viridis", "magma")):
@@ -394,6 +399,7 @@ def plot_calibration(calibration, path: str | Path) -> Path:
                 table[layer, :len(row)] = torch.tensor(row)
             image = ax.imshow(table.numpy(), aspect="auto", cmap=cmap, interpolation="nearest")
             ax.set(xlabel="head", ylabel="layer", xticks=range(heads), yticks=range(layers),
-                   title=f"{title + chr(10) if title else ''}{name} (mean {summary[f'mean_{name}']:.3g})")
+                   title=f"{name} (mean {summary[f'mean_{name}']:.3g})")
             fig.colorbar(image, ax=ax)
+        row_axes[0].set_ylabel(_row_label(title))
     return save_figure(fig, path)
