@@ -189,8 +189,10 @@ def test_synthetic_clips_are_the_pipelines_own_samples(pipeline_dir, tmp_path, c
     assert len(data) == 3 and data.latent_shape == (4, 2, 4, 4)
     assert [s["caption"] for s in index["samples"]] == ["a red cat runs", "blue ball rolls over sand", "a red cat runs"]
     pipe = load_encoder(pipeline_dir, transformer=True).pipe
+    # without --guidance the teacher samples unguided (guidance 1: one transformer call per step)
+    assert index["settings"]["guidance"] == 1.0
     expected = pipe(prompt="a red cat runs", height=32, width=32, num_frames=5, num_inference_steps=2,
-                    guidance_scale=5.0, output_type="latent", generator=sample_generator(0, 2, STREAM_TEACHER)).frames
+                    guidance_scale=1.0, output_type="latent", generator=sample_generator(0, 2, STREAM_TEACHER)).frames
     row = next(i for i in range(3) if data.sample(i) == 2)
     assert torch.allclose(data.batch([row]).latents, expected, atol=1e-6)
     # Two clips per pipeline call: the same clips (each keeps its own generator), up to float32 batch arithmetic.

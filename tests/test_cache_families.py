@@ -265,6 +265,15 @@ def _assert_same(stored, expected):
         assert (stored[key] is None and value is None) or torch.equal(stored[key], value), key
 
 
+def test_synthetic_data_is_sampled_unguided_unless_the_transformer_is_guidance_distilled(pipeline_dir):
+    """The default guidance of ``cache --synthetic``: 1 for classifier-free guidance, the pipeline's own default for
+    HunyuanVideo, whose transformer embeds the scale it was distilled at (6)."""
+    case, folder = pipeline_dir
+    encoder = load_encoder(folder)
+    expected = 6.0 if case.family == "hunyuan_video" else 1.0
+    assert encoder.family.synthetic_guidance(encoder.pipe) == expected
+
+
 def test_synthetic_clips_are_the_pipelines_own_samples(pipeline_dir, tmp_path):
     case, folder = pipeline_dir
     prompts = tmp_path / "prompts.txt"

@@ -32,10 +32,11 @@ def add_parser(subparsers) -> None:
                         "many as each clip has that fit)")
     p.add_argument("--fps", type=positive_float_arg, help="resample clips to this frame rate (without it: their own)")
     p.add_argument("--steps", type=positive_int_arg, default=50, help="with --synthetic: sampling steps")
-    p.add_argument("--guidance", type=float, default=5.0,
+    p.add_argument("--guidance", type=float, default=None,
                    help="with --synthetic: the pipeline's guidance_scale (classifier-free guidance; HunyuanVideo's "
-                        "embedded guidance). For fine-tuning data pass 1 (unguided: the distribution the model learned, "
-                        "one transformer call per step; see docs/distillation.md)")
+                        "embedded guidance). Default: 1, unguided (the distribution the model learned, one transformer "
+                        "call per step; guided samples made worse students, docs/distillation.md), or for a "
+                        "guidance-distilled transformer (HunyuanVideo) the pipeline's own default")
     p.add_argument("--seed", type=int, default=0, help="with --synthetic: seed of the clips' noise")
     p.add_argument("--batch-size", type=positive_int_arg, default=1,
                    help="with --synthetic: clips sampled per pipeline call (the clips do not depend on it)")

@@ -153,12 +153,13 @@ def cache_videos(encoder: Encoder, items: list[VideoItem], out: str | Path, heig
 
 
 def cache_synthetic(encoder: Encoder, prompts: list[str], count: int, out: str | Path, height: int, width: int,
-                    frames: int, steps: int = 50, guidance: float = 5.0, seed: int = 0, shard_size: int = 16,
+                    frames: int, steps: int = 50, guidance: float | None = None, seed: int = 0, shard_size: int = 16,
                     progress: bool = True, log: Callable[[str], None] | None = None,
                     batch_size: int = 1) -> CacheReport:
     """Sample ``count`` clips from the pipeline itself (its own distribution, the dense teacher's) into ``out``:
     clip ``i`` has prompt ``prompts[i % len(prompts)]`` and noise seeded by (``seed``, ``i``), ``steps`` sampling
-    steps at guidance ``guidance``; the latents are what the sampler ends with (``output_type="latent"``).
+    steps at guidance ``guidance`` (None: the family's :meth:`~sparsevid.data.families.Family.synthetic_guidance`,
+    unguided for classifier-free guidance); the latents are what the sampler ends with (``output_type="latent"``).
     ``batch_size`` clips are sampled per pipeline call (each from its own generator: the clips do not depend on it)."""
     if not prompts:
         raise ValueError("--prompts: no prompts (one per line)")
@@ -167,6 +168,7 @@ def cache_synthetic(encoder: Encoder, prompts: list[str], count: int, out: str |
     if getattr(encoder.pipe, "transformer", None) is None:
         raise ValueError("sampling needs the pipeline's transformer: load_encoder(..., transformer=True)")
     encoder.check(height, width, frames)
+    guidance = encoder.family.synthetic_guidance(encoder.pipe) if guidance is None else guidance
     settings = _settings(encoder, "synthetic", height=height, width=width, frames=frames, steps=steps,
                          guidance=guidance, seed=seed)
 

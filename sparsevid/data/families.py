@@ -34,6 +34,8 @@ class Family:
         compression: pipe -> the VAE's (temporal, spatial) compression factors.
         unpack: for a pipeline whose sampler ends with latents in another layout (LTX: tokens [B, N, C]), (pipe, its
             ``output_type="latent"`` output, the latent grid (T, H, W)) -> latents [B, C, T, H, W]; None: they are.
+        guidance_distilled: the transformer takes the guidance scale as an input (HunyuanVideo's embedded guidance)
+            instead of the pipeline combining two predictions (classifier-free guidance).
     """
 
     name: str
@@ -46,6 +48,14 @@ class Family:
     compression: Callable[[object], tuple[int, int]] = lambda pipe: (int(pipe.vae_scale_factor_temporal),
                                                                      int(pipe.vae_scale_factor_spatial))
     unpack: Callable[[object, torch.Tensor, tuple[int, int, int]], torch.Tensor] | None = None
+    guidance_distilled: bool = False
+
+    def synthetic_guidance(self, pipe) -> float:
+        """The guidance scale the teacher samples fine-tuning data at when none is given: 1 (unguided, one transformer
+        call per step: the distribution the model learned; on the built-in model guided samples made worse students,
+        docs/distillation.md) for classifier-free guidance, the pipeline's own default for a guidance-distilled
+        transformer, which was trained at it."""
+        return float(_call_default(pipe, "guidance_scale")) if self.guidance_distilled else 1.0
 
 
 def _per_channel(values, latents: torch.Tensor) -> torch.Tensor:
@@ -99,7 +109,8 @@ def _embedded_guidance(pipe, fps: float | None, guidance: float | None) -> dict[
 
 HUNYUAN_VIDEO = Family(name="hunyuan_video", pipelines=("HunyuanVideoPipeline",), text_length=256,
                        normalise=_scaled, encode_prompt=_hunyuan_prompt,
-                       patch=lambda config: int(config["patch_size"]), clip_inputs=_embedded_guidance)
+                       patch=lambda config: int(config["patch_size"]), clip_inputs=_embedded_guidance,
+                       guidance_distilled=True)
 
 
 def _ltx_normalise(vae, latents: torch.Tensor) -> torch.Tensor:
