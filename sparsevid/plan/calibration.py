@@ -300,24 +300,14 @@ class Calibration:
 
     def save(self, path: str | Path) -> Path:
         """Write the calibration as JSON to ``path`` (folders created): one line per field, tables compact."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fields = (f" {json.dumps(key)}: {json.dumps(value)}" for key, value in self.to_dict().items())
-        path.write_text("{\n" + ",\n".join(fields) + "\n}\n")
-        return path
+        return write_calibration_file(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Calibration:
-        if not isinstance(data, dict):
-            raise TypeError(f"a calibration must be a JSON object, got {type(data).__name__}")
-        if data.get("format") != FORMAT:
-            raise ValueError(f"not a sparsevid calibration (its 'format' is not {FORMAT!r})")
+        check_format(data)
         if "noise_splits" in data:
             raise ValueError("this calibration was measured by noise range: read it with "
                              "sparsevid.plan.noise_ranges.load_calibration")
-        if data.get("version") != VERSION:
-            raise ValueError(f"calibration version {data.get('version')!r} is not supported (this sparsevid reads "
-                             f"version {VERSION})")
         model = data["model"]
         if not isinstance(model, dict) or not isinstance(model.get("heads"), list):
             raise ValueError(f"calibration 'model' must name the family and the heads per layer, got {model!r}")
@@ -330,6 +320,32 @@ class Calibration:
     def load(cls, path: str | Path) -> Calibration:
         """Read a calibration file (FileNotFoundError / ValueError naming the path when it is not one)."""
         return read_calibration_file(path, cls.from_dict)
+
+
+def check_format(data: Any) -> None:
+    """TypeError / ValueError unless ``data`` is a JSON object of this format and version."""
+    if not isinstance(data, dict):
+        raise TypeError(f"a calibration must be a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise ValueError(f"not a sparsevid calibration (its 'format' is not {FORMAT!r})")
+    if data.get("version") != VERSION:
+        raise ValueError(f"calibration version {data.get('version')!r} is not supported (this sparsevid reads "
+                         f"version {VERSION})")
+
+
+def write_calibration_file(path: str | Path, data: dict[str, Any], one_line_each: Sequence[str] = ()) -> Path:
+    """Write calibration ``data`` as JSON to ``path`` (folders created): one line per field, and one per item of the
+    list fields named in ``one_line_each`` (a calibration by noise range's "ranges"), the tables compact."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def field(key: str, value) -> str:
+        if key in one_line_each:
+            return f" {json.dumps(key)}: [\n" + ",\n".join(f"  {json.dumps(item)}" for item in value) + "\n ]"
+        return f" {json.dumps(key)}: {json.dumps(value)}"
+
+    path.write_text("{\n" + ",\n".join(field(key, value) for key, value in data.items()) + "\n}\n")
+    return path
 
 
 def read_calibration_file(path: str | Path, parse):

@@ -15,15 +15,14 @@ the choice of the pooled measurements (every call alike) as ``layer_overrides``.
 from __future__ import annotations
 
 import bisect
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from .calibration import (FORMAT, VERSION, Calibration, _check_objective, allocate_sparsity,
-                          read_calibration_file)
+from .calibration import (FORMAT, VERSION, Calibration, _check_objective, allocate_sparsity, check_format,
+                          read_calibration_file, write_calibration_file)
 from .config import SparseConfig
 
 
@@ -191,21 +190,11 @@ class NoiseRangeCalibration:
 
     def save(self, path: str | Path) -> Path:
         """Write the calibration as JSON to ``path`` (folders created): one line per field and per range."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = self.to_dict()
-        ranges = data.pop("ranges")
-        fields = [f" {json.dumps(key)}: {json.dumps(value)}" for key, value in data.items()]
-        fields.append(' "ranges": [\n' + ",\n".join(f"  {json.dumps(r)}" for r in ranges) + "\n ]")
-        path.write_text("{\n" + ",\n".join(fields) + "\n}\n")
-        return path
+        return write_calibration_file(path, self.to_dict(), one_line_each=("ranges",))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NoiseRangeCalibration:
-        if not isinstance(data, dict):
-            raise TypeError(f"a calibration must be a JSON object, got {type(data).__name__}")
-        if data.get("format") != FORMAT or data.get("version") != VERSION:
-            raise ValueError(f"not a sparsevid calibration of version {VERSION} (format {FORMAT!r})")
+        check_format(data)
         ranges = [Calibration.from_dict(r) for r in data["ranges"]]
         return cls(tuple(data["noise_splits"]), ranges, data.get("num_train_timesteps", 1000.0),
                    data.get("objective") or {})
