@@ -185,10 +185,18 @@ def test_a_calibration_by_noise_range_round_trips_through_its_file(ranged, tmp_p
         Calibration.load(path)
 
 
-def test_a_noise_range_the_forwards_never_reach_is_named():
+def test_a_noise_range_the_forwards_never_reach_merges_into_its_neighbours():
+    """E.g. the levels one expert of a two-expert pipeline does not serve: forwards at 0.9 and 0.6 leave [0, 0.3) and
+    [0.3, 0.5) empty; what remains is [0, 0.7) (measured at 0.6) and [0.7, 1]."""
+    torch.manual_seed(0)
     model, inputs = build("wan")
-    with pytest.raises(ValueError, match=r"at noise levels \[0, 0.5\): no video self-attention call was measured"):
-        calibrate_heads(model, [lambda: model(**inputs)], backend="reference", noise_splits=(0.5,), **BLOCKS)
+    forwards = [lambda t=t: model(**{**inputs, "timestep": torch.tensor([t])}) for t in (900, 600)]
+    merged = calibrate_heads(model, forwards, backend="reference", noise_splits=(0.3, 0.5, 0.7), **BLOCKS)
+    assert merged.splits == (0.7,) and merged.calls() == [[1, 1, 1], [1, 1, 1]]
+    one = calibrate_heads(model, forwards[:1], backend="reference", noise_splits=(0.5,), **BLOCKS)
+    assert isinstance(one, Calibration) and one.inputs["calls_per_layer"] == [1, 1, 1]  # a single range reached
+    with pytest.raises(ValueError, match="no video self-attention call was measured in layers"):
+        calibrate_heads(model, [], backend="reference", noise_splits=(0.5,), **BLOCKS)
     with pytest.raises(ValueError, match="strictly ascending"):
         calibrate_heads(model, [], noise_splits=(0.5, 0.2))
 

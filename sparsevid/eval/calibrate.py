@@ -322,18 +322,27 @@ def calibrate_transformers(transformers: dict[str, torch.nn.Module], forwards: I
     calibrations = {}
     for name, (adapter, meters, _, _) in measured.items():
         model = {"family": adapter.name, "class_name": type(transformers[name]).__name__, "heads": meters[0].heads}
+        kept, kept_splits = _reached_ranges(meters, splits)
         ranges = []
-        for meter, (low, high) in zip(meters, range_bounds(splits)):
+        for r, (low, high) in zip(kept, range_bounds(kept_splits)):
             try:
-                means = meter.means()
+                means = meters[r].means()
             except ValueError as error:
-                where = f" at noise levels [{low:g}, {high:g}{']' if high == 1 else ')'}" if splits else ""
+                where = f" at noise levels [{low:g}, {high:g}{']' if high == 1 else ')'}" if kept_splits else ""
                 raise ValueError(f"{name}{where}: {error}") from None
-            ranges.append(Calibration(model, settings, meter.candidates, **means,
-                                      inputs={**(inputs or {}), "calls_per_layer": list(meter.calls)}))
-        calibrations[name] = (NoiseRangeCalibration(splits, ranges, num_train_timesteps) if splits
+            ranges.append(Calibration(model, settings, meters[r].candidates, **means,
+                                      inputs={**(inputs or {}), "calls_per_layer": list(meters[r].calls)}))
+        calibrations[name] = (NoiseRangeCalibration(kept_splits, ranges, num_train_timesteps) if kept_splits
                               else ranges[0])
     return calibrations
+
+
+def _reached_ranges(meters: Sequence[HeadMeter], splits: tuple[float, ...]) -> tuple[list[int], tuple[float, ...]]:
+    """(the noise ranges some forward reached, the splits between them): a range no call fell in, in any layer (a
+    split below every step of a short sampling; the levels one expert of a two-expert pipeline does not serve), is
+    merged into its neighbours. The first alone when none was (the measurement then names the layers it missed)."""
+    kept = [r for r, meter in enumerate(meters) if any(meter.calls)] or [0]
+    return kept, tuple(splits[r - 1] for r in kept[1:])
 
 
 def _panels(calibration) -> list[tuple[str, object]]:
