@@ -104,3 +104,23 @@ def student_dir_arg(text: str) -> str:
     return text
 
 
+def add_study_model_options(parser: argparse.ArgumentParser) -> None:
+    """A study's model, clip, tiles and device: --block-q, --block-k, --clip, --model, --tiny, --device (for
+    ``cli.demo.load_model``)."""
+    import torch
+
+    parser.add_argument("--block-q", type=int, default=128)
+    parser.add_argument("--block-k", type=int, default=64)
+    parser.add_argument("--clip", type=clip_arg, default=None, metavar="T,H,W",
+                        help="clip shape (default: the model's own, 32,128,128 on a GPU)")
+    parser.add_argument("--model", default=None, help="model directory (default: the shipped model)")
+    parser.add_argument("--tiny", action="store_true", help="an untrained tiny model (check on the CPU)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def parse_study_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """``parser``'s arguments, its ``--sparsities`` checked to lie in (0, 1)."""
+    args = parser.parse_args(argv)
+    if not all(0 < s < 1 for s in args.sparsities):
+        parser.error(f"--sparsities must lie in (0, 1), got {args.sparsities}")
+    return args

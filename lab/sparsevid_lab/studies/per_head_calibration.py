@@ -56,6 +56,7 @@ from sparsevid.plan import LayerRuntime
 from sparsevid.plan.calibration import Calibration
 from sparsevid.plan.noise_ranges import NoiseRangeCalibration, load_calibration
 
+from ..cli.args import add_study_model_options, parse_study_args
 from ..cli.calibrate import calibrate_builtin
 from ..eval.harness import DEFAULT_CAPTIONS, run_harness, video_token_grid
 from ..eval.heldout import heldout_set, sparse_velocity_errors
@@ -205,19 +206,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--heldout-seeds", type=int, nargs="+", default=[HELDOUT_SEED],
                         help="velocity error: one held-out set of triples per seed")
     parser.add_argument("--noise-bins", type=int, default=5)
-    parser.add_argument("--block-q", type=int, default=128)
-    parser.add_argument("--block-k", type=int, default=64)
     parser.add_argument("--overhead-calls", type=int, default=3, help="recorded calls timed for the overhead")
-    parser.add_argument("--clip", default=None, help="T,H,W (default: the model's own, 32,128,128 on a GPU)")
-    parser.add_argument("--model", default=None, help="model directory (default: the shipped model)")
-    parser.add_argument("--tiny", action="store_true", help="an untrained tiny model (check on the CPU)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args(argv)
-    if args.clip is not None:
-        args.clip = tuple(int(x) for x in args.clip.split(","))
-    if not all(0 < s < 1 for s in args.sparsities):
-        parser.error(f"--sparsities must lie in (0, 1), got {args.sparsities}")
-    return args
+    add_study_model_options(parser)
+    return parse_study_args(parser, argv)
 
 
 def main(argv=None) -> dict:

@@ -24,13 +24,12 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
 import sparsevid as sv
 from benchmarks.run_info import run_metadata
 from sparsevid.eval import HELDOUT_SEED
 from sparsevid.eval.video_metrics import psnr
 
+from ..cli.args import add_study_model_options, parse_study_args
 from ..eval.harness import DEFAULT_CAPTIONS, run_harness
 from ..eval.heldout import heldout_set, sparse_velocity_errors
 
@@ -98,18 +97,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--heldout-per-bin", type=int, default=8, help="velocity error: triples per noise bin")
     parser.add_argument("--noise-bins", type=int, default=5)
     parser.add_argument("--heldout-seed", type=int, default=HELDOUT_SEED)
-    parser.add_argument("--block-q", type=int, default=128)
-    parser.add_argument("--block-k", type=int, default=64)
-    parser.add_argument("--clip", default=None, help="T,H,W (default: the model's own, 32,128,128 on a GPU)")
-    parser.add_argument("--model", default=None, help="model directory (default: the shipped model)")
-    parser.add_argument("--tiny", action="store_true", help="an untrained tiny model (check on the CPU)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args(argv)
-    if args.clip is not None:
-        args.clip = tuple(int(x) for x in args.clip.split(","))
-    if not all(0 < s < 1 for s in args.sparsities):
-        parser.error(f"--sparsities must lie in (0, 1), got {args.sparsities}")
-    return args
+    add_study_model_options(parser)
+    return parse_study_args(parser, argv)
 
 
 def main(argv=None) -> dict:
