@@ -77,6 +77,14 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def load_study_model(args) -> tuple:
+    """(model, its device, sampler steps: ``--steps`` or the model's, {"block_q", "block_k"}) of a study's arguments
+    (``cli.args.add_study_model_options``)."""
+    model = load_model(args)
+    steps = args.steps or model.config["sampling"]["steps"]
+    return model, next(model.parameters()).device, steps, {"block_q": args.block_q, "block_k": args.block_k}
+
+
 def load_model(args):
     """The model named by ``--model`` / ``--tiny`` (shipped weights by default), on ``--device``, making clips of
     ``--clip`` (default: the model's own shape; on the CPU its CPU defaults, see

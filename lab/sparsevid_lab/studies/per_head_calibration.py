@@ -212,13 +212,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
-    from ..cli.demo import load_model
+    from ..cli.demo import load_study_model
 
     args = parse_args(argv)
-    model = load_model(args)
-    device = next(model.parameters()).device
-    steps = args.steps or model.config["sampling"]["steps"]
-    blocks = {"block_q": args.block_q, "block_k": args.block_k}
+    model, device, steps, blocks = load_study_model(args)
     captions = [c for c in DEFAULT_CAPTIONS if model.data.fits(c)]
     calib_jobs = [(c, 0) for c in captions[:args.calib_captions]]
     eval_captions = captions[args.calib_captions:args.calib_captions + args.captions] or captions[:args.captions]

@@ -102,13 +102,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
-    from ..cli.demo import load_model
+    from ..cli.demo import load_study_model
 
     args = parse_args(argv)
-    model = load_model(args)
-    device = next(model.parameters()).device
-    steps = args.steps or model.config["sampling"]["steps"]
-    blocks = {"block_q": args.block_q, "block_k": args.block_k}
+    model, device, steps, blocks = load_study_model(args)
     configs = settings(args.sparsities, args.precisions, blocks, "auto" if device.type == "cuda" else "reference")
     captions = [c for c in DEFAULT_CAPTIONS if model.data.fits(c)][:args.captions]
     sampled = run_harness(model, configs, captions=captions, seeds=args.seeds, steps=steps, guidance=args.guidance,
