@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from ..ops import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
-from ..plan.noise_ranges import range_index
+from ..plan.noise_ranges import NoiseRangeCalibration, check_splits, range_bounds, range_index, range_label
 
 BISECTION_STEPS = 14
 
@@ -262,7 +262,8 @@ def calibrate_heads(transformer: torch.nn.Module, forwards: Iterable[Callable[[]
     ``noise_splits`` (noise levels in (0, 1), ascending) a
     :class:`~sparsevid.plan.noise_ranges.NoiseRangeCalibration`: each call measured in the range of its forward's
     noise level sigma = timestep / ``num_train_timesteps`` (the timestep in the flow convention: 1000 t at noise
-    level t for diffusers' flow-matching schedulers).
+    level t for diffusers' flow-matching schedulers); a range no call fell in merges into its neighbours (a plain
+    Calibration when the calls reached one range only).
 
     The measurement runs inside the sparse processors with every layer dense (installed for the call and removed
     after it), so it sees each layer's video tokens as the sparse layers will (the families' token layouts, text
@@ -289,7 +290,6 @@ def calibrate_transformers(transformers: dict[str, torch.nn.Module], forwards: I
     from ..integration.adapters import attention_heads
     from ..plan import SparseConfig
     from ..plan.calibration import Calibration, default_candidates
-    from ..plan.noise_ranges import NoiseRangeCalibration, check_splits, range_bounds
 
     candidates = default_candidates() if candidates is None else candidates
     splits = check_splits(noise_splits) if len(noise_splits) else ()
@@ -328,7 +328,7 @@ def calibrate_transformers(transformers: dict[str, torch.nn.Module], forwards: I
             try:
                 means = meters[r].means()
             except ValueError as error:
-                where = f" at noise levels [{low:g}, {high:g}{']' if high == 1 else ')'}" if kept_splits else ""
+                where = f" at noise levels {range_label(low, high)}" if kept_splits else ""
                 raise ValueError(f"{name}{where}: {error}") from None
             ranges.append(Calibration(model, settings, meters[r].candidates, **means,
                                       inputs={**(inputs or {}), "calls_per_layer": list(meters[r].calls)}))
@@ -349,7 +349,7 @@ def _panels(calibration) -> list[tuple[str, object]]:
     """(title, Calibration) of each part of a calibration: itself, or each noise range of a NoiseRangeCalibration."""
     if not hasattr(calibration, "ranges"):
         return [("", calibration)]
-    return [(f"noise levels [{low:g}, {high:g}{']' if high == 1 else ')'} ({weight:.0%} of the calls)", part)
+    return [(f"noise levels {range_label(low, high)} ({weight:.0%} of the calls)", part)
             for part, (low, high), weight in zip(calibration.ranges, calibration.bounds, calibration.weights())]
 
 
@@ -398,8 +398,8 @@ def plot_calibration(calibration, path: str | Path) -> Path:
     heads = max(calibration.model["heads"])
     layers = calibration.num_layers
     plt = pyplot()
-    fig, axes = plt.subplots(len(panels), 2, squeeze=False,
-                             figsize=(4 + 0.5 * heads + (2 if len(panels) > 1 else 0), (1.5 + 0.3 * layers) * len(panels)))
+    width = 4 + 0.5 * heads + (2 if len(panels) > 1 else 0)  # room for the range labels
+    fig, axes = plt.subplots(len(panels), 2, squeeze=False, figsize=(width, (1.5 + 0.3 * layers) * len(panels)))
     for row_axes, (title, part) in zip(axes, panels):
         summary = part.summary()
         for ax, name, cmap in zip(row_axes, ("sparsity", "error"), ("viridis", "magma")):

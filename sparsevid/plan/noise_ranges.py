@@ -48,6 +48,11 @@ def range_bounds(splits: Sequence[float]) -> list[tuple[float, float]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
+def range_label(low: float, high: float) -> str:
+    """"[0.5, 0.8)", or "[0.8, 1]" for the range that includes pure noise."""
+    return f"[{low:g}, {high:g}{']' if high == 1 else ')'}"
+
+
 @dataclass
 class NoiseRangeCalibration:
     """Calibrations of one model measured over ranges of noise level (see the module docstring).
