@@ -145,7 +145,7 @@ def run(args) -> int:
         raise CommandError(str(error)) from None
     seconds = round(time.perf_counter() - start, 3)
     for name, calibration in calibrations.items():
-        for part in getattr(calibration, "ranges", [calibration]):  # a calibration by noise range: each range's
+        for part in calibration.parts:
             part.inputs.update(seconds=seconds, device=str(args.device))
         path = calibration.save(_beside(out, name))
         plot = plot_calibration(calibration, _beside(Path(args.plot), name) if args.plot else path.with_suffix(".png"))

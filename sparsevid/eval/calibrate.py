@@ -20,7 +20,8 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from ..ops import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
-from ..plan.noise_ranges import NoiseRangeCalibration, check_splits, range_bounds, range_index, range_label
+from ..plan.noise_ranges import (NoiseRangeCalibration, check_splits, check_timestep_scale, range_bounds,
+                                 range_index, range_label)
 
 BISECTION_STEPS = 14
 
@@ -215,10 +216,11 @@ class _Measurement:
                  projections: Sequence[torch.Tensor | None], tile):
         self.meters, self.splits, self.num_train_timesteps = list(meters), tuple(splits), num_train_timesteps
         self.projections, self.tile = list(projections), tile
+        self.by_timestep = bool(self.splits)  # only then does a call need its forward's timestep
 
     def __call__(self, layer: int, q, k, v, scale, text, timestep: float | None) -> None:
         meter = self.meters[0]
-        if self.splits:
+        if self.by_timestep:
             if timestep is None:
                 raise ValueError("a calibration by noise range needs forwards with a timestep; this forward had none")
             meter = self.meters[range_index(self.splits, timestep / self.num_train_timesteps)]
@@ -293,8 +295,7 @@ def calibrate_transformers(transformers: dict[str, torch.nn.Module], forwards: I
 
     candidates = default_candidates() if candidates is None else candidates
     splits = check_splits(noise_splits) if len(noise_splits) else ()
-    if not isinstance(num_train_timesteps, (int, float)) or not num_train_timesteps > 0:
-        raise ValueError(f"num_train_timesteps must be a positive number, got {num_train_timesteps!r}")
+    num_train_timesteps = check_timestep_scale(num_train_timesteps)
     measured = {}
     for name, transformer in transformers.items():
         if is_sparse(transformer):
@@ -347,7 +348,7 @@ def _reached_ranges(meters: Sequence[HeadMeter], splits: tuple[float, ...]) -> t
 
 def _panels(calibration) -> list[tuple[str, object]]:
     """(title, Calibration) of each part of a calibration: itself, or each noise range of a NoiseRangeCalibration."""
-    if not hasattr(calibration, "ranges"):
+    if len(calibration.parts) == 1:
         return [("", calibration)]
     return [(f"noise levels {range_label(low, high)} ({weight:.0%} of the calls)", part)
             for part, (low, high), weight in zip(calibration.ranges, calibration.bounds, calibration.weights())]

@@ -256,13 +256,13 @@ class SparseAttnProcessor:
         """Hand this dense call's video attention to the calibration measuring it (``context.measure``): the video
         q, k, v [B, H, Nv, D] in the measurement's token order and, in a joint attention, the text keys and values
         the video rows attend too, with the valid ones per batch entry, and the forward's timestep (flow convention;
-        None without one)."""
+        read from the device only for a measurement ``by_timestep``, else None)."""
         measure = self.context.measure
         q_v, k_v, v_v = video_tokens(query, key, value, layout, self._token_order(measure.tile, layout, query.device))
         text = None
         if layout.text_len:
             text = (key[:, :, layout.text], value[:, :, layout.text], self._key_sets(attn_mask, layout, query.shape[0]))
-        measure(self.layer, q_v, k_v, v_v, scale, text, self.context.timestep)
+        measure(self.layer, q_v, k_v, v_v, scale, text, self.context.timestep if measure.by_timestep else None)
 
     def _attend(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                 enable_gqa=False, *, layout: TokenLayout, record: AttentionRecord | None, heads: range | None):

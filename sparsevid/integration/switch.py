@@ -273,7 +273,8 @@ def set_collect_stats(transformer: torch.nn.Module, enabled: bool) -> None:
 
 def set_attention_measure(transformer: torch.nn.Module, measure) -> None:
     """Make every dense layer of a sparse ``transformer`` hand its video attention to ``measure`` (a callable
-    ``(layer, q, k, v, scale, text, timestep)`` with a ``tile`` attribute: a per-head calibration's measurement,
+    ``(layer, q, k, v, scale, text, timestep)`` with attributes ``tile`` and ``by_timestep``, whether it needs the
+    forward's timestep (None otherwise, so that no call waits for the device): a per-head calibration's measurement,
     ``sparsevid.eval.calibrate``); None stops it."""
     if measure is not None and not callable(measure):
         raise TypeError(f"measure must be callable or None, got {type(measure).__name__}")

@@ -141,6 +141,15 @@ def allocate_error(error: torch.Tensor, sparsity: torch.Tensor, bound: float) ->
     return torch.argmax(allowed, dim=-1)
 
 
+def objective_record(target_sparsity: float | None, max_error: float | None, error: str) -> dict[str, Any]:
+    """What a calibration file keeps of its objective: {"target_sparsity": S} or {"max_error": E}, with "error"
+    unless it is "relative"."""
+    record = {"target_sparsity": target_sparsity} if max_error is None else {"max_error": max_error}
+    if error != "relative":
+        record["error"] = error
+    return record
+
+
 def _check_objective(target_sparsity, max_error) -> None:
     if (target_sparsity is None) == (max_error is None):
         raise ValueError("give exactly one of target_sparsity and max_error")
@@ -227,9 +236,12 @@ class Calibration:
         """Set :attr:`choice` and :attr:`objective` for one objective (``error`` as in :meth:`allocate`)."""
         error = self.default_error(max_error) if error is None else error
         self.choice = self.allocate(target_sparsity, max_error, error)
-        self.objective = {"target_sparsity": target_sparsity} if max_error is None else {"max_error": max_error}
-        if error != "relative":
-            self.objective["error"] = error
+        self.objective = objective_record(target_sparsity, max_error, error)
+
+    @property
+    def parts(self) -> list[Calibration]:
+        """The calibrations this one is made of: itself (a calibration by noise range: one per range)."""
+        return [self]
 
     def _picked(self, name: str, choice: list[list[int]]) -> list[list[float]]:
         return [[row[c] for row, c in zip(layer, picks)] for layer, picks in zip(getattr(self, name), choice)]

@@ -21,8 +21,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .calibration import (FORMAT, VERSION, Calibration, _check_objective, allocate_sparsity, check_format,
-                          read_calibration_file, write_calibration_file)
+from .calibration import (FORMAT, VERSION, Calibration, _check_objective, _table, allocate_sparsity, check_format,
+                          objective_record, read_calibration_file, write_calibration_file)
 from .config import SparseConfig
 
 
@@ -35,6 +35,14 @@ def check_splits(splits: Sequence[float]) -> tuple[float, ...]:
             or not all(0 < s < 1 for s in values) or any(b <= a for a, b in zip(values, values[1:]))):
         raise ValueError(f"noise splits must be noise levels strictly ascending within (0, 1), got {list(values)!r}")
     return tuple(float(s) for s in values)
+
+
+def check_timestep_scale(num_train_timesteps) -> float:
+    """The timestep of pure noise (sigma = timestep / it), a positive number; ValueError otherwise."""
+    if isinstance(num_train_timesteps, bool) or not isinstance(num_train_timesteps, (int, float)) \
+            or not num_train_timesteps > 0:
+        raise ValueError(f"num_train_timesteps must be a positive number, got {num_train_timesteps!r}")
+    return float(num_train_timesteps)
 
 
 def range_index(splits: Sequence[float], sigma: float) -> int:
@@ -77,8 +85,7 @@ class NoiseRangeCalibration:
             if (other.model != first.model or other.settings != first.settings
                     or other.candidates != first.candidates):
                 raise ValueError(f"range {i}'s calibration is of another model, tiles or candidates than range 0's")
-        if not isinstance(self.num_train_timesteps, (int, float)) or not self.num_train_timesteps > 0:
-            raise ValueError(f"num_train_timesteps must be a positive number, got {self.num_train_timesteps!r}")
+        self.num_train_timesteps = check_timestep_scale(self.num_train_timesteps)
 
     # ------------------------------------------------------------------ what was measured
     @property
@@ -106,16 +113,14 @@ class NoiseRangeCalibration:
         """The calibration of every call alike: each layer's tables the call-weighted means over the ranges (what
         one measurement without ranges would have found), with no choice."""
         calls = torch.tensor(self.calls(), dtype=torch.float64)  # [R, L]
-        share = calls / calls.sum(dim=0).clamp_min(1)
+        share = (calls / calls.sum(dim=0).clamp_min(1))[..., None, None]
 
         def pooled_table(name: str):
-            tables = [getattr(r, name) for r in self.ranges]
-            if any(t is None for t in tables):
+            if any(getattr(r, name) is None for r in self.ranges):
                 return None
-            return [[[sum(float(share[r, layer]) * tables[r][layer][head][c] for r in range(len(tables)))
-                      for c in range(len(tables[0][layer][head]))]
-                     for head in range(len(tables[0][layer]))]
-                    for layer in range(self.num_layers)]
+            tables = torch.stack([_table(getattr(r, name), name) for r in self.ranges])  # [R, L, H, C], NaN-padded
+            pooled = (share * tables).sum(dim=0)
+            return [layer[:heads].tolist() for layer, heads in zip(pooled, self.model["heads"])]
 
         first = self.ranges[0]
         inputs = {**first.inputs, "calls_per_layer": [int(c) for c in calls.sum(dim=0).tolist()]}
@@ -144,14 +149,15 @@ class NoiseRangeCalibration:
     def choose(self, target_sparsity: float | None = None, max_error: float | None = None,
                error: str | None = None) -> None:
         """Set each range's choice and :attr:`objective` for one objective."""
-        for calibration, choice in zip(self.ranges, self.allocate(target_sparsity, max_error, error)):
-            calibration.choice = choice
-            calibration.objective = {"target_sparsity": target_sparsity} if max_error is None else {
-                "max_error": max_error}
         error = self.ranges[0].default_error(max_error) if error is None else error
-        self.objective = {"target_sparsity": target_sparsity} if max_error is None else {"max_error": max_error}
-        if error != "relative":
-            self.objective["error"] = error
+        self.objective = objective_record(target_sparsity, max_error, error)
+        for calibration, choice in zip(self.ranges, self.allocate(target_sparsity, max_error, error)):
+            calibration.choice, calibration.objective = choice, dict(self.objective)
+
+    @property
+    def parts(self) -> list[Calibration]:
+        """The calibrations this one is made of: one per noise range."""
+        return self.ranges
 
     def summary(self) -> dict[str, Any]:
         """{"ranges": each range's ``Calibration.summary()`` with its "noise_range" and "weight"; "mean_sparsity",
@@ -174,9 +180,7 @@ class NoiseRangeCalibration:
             if any(r.choice is None for r in self.ranges) or not self.objective:
                 raise ValueError("this calibration has no choice yet: give target_sparsity or max_error")
             choices = [r.choice for r in self.ranges]
-            objective = {"target_sparsity": self.objective.get("target_sparsity"),
-                         "max_error": self.objective.get("max_error"),
-                         "error": self.objective.get("error", "relative")}
+            objective = {"error": "relative", **self.objective}  # the record leaves out the relative error
         else:
             choices = self.allocate(target_sparsity, max_error, error)
             objective = {"target_sparsity": target_sparsity, "max_error": max_error, "error": error}

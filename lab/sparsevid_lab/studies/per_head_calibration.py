@@ -97,7 +97,7 @@ def reused_calibration(path: Path, model, blocks: dict) -> tuple[Calibration | N
     """A calibration file of the built-in model at its current clip and tiles (measured by noise range or not), and
     its (caption, seed) jobs; ValueError naming what differs."""
     calibration = load_calibration(path)
-    part = getattr(calibration, "ranges", [calibration])[0]
+    part = calibration.parts[0]
     measured = {"clip": part.inputs.get("clip"), **{k: part.settings.get(k) for k in blocks}}
     wanted = {"clip": list(model.clip_shape[1:]), **blocks}
     if measured != wanted:
