@@ -15,6 +15,7 @@ pytest.importorskip("diffusers")
 from tiny_models import MODELS, build, relative_error, run_model  # noqa: E402
 
 from sparsevid.cli import main  # noqa: E402
+from sparsevid.cli.calibrate import CALIBRATION_PROMPTS  # noqa: E402
 from sparsevid.eval.calibrate import calibrate_heads  # noqa: E402
 from sparsevid.integration import adapter_for  # noqa: E402
 from sparsevid.integration.adapters import attention_heads  # noqa: E402
@@ -489,6 +490,9 @@ def test_the_command_names_its_mistakes(saved_wan, tmp_path, capsys):
     prompts.write_text("a cat\n")
     assert main(base + ["--prompts", str(prompts)]) == 2
     assert "--prompts needs --height, --width and --frames" in capsys.readouterr().err
+    size = ["--height", "32", "--width", "32", "--frames", "5"]
+    assert main(base + ["--prompts", "0"] + size) == 2 and main(base + ["--prompts", "99"] + size) == 2
+    assert capsys.readouterr().err.count("built-in prompts, or a file") == 2
     assert main(base + ["--data", str(tmp_path / "nowhere")]) == 2
     assert "nowhere" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -523,6 +527,12 @@ def test_the_command_calibrates_from_prompts_through_the_pipeline(tmp_path):
     calibration = Calibration.load(tmp_path / "pipeline" / "sparse_calibration.json")
     assert calibration.inputs["prompts"] == ["a red cat runs", "blue ball rolls"]
     assert calibration.inputs["calls_per_layer"] == [4, 4]  # 2 prompts x 2 steps, no guidance pass
+    # --prompts N: the first N built-in prompts
+    assert main(["calibrate", "--model", str(tmp_path / "pipeline"), "--prompts", "1", "--height", "128",
+                 "--width", "128", "--frames", "9", "--steps", "2", "--guidance", "1.0", "--block-q", "64",
+                 "--block-k", "64", "--target-sparsity", "0.5", "--out", str(tmp_path / "builtin.json")]) == 0
+    calibration = Calibration.load(tmp_path / "builtin.json")
+    assert calibration.inputs["prompts"] == [CALIBRATION_PROMPTS[0]] and calibration.inputs["calls_per_layer"] == [2, 2]
 
 
 def test_the_command_calibrates_both_experts_of_a_two_expert_pipeline(tmp_path, capsys):

@@ -9,6 +9,17 @@ from .args import (CommandError, add_calibration_objective, add_noise_range_opti
                    positive_int_arg)
 
 CALIBRATION_FILE = "sparse_calibration.json"
+# --prompts N: scenes of different motion, layout and detail, so that the heads meet the attention of varied videos.
+CALIBRATION_PROMPTS = (
+    "A golden retriever runs across a sunlit meadow, the camera tracking it at ground level",
+    "Waves crash against black volcanic rocks at dusk, spray drifting in slow motion",
+    "A busy city crossing seen from above, cars and pedestrians moving in every direction",
+    "Close-up of hands kneading dough on a floured wooden table, soft window light",
+    "A drone shot flying low over a winding river through an autumn forest",
+    "A dancer in a red dress spins on an empty stage under a single spotlight",
+    "Snow falls steadily on a quiet mountain village at night, warm lights in the windows",
+    "A chef flips vegetables in a flaming wok in a crowded restaurant kitchen",
+)
 
 
 def add_parser(subparsers) -> None:
@@ -23,8 +34,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", required=True, help="the dense model: a pipeline or transformer folder, or a hub id "
                                                   "(--prompts needs a pipeline)")
     inputs = p.add_mutually_exclusive_group(required=True)
-    inputs.add_argument("--prompts", help="a text file of prompts, one per line: each is sampled by the pipeline "
-                                          "(needs --height, --width, --frames) and every denoising step measured")
+    inputs.add_argument("--prompts", help="a text file of prompts, one per line, or a number N: the first N of "
+                                          f"{len(CALIBRATION_PROMPTS)} varied built-in prompts; each is sampled by the "
+                                          "pipeline (needs --height, --width, --frames) and every denoising step "
+                                          "measured")
     inputs.add_argument("--data", help="a folder of cached latents (`sparsevid cache`): forwards at stratified noise "
                                        "levels")
     add_calibration_objective(p)
@@ -97,9 +110,7 @@ def _prompt_forwards(args, device, dtype):
 
     if None in (args.height, args.width, args.frames):
         raise CommandError("--prompts needs --height, --width and --frames")
-    prompts = [line.strip() for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not prompts:
-        raise CommandError(f"--prompts {args.prompts}: no prompts (one per line)")
+    prompts = _prompts(args.prompts)
     encoder = load_encoder(args.model, device, dtype, transformer=True)
     encoder.check(args.height, args.width, args.frames)
 
@@ -111,6 +122,19 @@ def _prompt_forwards(args, device, dtype):
     description = {"prompts": prompts, "height": args.height, "width": args.width, "frames": args.frames,
                    "steps": args.steps, "guidance": args.guidance, "seed": args.seed}
     return pipeline_transformers(encoder.pipe), [lambda i=i: sample(i) for i in range(len(prompts))], description
+
+
+def _prompts(text: str) -> list[str]:
+    """The prompts of ``--prompts``: the first N built-in ones for a number N, else the file's lines."""
+    if text.isdigit():
+        count = int(text)
+        if not 1 <= count <= len(CALIBRATION_PROMPTS):
+            raise CommandError(f"--prompts {text}: give 1 to {len(CALIBRATION_PROMPTS)} built-in prompts, or a file")
+        return list(CALIBRATION_PROMPTS[:count])
+    prompts = [line.strip() for line in Path(text).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not prompts:
+        raise CommandError(f"--prompts {text}: no prompts (one per line)")
+    return prompts
 
 
 def _beside(path: Path, name: str) -> Path:
