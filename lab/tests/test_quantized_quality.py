@@ -12,12 +12,15 @@ def test_the_study_compares_each_precision_with_the_native_sparse_setting(tmp_pa
                     "--sparsities", "0.5"])
     assert json.loads((tmp_path / "results.json").read_text())["comparison"] == report["comparison"]
     assert "| 50% | int8 |" in (tmp_path / "results.md").read_text()
-    assert set(report["settings"]) == {"native top-k 50%", "int8 top-k 50%", "fp8 top-k 50%"}
+    assert set(report["settings"]) == {"native top-k 50%", "int8 top-k 50%", "fp8 top-k 50%",
+                                       "native (gather) top-k 50%"}
     for name, row in report["settings"].items():
         assert row["sparsity"] == pytest.approx(0.5, abs=0.15), name  # 4 x 4 tiles: top-k 50% keeps 2 of 4
         assert row["velocity_error"] > 0 and row["psnr"] > 0
     assert report["configs"]["int8 top-k 50%"]["precision"] == "int8"
     assert report["configs"]["native top-k 50%"]["backend"] == "reference"  # the same backend for all on the CPU
+    assert [row["precision"] for row in report["comparison"]] == ["int8", "fp8", "native (gather)"]
+    assert report["configs"]["native (gather) top-k 50%"]["backend"] == "gather"
     for row in report["comparison"]:
         # quantized and native differ (the quantization acts), but by far less than sparse differs from dense
         native = report["settings"]["native top-k 50%"]
