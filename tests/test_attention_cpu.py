@@ -191,6 +191,23 @@ def test_strided_inputs_and_half_precision(chunk_path):
         assert rel_err(out, ref_out) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
 
 
+def test_autocast_leaves_the_float32_computation_alone(monkeypatch):
+    """Under torch.autocast (a bf16 pipeline) the gather backend still computes in float32 (it crashed once on a
+    GPU, its autocast products in bf16 meeting float32 buffers): out and the gradients equal those without
+    autocast, on the matrix-product path (the one CUDA takes) and for blocks that keep whole rows."""
+    use_matmul_path(monkeypatch)
+    b, h, n, d = 1, 2, 300, 64
+    for kind in ("random", "whole-rows"):
+        mask = make_mask(kind, b, h, n, n, 128, 64)
+        q, k, v = rand_inputs(b, h, n, n, d, torch.float32)
+        grad_out = torch.randn(b, h, n, d)
+        expected = run_gather(q, k, v, mask, grad_out)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = run_gather(q, k, v, mask, grad_out)
+        for g, e in zip((got[0], got[1], *got[2]), (expected[0], expected[1], *expected[2])):
+            assert g.dtype == torch.float32 and torch.equal(g, e), kind
+
+
 @pytest.mark.parametrize("kind", ["empty-rows", "whole-rows"])
 @pytest.mark.parametrize("shape", SHAPES[:4])
 def test_tile_mass_matches_reference(shape, kind, chunk_path):

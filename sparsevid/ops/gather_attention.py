@@ -22,6 +22,7 @@ Computation runs in float32 (float64 for float64 inputs); outputs are cast back 
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -248,6 +249,17 @@ def _attend_backward(d_out, d_lse, q, k, v, bias, out, lse, scale: float):
     return torch.bmm(d_scores, k), torch.bmm(d_scores.transpose(1, 2), q), dv
 
 
+def _without_autocast(compute):
+    """Run ``compute(q_blocks, ...)`` with autocast off on q_blocks' device: its products stay in the compute
+    dtype (float32 or float64) also when the caller runs under ``torch.autocast``."""
+    @functools.wraps(compute)
+    def run(*args, **kwargs):
+        with torch.autocast(args[0].device.type, enabled=False):
+            return compute(*args, **kwargs)
+    return run
+
+
+@_without_autocast
 def _forward(q_blocks, k_blocks, v_blocks, plan: _Plan, with_tile_mass: bool = False):
     """out [R, bq, D] and lse [R, bq] in the compute dtype (R = B * H * QB; rows without kept tiles: 0 and
     -inf), and with ``with_tile_mass`` the tile masses float32 [B, H, QB, KB]."""
@@ -290,6 +302,7 @@ def _chunk_tile_mass(probs: torch.Tensor, chunk: _Chunk, plan: _Plan) -> torch.T
     return probs.new_zeros((r, plan.kv_blocks)).scatter_add_(1, chunk.kept, per_slot)
 
 
+@_without_autocast
 def _backward(grad_out, grad_lse, q_blocks, k_blocks, v_blocks, out, lse, plan: _Plan):
     """dq [R, bq, D] and dk, dv [B * H * KB, bk, D] in the compute dtype, chunk by chunk."""
     dq = _alloc(q_blocks.shape, q_blocks).index_fill_(0, plan.empty_rows, 0.0)
