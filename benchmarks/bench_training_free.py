@@ -42,7 +42,7 @@ import sparsevid as sv  # noqa: E402
 from .bench_e2e import (MODELS, build_transformer, dense_sdpa_context, make_inputs,  # noqa: E402
                                   parse_grid, sync)
 from .report import write_result  # noqa: E402
-from .run_info import run_metadata  # noqa: E402
+from .run_info import recorded_args, run_metadata  # noqa: E402
 from .timing import cuda_kernel_ms, median_ms  # noqa: E402
 
 KERNEL_ROUNDS = 5
@@ -240,7 +240,7 @@ def main(argv=None) -> None:
                      f"{sorted(unknown) or args.settings}")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     parts = set(args.parts.split(","))
-    result = {"args": {k: str(v) for k, v in vars(args).items() if k != "out"},
+    result = {"args": recorded_args(args),
               "kernel": bench_kernel(args, device, dtype) if "kernel" in parts else [],
               "loop": bench_loop(args, device, dtype) if "loop" in parts else []}
     text = table(result["kernel"], result["loop"])

@@ -36,6 +36,10 @@ BENCHMARKS = {
         "int8 and fp8 vs bf16 block-sparse forward, 128x64, Wan 1.3B at 95/90/50%/full and 14B at 95%/full: ms "
         "(kernel, quantization, public call, with prediction), accuracy",
         ("--shapes", "wan1.3b-480p,wan14b-720p", "--sparsities", "0.95,0.9,0.5,0/0.95,0")),
+    "quantizer_limits": Benchmark(
+        "benchmarks.quantizer_limits",
+        "the int8 K/V quantizer taken apart at Wan 1.3B: its kernel's K and V parts, V's transposed store, warps, "
+        "division vs reciprocal, keys per program, against a bf16 copy of K and V"),
     "attention_peers": Benchmark(
         "benchmarks.bench_attention_peers",
         "quantized and block-sparse peers (SageAttention, FlashInfer, SpargeAttn) beside sparsevid's bf16 and int8 "

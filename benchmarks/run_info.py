@@ -30,6 +30,12 @@ def _version(module: str) -> str | None:
         return None
 
 
+def recorded_args(args) -> dict[str, str]:
+    """A command's parsed options as strings for its result record, less ``out``: where this run wrote says
+    nothing about what it measured (and names a folder of the machine it ran on)."""
+    return {k: str(v) for k, v in vars(args).items() if k != "out"}
+
+
 def run_metadata(device: torch.device | str | None = None, **settings) -> dict:
     """The record every benchmark writes with its results: ``device`` (its type, "cuda" or "cpu"), ``gpu`` (the
     CUDA device's name, else the CPU's), ``torch``, ``triton`` and ``diffusers`` versions (None where not

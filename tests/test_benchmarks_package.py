@@ -1,5 +1,6 @@
 """The benchmarks: one package, one registry run by one entry point, one current result per benchmark and GPU
 written through the shared run metadata."""
+import argparse
 import importlib
 import json
 import re
@@ -11,7 +12,7 @@ import pytest
 from benchmarks.__main__ import main as run_benchmarks
 from benchmarks.registry import BENCHMARKS, RESULTS
 from benchmarks.report import gpu_slug, write_result
-from benchmarks.run_info import run_metadata
+from benchmarks.run_info import recorded_args, run_metadata
 
 PACKAGE = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = sorted(p for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
@@ -98,6 +99,20 @@ def test_results_hold_one_current_result_per_benchmark_and_gpu():
         assert len(path.parts) == 2 and path.parts[0] in BENCHMARKS, f"{path}: not <benchmark>/<gpu>.<kind>"
         assert path.suffix in RESULT_KINDS and re.fullmatch(r"[a-z0-9_]+", path.stem), path
         assert not re.search(r"[0-9a-f]{7}", path.stem), f"{path}: a commit in the name"
+
+
+def test_result_records_name_no_folder_of_the_machine_they_ran_on():
+    """No committed result (benchmarks' or the lab's studies') holds an absolute path: recorded_args leaves the
+    output folder out and data sources record folder names."""
+    records = [*RESULTS.rglob("*.json"), *(PACKAGE.parent / "lab" / "results").rglob("*.json")]
+    assert len(records) > 10
+    for path in records:
+        assert not re.search(r'"/[A-Za-z]', path.read_text()), f"{path}: an absolute path"
+
+
+def test_recorded_args_leave_the_output_folder_out():
+    args = argparse.Namespace(out=Path("/somewhere/result"), steps=3, shapes=["a", "b"])
+    assert recorded_args(args) == {"steps": "3", "shapes": "['a', 'b']"}
 
 
 def test_gpu_session_runs_benchmarks_through_the_registry_and_studies_from_the_lab():

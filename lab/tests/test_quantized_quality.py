@@ -21,6 +21,7 @@ def test_the_study_compares_each_precision_with_the_native_sparse_setting(tmp_pa
     assert report["configs"]["native top-k 50%"]["backend"] == "reference"  # the same backend for all on the CPU
     assert [row["precision"] for row in report["comparison"]] == ["int8", "fp8", "native (gather)"]
     assert report["configs"]["native (gather) top-k 50%"]["backend"] == "gather"
+    assert "out" not in report["args"] and report["args"]["floor_backend"] == "gather"  # no folder of this machine
     for row in report["comparison"]:
         # quantized and native differ (the quantization acts), but by far less than sparse differs from dense
         native = report["settings"]["native top-k 50%"]

@@ -88,4 +88,5 @@ class DirectorySource:
         return torch.stack(videos).to(device), captions
 
     def describe(self) -> dict:
-        return {"kind": "directory", "directory": str(self.directory), "files": len(self.files), "seed": self.seed}
+        # the folder's name, not its path: a record names no folder of the machine it was made on
+        return {"kind": "directory", "directory": self.directory.name, "files": len(self.files), "seed": self.seed}

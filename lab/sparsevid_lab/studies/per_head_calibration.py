@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 import sparsevid as sv
-from benchmarks.run_info import run_metadata
+from benchmarks.run_info import recorded_args, run_metadata
 from benchmarks.timing import median_ms
 from sparsevid.eval import HELDOUT_SEED, OracleStudy, calibrate_rules
 from sparsevid.eval.calibrate import plot_calibration
@@ -262,7 +262,7 @@ def main(argv=None) -> dict:
                                "calls_per_layer": calibration.inputs["calls_per_layer"],
                                "noise_splits": None if ranged is None else list(ranged.splits),
                                "range_weights": None if ranged is None else ranged.weights()},
-               "args": {k: str(v) for k, v in vars(args).items()}}
+               "args": recorded_args(args)}
     if "sampling" in args.metrics:
         results.update(sampled_metrics(model, configs, results["configs"], args, eval_captions, steps, grid, blocks))
     if "velocity" in args.metrics:

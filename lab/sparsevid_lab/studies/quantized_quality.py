@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 
 import sparsevid as sv
-from benchmarks.run_info import run_metadata
+from benchmarks.run_info import recorded_args, run_metadata
 from sparsevid.eval import HELDOUT_SEED
 from sparsevid.eval.video_metrics import psnr
 
@@ -140,7 +140,7 @@ def main(argv=None) -> dict:
               "clips": len(captions) * len(args.seeds), "heldout": len(heldout), "settings": results,
               "comparison": compare(results, sampled["clips"], args.sparsities, args.precisions, floor),
               "configs": {name: config.to_dict() for name, config in configs.items()},
-              "args": {k: str(v) for k, v in vars(args).items()}}
+              "args": recorded_args(args)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
     (args.out / "results.md").write_text(table(report))

@@ -39,7 +39,7 @@ from typing import Callable
 import torch
 
 import sparsevid as sv
-from benchmarks.run_info import run_metadata
+from benchmarks.run_info import recorded_args, run_metadata
 from ..eval.harness import (DEFAULT_CAPTIONS, run_harness, sample_with_stats, summarize_calls,
                                     timed_generate)
 
@@ -194,7 +194,7 @@ def main(argv=None) -> None:
     clips = results.pop("clips")
     results["settings"]["scheduler"] = model.config["sampling"]["scheduler"]
     results.update({**run_metadata(device), "target_sparsity": args.sparsity, "tolerance": args.tolerance,
-                    "calibration": calibration, "args": {k: str(v) for k, v in vars(args).items()}})
+                    "calibration": calibration, "args": recorded_args(args)})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     (args.out / "table.md").write_text(table(results))
