@@ -9,7 +9,8 @@ timed alone (``triton.testing.do_bench``):
 * K and V in programs of their own;
 * K's part alone, V's part alone: V written tokens-contiguous ([B, H, D, M'], what the attention kernel's FP8
   product needs) or as [B, H, M, D] (the wrong layout for the kernel: what the transposed store costs), with
-  transposes done on float32 values or on bytes, and over key blocks of 64, 128 or 256.
+  transposes done on float32 values or on bytes, or written by a TMA store of the transposed tile (Hopper or
+  newer), and over key blocks of 64, 128 or 256.
 
 A variant that writes the library's layout is checked bit for bit against the library's outputs. Writes
 ``results/quantizer_limits/<gpu>.{json,md}``.
@@ -24,6 +25,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from sparsevid.ops import triton_int8_attention as int8
 from sparsevid.ops.triton_fp8_attention import _abs_or_zero, _pow2_scale, _tile_ptrs, _to_fp8
@@ -31,12 +33,14 @@ from .report import write_result
 from .run_info import run_metadata
 
 # V's store: tokens contiguous (the library's layout), the same after a transpose of the float32 tile or of its
-# bytes, or [M, D] (timing only).
-V_TRANSPOSED, V_TRANSPOSED_FLOATS, V_TRANSPOSED_BYTES, V_ROWS = 1, 2, 3, 0
+# bytes, or through a tensor descriptor (a TMA store of the transposed tile), or [M, D] (timing only).
+V_TRANSPOSED, V_TRANSPOSED_FLOATS, V_TRANSPOSED_BYTES, V_TMA, V_ROWS = 1, 2, 3, 4, 0
+V_STORES = {V_ROWS: "[M, D]", V_TRANSPOSED: "tokens contiguous", V_TRANSPOSED_FLOATS: "tokens contiguous (float transpose)",
+            V_TRANSPOSED_BYTES: "tokens contiguous (byte transpose)", V_TMA: "tokens contiguous (TMA store)"}
 
 
 @triton.jit
-def _kv_variant(K, V, KMean, K8, V8, KScale, VScale, stride_kb, stride_kh, stride_kn, stride_kd,
+def _kv_variant(K, V, KMean, K8, V8, V8Desc, KScale, VScale, stride_kb, stride_kh, stride_kn, stride_kd,
                 stride_vb, stride_vh, stride_vn, stride_vd, stride_k8b, stride_k8h, stride_k8n,
                 stride_v8b, stride_v8h, stride_v8d, H, M,
                 HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, RECIPROCAL: tl.constexpr, PART: tl.constexpr,
@@ -84,6 +88,10 @@ def _kv_variant(K, V, KMean, K8, V8, KScale, VScale, stride_kb, stride_kh, strid
             tl.store(p_vt, _to_fp8(tl.trans(b_v)), mask=m_t)
         elif V_STORE == 3:
             tl.store(p_vt.to(tl.pointer_type(tl.uint8)), tl.trans(_to_fp8(b_v).to(tl.uint8, bitcast=True)), mask=m_t)
+        elif V_STORE == 4:
+            # the descriptor spans [B, H, D, M]: keys past M are not written
+            V8Desc.store([i_b.to(tl.int32), i_h.to(tl.int32), 0, start],
+                         tl.trans(_to_fp8(b_v)).reshape(1, 1, HEAD_DIM, BLOCK_K))
         else:
             p_v8, _ = _tile_ptrs(V8, i_b, i_h, stride_v8b, stride_v8h, HEAD_DIM, 1, start, M, BLOCK_K, HEAD_DIM,
                                  HEAD_DIM)
@@ -98,17 +106,17 @@ def _variant(k, v, library: int8.Int8Inputs, block_k: int, warps: int, part: int
     k8, v8 = torch.empty_like(library.k8), torch.empty_strided(library.v8.shape, library.v8.stride(),
                                                                dtype=library.v8.dtype, device=k.device)
     k_scale, v_scale = (k.new_empty((b, h, kb), dtype=torch.float32) for _ in range(2))
+    v8_desc = TensorDescriptor.from_tensor(v8.transpose(-1, -2), [1, 1, d, block_k])  # [B, H, D, M], unit key stride
 
     def run():
         _kv_variant[(kb, b * h, 2 if part == 2 else 1)](
-            k, v, library.k_mean, k8, v8, k_scale, v_scale, *k.stride(), *v.stride(), *k8.stride()[:3],
+            k, v, library.k_mean, k8, v8, v8_desc, k_scale, v_scale, *k.stride(), *v.stride(), *k8.stride()[:3],
             v8.stride(0), v8.stride(1), v8.stride(3), h, m, HEAD_DIM=d, BLOCK_K=block_k, RECIPROCAL=reciprocal,
             PART=part, V_STORE=v_store, num_warps=warps)
 
     run()
     row = {"block_k": block_k, "warps": warps, "part": {-1: "K and V", 0: "K", 1: "V", 2: "K, V apart"}[part],
-           "v_store": {0: "[M, D]", 1: "tokens contiguous", 2: "tokens contiguous (float transpose)",
-                       3: "tokens contiguous (byte transpose)"}[v_store] if part != 0 else "",
+           "v_store": V_STORES[v_store] if part != 0 else "",
            "reciprocal": reciprocal, "ms": triton.testing.do_bench(run, rep=100)}
     if part in (-1, 2) and v_store != V_ROWS and kb == library.k_scale.shape[-1]:
         row["k8_max_diff"] = int((k8.int() - library.k8.int()).abs().max())
@@ -122,10 +130,12 @@ def _variant(k, v, library: int8.Int8Inputs, block_k: int, warps: int, part: int
 VARIANTS = (  # (block_k, warps, part, v_store, reciprocal)
     (64, 8, -1, V_TRANSPOSED, False), (64, 4, -1, V_TRANSPOSED, False), (64, 8, -1, V_TRANSPOSED, True),
     (64, 4, -1, V_TRANSPOSED, True), (64, 4, 2, V_TRANSPOSED, False), (64, 4, 2, V_TRANSPOSED, True),
-    (64, 4, -1, V_TRANSPOSED_FLOATS, False), (64, 4, -1, V_TRANSPOSED_BYTES, False), (64, 4, -1, V_ROWS, False),
+    (64, 4, -1, V_TRANSPOSED_FLOATS, False), (64, 4, -1, V_TRANSPOSED_BYTES, False), (64, 4, -1, V_TMA, False),
+    (64, 8, -1, V_TMA, False), (64, 4, -1, V_ROWS, False),
     (64, 4, 0, V_TRANSPOSED, False), (64, 4, 1, V_TRANSPOSED, False), (64, 4, 1, V_TRANSPOSED_FLOATS, False),
     (64, 4, 1, V_ROWS, False), (128, 4, 1, V_TRANSPOSED, False), (128, 8, 1, V_TRANSPOSED, False),
-    (256, 8, 1, V_TRANSPOSED, False), (128, 8, 1, V_ROWS, False),
+    (256, 8, 1, V_TRANSPOSED, False), (128, 8, 1, V_ROWS, False), (64, 4, 1, V_TMA, False),
+    (128, 4, 1, V_TMA, False),
 )
 
 
@@ -153,7 +163,8 @@ def main() -> int:
     library = int8.quantize_kv(k, v, 64)
     result = {"quantize_kv_ms": triton.testing.do_bench(lambda: int8.quantize_kv(k, v, 64), rep=100),
               "copy_ms": triton.testing.do_bench(lambda: (k.clone(), v.clone()), rep=100),
-              "rows": [_variant(k, v, library, *variant) for variant in VARIANTS]}
+              "rows": [_variant(k, v, library, *variant) for variant in VARIANTS
+                       if variant[3] != V_TMA or torch.cuda.get_device_capability(k.device)[0] >= 9]}
     write_result(args.out, run_metadata(k.device), result, markdown(result))
     print(markdown(result))
     return 0
