@@ -35,7 +35,8 @@ from .run_info import run_metadata
 # V's store: tokens contiguous (the library's layout), the same after a transpose of the float32 tile or of its
 # bytes, or through a tensor descriptor (a TMA store of the transposed tile), or [M, D] (timing only).
 V_TRANSPOSED, V_TRANSPOSED_FLOATS, V_TRANSPOSED_BYTES, V_TMA, V_ROWS = 1, 2, 3, 4, 0
-V_STORES = {V_ROWS: "[M, D]", V_TRANSPOSED: "tokens contiguous", V_TRANSPOSED_FLOATS: "tokens contiguous (float transpose)",
+V_STORES = {V_ROWS: "[M, D]", V_TRANSPOSED: "tokens contiguous",
+            V_TRANSPOSED_FLOATS: "tokens contiguous (float transpose)",
             V_TRANSPOSED_BYTES: "tokens contiguous (byte transpose)", V_TMA: "tokens contiguous (TMA store)"}
 
 

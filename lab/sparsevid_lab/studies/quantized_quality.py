@@ -54,7 +54,8 @@ def settings(sparsities, precisions, blocks: dict, backend: str, floor_backend: 
     def topk(s, precision, on):
         return sv.SparseConfig(rule="topk", topk=round(1.0 - s, 6), precision=precision, backend=on, **blocks)
 
-    configs = {label(precision, s): topk(s, precision, backend) for s in sparsities for precision in ("native", *precisions)}
+    configs = {label(precision, s): topk(s, precision, backend)
+               for s in sparsities for precision in ("native", *precisions)}
     if floor_backend is not None:
         configs.update({floor_label(s, floor_backend): topk(s, "native", floor_backend) for s in sparsities})
     return configs
