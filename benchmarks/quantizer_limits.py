@@ -7,6 +7,7 @@ timed alone (``triton.testing.do_bench``):
 * the library kernel's arithmetic with 4 or 8 warps, and with K scaled by a correctly rounded reciprocal instead of
   an exact division per element;
 * K and V in programs of their own;
+* two key blocks per program (each with its own scales, the library's outputs), V stored by pointers or by TMA;
 * K's part alone, V's part alone: V written tokens-contiguous ([B, H, D, M'], what the attention kernel's FP8
   product needs) or as [B, H, M, D] (the wrong layout for the kernel: what the transposed store costs), with
   transposes done on float32 values or on bytes, or written by a TMA store of the transposed tile (Hopper or
@@ -35,6 +36,7 @@ from .run_info import run_metadata
 # V's store: tokens contiguous (the library's layout), the same after a transpose of the float32 tile or of its
 # bytes, or through a tensor descriptor (a TMA store of the transposed tile), or [M, D] (timing only).
 V_TRANSPOSED, V_TRANSPOSED_FLOATS, V_TRANSPOSED_BYTES, V_TMA, V_ROWS = 1, 2, 3, 4, 0
+PAIRS = 3  # the part of :func:`_kv_pairs`
 V_STORES = {V_ROWS: "[M, D]", V_TRANSPOSED: "tokens contiguous",
             V_TRANSPOSED_FLOATS: "tokens contiguous (float transpose)",
             V_TRANSPOSED_BYTES: "tokens contiguous (byte transpose)", V_TMA: "tokens contiguous (TMA store)"}
@@ -99,27 +101,81 @@ def _kv_variant(K, V, KMean, K8, V8, V8Desc, KScale, VScale, stride_kb, stride_k
             tl.store(p_v8, _to_fp8(b_v), mask=m_tile)
 
 
+@triton.jit
+def _kv_pairs(K, V, KMean, K8, V8, V8Desc, KScale, VScale, stride_kb, stride_kh, stride_kn, stride_kd,
+              stride_vb, stride_vh, stride_vn, stride_vd, stride_k8b, stride_k8h, stride_k8n,
+              stride_v8b, stride_v8h, stride_v8d, H, M,
+              HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, V_STORE: tl.constexpr):
+    """The library's quantizer over two key blocks per program (program (j, b*H + h): blocks 2j and 2j + 1), each
+    with its own scales as in the library: the same outputs from half the programs, V's rows written 2 * BLOCK_K
+    keys at a time (tokens contiguous, by pointers or, V_STORE == 4, by a TMA store)."""
+    pair = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
+    start = pair * 2 * BLOCK_K
+    num_blocks = tl.cdiv(M, BLOCK_K)
+    o_half = 2 * pair + tl.arange(0, 2)  # the two key blocks
+    p_scale = pid_bh.to(tl.int64) * num_blocks + o_half
+    m_half = o_half < num_blocks
+    o_d = tl.arange(0, HEAD_DIM)
+    b_mean = tl.load(KMean + pid_bh * HEAD_DIM + o_d)
+    p_k, m_tile = _tile_ptrs(K, i_b, i_h, stride_kb, stride_kh, stride_kn, stride_kd, start, M, 2 * BLOCK_K,
+                             HEAD_DIM, HEAD_DIM)
+    b_k = tl.where(m_tile, tl.load(p_k, mask=m_tile, other=0.0).to(tl.float32) - b_mean[None, :], 0.0)
+    b_k3 = b_k.reshape(2, BLOCK_K, HEAD_DIM)
+    finite = tl.min(tl.min((tl.abs(b_k3) < float("inf")).to(tl.int32), 2), 1) > 0
+    k_scale = int8._int8_scale(tl.max(tl.max(_abs_or_zero(b_k3), 2), 1), finite)  # [2]
+    tl.store(KScale + p_scale, k_scale, mask=m_half)
+    b_y = tl.math.div_rn(b_k3, tl.zeros_like(b_k3) + k_scale[:, None, None]).reshape(2 * BLOCK_K, HEAD_DIM)
+    p_k8, _ = _tile_ptrs(K8, i_b, i_h, stride_k8b, stride_k8h, stride_k8n, 1, start, M, 2 * BLOCK_K, HEAD_DIM,
+                         HEAD_DIM)
+    tl.store(p_k8, int8._round_int8(b_y), mask=m_tile)
+    p_v, _ = _tile_ptrs(V, i_b, i_h, stride_vb, stride_vh, stride_vn, stride_vd, start, M, 2 * BLOCK_K, HEAD_DIM,
+                        HEAD_DIM)
+    b_v3 = tl.load(p_v, mask=m_tile, other=0.0).to(tl.float32).reshape(2, BLOCK_K, HEAD_DIM)
+    v_scale = _pow2_scale(tl.max(tl.max(_abs_or_zero(b_v3), 2), 1))  # [2]
+    tl.store(VScale + p_scale, v_scale, mask=m_half)
+    b_v8 = _to_fp8((b_v3 * tl.math.div_rn(tl.zeros_like(v_scale) + 1.0, v_scale)[:, None, None])
+                   .reshape(2 * BLOCK_K, HEAD_DIM))
+    if V_STORE == 4:
+        V8Desc.store([i_b.to(tl.int32), i_h.to(tl.int32), 0, start],
+                     tl.trans(b_v8).reshape(1, 1, HEAD_DIM, 2 * BLOCK_K))
+    else:
+        p_v8, _ = _tile_ptrs(V8, i_b, i_h, stride_v8b, stride_v8h, 1, stride_v8d, start, M, 2 * BLOCK_K, HEAD_DIM,
+                             HEAD_DIM)
+        tl.store(p_v8, b_v8, mask=m_tile)
+
+
 def _variant(k, v, library: int8.Int8Inputs, block_k: int, warps: int, part: int = -1, v_store: int = V_TRANSPOSED,
              reciprocal: bool = False) -> dict:
-    """Time one variant; where it writes the library's layout at the library's block size, compare its outputs."""
+    """Time one variant (part PAIRS: :func:`_kv_pairs`, two key blocks of block_k per program, else
+    :func:`_kv_variant`); where it writes the library's layout at the library's block size, compare its outputs."""
     b, h, m, d = k.shape
     kb = triton.cdiv(m, block_k)
     k8, v8 = torch.empty_like(library.k8), torch.empty_strided(library.v8.shape, library.v8.stride(),
                                                                dtype=library.v8.dtype, device=k.device)
     k_scale, v_scale = (k.new_empty((b, h, kb), dtype=torch.float32) for _ in range(2))
-    v8_desc = TensorDescriptor.from_tensor(v8.transpose(-1, -2), [1, 1, d, block_k])  # [B, H, D, M], unit key stride
+    keys_per_store = 2 * block_k if part == PAIRS else block_k
+    # [B, H, D, M], unit key stride
+    v8_desc = TensorDescriptor.from_tensor(v8.transpose(-1, -2), [1, 1, d, keys_per_store])
+    args = (k, v, library.k_mean, k8, v8, v8_desc, k_scale, v_scale, *k.stride(), *v.stride(), *k8.stride()[:3],
+            v8.stride(0), v8.stride(1), v8.stride(3), h, m)
 
     def run():
-        _kv_variant[(kb, b * h, 2 if part == 2 else 1)](
-            k, v, library.k_mean, k8, v8, v8_desc, k_scale, v_scale, *k.stride(), *v.stride(), *k8.stride()[:3],
-            v8.stride(0), v8.stride(1), v8.stride(3), h, m, HEAD_DIM=d, BLOCK_K=block_k, RECIPROCAL=reciprocal,
-            PART=part, V_STORE=v_store, num_warps=warps)
+        if part == PAIRS:
+            _kv_pairs[(triton.cdiv(kb, 2), b * h)](*args, HEAD_DIM=d, BLOCK_K=block_k, V_STORE=v_store,
+                                                   num_warps=warps)
+        else:
+            _kv_variant[(kb, b * h, 2 if part == 2 else 1)](*args, HEAD_DIM=d, BLOCK_K=block_k,
+                                                            RECIPROCAL=reciprocal, PART=part, V_STORE=v_store,
+                                                            num_warps=warps)
 
     run()
-    row = {"block_k": block_k, "warps": warps, "part": {-1: "K and V", 0: "K", 1: "V", 2: "K, V apart"}[part],
+    row = {"block_k": block_k, "warps": warps, "part": {-1: "K and V", 0: "K", 1: "V", 2: "K, V apart", PAIRS: "K and V, 2 blocks"}[part],
            "v_store": V_STORES[v_store] if part != 0 else "",
            "reciprocal": reciprocal, "ms": triton.testing.do_bench(run, rep=100)}
-    if part in (-1, 2) and v_store != V_ROWS and kb == library.k_scale.shape[-1]:
+    if part in (-1, 2, PAIRS) and v_store != V_ROWS and kb == library.k_scale.shape[-1]:
         row["k8_max_diff"] = int((k8.int() - library.k8.int()).abs().max())
         row["same_as_library"] = bool(torch.equal(k8, library.k8) and torch.equal(k_scale, library.k_scale)
                                       and torch.equal(v_scale, library.v_scale)
@@ -136,7 +192,8 @@ VARIANTS = (  # (block_k, warps, part, v_store, reciprocal)
     (64, 4, 0, V_TRANSPOSED, False), (64, 4, 1, V_TRANSPOSED, False), (64, 4, 1, V_TRANSPOSED_FLOATS, False),
     (64, 4, 1, V_ROWS, False), (128, 4, 1, V_TRANSPOSED, False), (128, 8, 1, V_TRANSPOSED, False),
     (256, 8, 1, V_TRANSPOSED, False), (128, 8, 1, V_ROWS, False), (64, 4, 1, V_TMA, False),
-    (128, 4, 1, V_TMA, False),
+    (128, 4, 1, V_TMA, False), (64, 4, PAIRS, V_TRANSPOSED, False), (64, 8, PAIRS, V_TRANSPOSED, False),
+    (64, 8, PAIRS, V_TMA, False),
 )
 
 

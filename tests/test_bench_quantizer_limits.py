@@ -14,14 +14,15 @@ from sparsevid.ops.triton_launch import INTERPRET
 def test_variants_in_the_library_layout_match_the_library_bit_for_bit(monkeypatch):
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, rep=100: 0.25)
     generator = torch.Generator().manual_seed(0)
-    k, v = (torch.randn(1, 2, 200, 64, generator=generator).bfloat16() for _ in range(2))
+    # 150 keys: three blocks of 64, the last one short, the pair programs' second block missing in the last pair
+    k, v = (torch.randn(1, 2, 150, 64, generator=generator).bfloat16() for _ in range(2))
     v[0, 1, :, 5] *= 30.0  # an outlier channel: V's per-block scale follows it
     library = triton_int8_attention.quantize_kv(k, v, 64)
     rows = [quantizer_limits._variant(k, v, library, *variant) for variant in quantizer_limits.VARIANTS]
     compared = [row for row in rows if "same_as_library" in row]
     # every variant over both tensors at 64 keys in the library's V layout is compared: those that divide as the
     # library does match it; a reciprocal may round an element the other way at a tie (within one int8 step)
-    assert len(compared) == 10
+    assert len(compared) == 13
     assert all(row["same_as_library"] for row in compared if not row["reciprocal"])
     assert all(row["k8_max_diff"] <= 1 for row in compared)
     assert all("same_as_library" not in row for row in rows if row["v_store"] == "[M, D]" or row["block_k"] != 64)
@@ -30,3 +31,4 @@ def test_variants_in_the_library_layout_match_the_library_bit_for_bit(monkeypatc
     assert "| 128 | 8 | V | tokens contiguous |  | 0.250 |  |" in table
     assert "| 64 | 4 | K and V | tokens contiguous |  | 0.250 | yes |" in table
     assert "| 64 | 8 | K and V | tokens contiguous (TMA store) |  | 0.250 | yes |" in table
+    assert "| 64 | 8 | K and V, 2 blocks | tokens contiguous (TMA store) |  | 0.250 | yes |" in table
