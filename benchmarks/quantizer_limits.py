@@ -36,7 +36,10 @@ from .run_info import run_metadata
 # V's store: tokens contiguous (the library's layout), the same after a transpose of the float32 tile or of its
 # bytes, or through a tensor descriptor (a TMA store of the transposed tile), or [M, D] (timing only).
 V_TRANSPOSED, V_TRANSPOSED_FLOATS, V_TRANSPOSED_BYTES, V_TMA, V_ROWS = 1, 2, 3, 4, 0
-PAIRS = 3  # the part of :func:`_kv_pairs`
+# What a variant quantizes: both tensors in one program, K only, V only, K and V in programs of their own
+# (_kv_variant's PART), or both over two key blocks per program (_kv_pairs).
+BOTH, K_ONLY, V_ONLY, APART, PAIRS = -1, 0, 1, 2, 3
+PARTS = {BOTH: "K and V", K_ONLY: "K", V_ONLY: "V", APART: "K, V apart", PAIRS: "K and V, 2 blocks"}
 V_STORES = {V_ROWS: "[M, D]", V_TRANSPOSED: "tokens contiguous",
             V_TRANSPOSED_FLOATS: "tokens contiguous (float transpose)",
             V_TRANSPOSED_BYTES: "tokens contiguous (byte transpose)", V_TMA: "tokens contiguous (TMA store)"}
@@ -147,7 +150,7 @@ def _kv_pairs(K, V, KMean, K8, V8, V8Desc, KScale, VScale, stride_kb, stride_kh,
         tl.store(p_v8, b_v8, mask=m_tile)
 
 
-def _variant(k, v, library: int8.Int8Inputs, block_k: int, warps: int, part: int = -1, v_store: int = V_TRANSPOSED,
+def _variant(k, v, library: int8.Int8Inputs, block_k: int, warps: int, part: int = BOTH, v_store: int = V_TRANSPOSED,
              reciprocal: bool = False) -> dict:
     """Time one variant (part PAIRS: :func:`_kv_pairs`, two key blocks of block_k per program, else
     :func:`_kv_variant`); where it writes the library's layout at the library's block size, compare its outputs."""
@@ -167,15 +170,15 @@ def _variant(k, v, library: int8.Int8Inputs, block_k: int, warps: int, part: int
             _kv_pairs[(triton.cdiv(kb, 2), b * h)](*args, HEAD_DIM=d, BLOCK_K=block_k, V_STORE=v_store,
                                                    num_warps=warps)
         else:
-            _kv_variant[(kb, b * h, 2 if part == 2 else 1)](*args, HEAD_DIM=d, BLOCK_K=block_k,
+            _kv_variant[(kb, b * h, 2 if part == APART else 1)](*args, HEAD_DIM=d, BLOCK_K=block_k,
                                                             RECIPROCAL=reciprocal, PART=part, V_STORE=v_store,
                                                             num_warps=warps)
 
     run()
-    row = {"block_k": block_k, "warps": warps, "part": {-1: "K and V", 0: "K", 1: "V", 2: "K, V apart", PAIRS: "K and V, 2 blocks"}[part],
-           "v_store": V_STORES[v_store] if part != 0 else "",
+    row = {"block_k": block_k, "warps": warps, "part": PARTS[part],
+           "v_store": V_STORES[v_store] if part != K_ONLY else "",
            "reciprocal": reciprocal, "ms": triton.testing.do_bench(run, rep=100)}
-    if part in (-1, 2, PAIRS) and v_store != V_ROWS and kb == library.k_scale.shape[-1]:
+    if part in (BOTH, APART, PAIRS) and v_store != V_ROWS and kb == library.k_scale.shape[-1]:
         row["k8_max_diff"] = int((k8.int() - library.k8.int()).abs().max())
         row["same_as_library"] = bool(torch.equal(k8, library.k8) and torch.equal(k_scale, library.k_scale)
                                       and torch.equal(v_scale, library.v_scale)
@@ -185,15 +188,15 @@ def _variant(k, v, library: int8.Int8Inputs, block_k: int, warps: int, part: int
 
 
 VARIANTS = (  # (block_k, warps, part, v_store, reciprocal)
-    (64, 8, -1, V_TRANSPOSED, False), (64, 4, -1, V_TRANSPOSED, False), (64, 8, -1, V_TRANSPOSED, True),
-    (64, 4, -1, V_TRANSPOSED, True), (64, 4, 2, V_TRANSPOSED, False), (64, 4, 2, V_TRANSPOSED, True),
-    (64, 4, -1, V_TRANSPOSED_FLOATS, False), (64, 4, -1, V_TRANSPOSED_BYTES, False), (64, 4, -1, V_TMA, False),
-    (64, 8, -1, V_TMA, False), (64, 4, -1, V_ROWS, False),
-    (64, 4, 0, V_TRANSPOSED, False), (64, 4, 1, V_TRANSPOSED, False), (64, 4, 1, V_TRANSPOSED_FLOATS, False),
-    (64, 4, 1, V_ROWS, False), (128, 4, 1, V_TRANSPOSED, False), (128, 8, 1, V_TRANSPOSED, False),
-    (256, 8, 1, V_TRANSPOSED, False), (128, 8, 1, V_ROWS, False), (64, 4, 1, V_TMA, False),
-    (128, 4, 1, V_TMA, False), (64, 4, PAIRS, V_TRANSPOSED, False), (64, 8, PAIRS, V_TRANSPOSED, False),
-    (64, 8, PAIRS, V_TMA, False),
+    (64, 8, BOTH, V_TRANSPOSED, False), (64, 4, BOTH, V_TRANSPOSED, False), (64, 8, BOTH, V_TRANSPOSED, True),
+    (64, 4, BOTH, V_TRANSPOSED, True), (64, 4, APART, V_TRANSPOSED, False), (64, 4, APART, V_TRANSPOSED, True),
+    (64, 4, BOTH, V_TRANSPOSED_FLOATS, False), (64, 4, BOTH, V_TRANSPOSED_BYTES, False), (64, 4, BOTH, V_TMA, False),
+    (64, 8, BOTH, V_TMA, False), (64, 4, BOTH, V_ROWS, False),
+    (64, 4, K_ONLY, V_TRANSPOSED, False), (64, 4, V_ONLY, V_TRANSPOSED, False),
+    (64, 4, V_ONLY, V_TRANSPOSED_FLOATS, False), (64, 4, V_ONLY, V_ROWS, False), (128, 4, V_ONLY, V_TRANSPOSED, False),
+    (128, 8, V_ONLY, V_TRANSPOSED, False), (256, 8, V_ONLY, V_TRANSPOSED, False), (128, 8, V_ONLY, V_ROWS, False),
+    (64, 4, V_ONLY, V_TMA, False), (128, 4, V_ONLY, V_TMA, False), (64, 4, PAIRS, V_TRANSPOSED, False),
+    (64, 8, PAIRS, V_TRANSPOSED, False), (64, 8, PAIRS, V_TMA, False),
 )
 
 
