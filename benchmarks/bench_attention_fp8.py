@@ -81,7 +81,7 @@ def quantizer_costs(q, k, v, block_q: int, block_k: int) -> dict:
     """Each quantizer's do_bench time (ms), host time per call (us) and device time per kernel (us): whether it is
     bound by its launches or by one of its kernels."""
     calls = {"fp8": lambda: triton_fp8_attention.quantize(q, k, v, block_q, block_k),
-             "int8": lambda: triton_int8_attention.quantize_kv(k, v, block_k)}
+             "int8": lambda: triton_int8_attention.quantize(q, k, v, block_k)}
     costs = {}
     for name, fn in calls.items():
         costs[f"{name}_quant_ms"] = bench(fn)
@@ -94,7 +94,7 @@ def time_row(q, k, v, mask, predict, block_q: int, block_k: int) -> dict[str, fl
     """Every timing of one mask (ms)."""
     d = q.shape[-1]
     x8 = triton_fp8_attention.quantize(q, k, v, block_q, block_k)
-    xi = triton_int8_attention.quantize_kv(k, v, block_k)
+    qi, xi = triton_int8_attention.quantize(q, k, v, block_k)
     times = {
         "bf16_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask)),
         "fp8_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask, precision="fp8")),
@@ -102,7 +102,7 @@ def time_row(q, k, v, mask, predict, block_q: int, block_k: int) -> dict[str, fl
             x8, mask.kv_count, mask.kv_index, block_q, block_k, d ** -0.5, q)),
         "int8_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask, precision="int8")),
         "int8_kernel_ms": bench(lambda: triton_int8_attention.int8_forward(
-            q, xi, mask.kv_count, mask.kv_index, block_q, block_k, d ** -0.5)),
+            qi, xi, mask.kv_count, mask.kv_index, block_q, block_k, d ** -0.5, q)),
     }
     if predict is not None:
         times["predict_ms"] = bench(predict)

@@ -1,6 +1,8 @@
-"""What bounds the int8 K/V quantizer (``triton_int8_attention.quantize_kv``): its kernel taken apart.
+"""What bounds the int8 K/V quantizer (the key-block programs of ``triton_int8_attention.quantize``): its kernel
+taken apart.
 
-At the Wan 1.3B shape (K and V [1, 12, 32,760, 128] bf16, 64-key blocks) the public call, a bf16 copy of K and V
+At the Wan 1.3B shape (Q, K and V [1, 12, 32,760, 128] bf16, 64-key blocks) the public call (which quantizes Q
+too), a bf16 copy of K and V
 (400 MB moved: the memory floor's neighbourhood; the quantizer moves 300 MB) and variants of the K/V kernel, each
 timed alone (``triton.testing.do_bench``):
 
@@ -13,7 +15,8 @@ timed alone (``triton.testing.do_bench``):
   transposes done on float32 values or on bytes, or written by a TMA store of the transposed tile (Hopper or
   newer), and over key blocks of 64, 128 or 256.
 
-A variant that writes the library's layout is checked bit for bit against the library's outputs. Writes
+A variant that writes the library's layout is checked bit for bit against the library's K and V outputs (the
+library writes V by a TMA store where the GPU has one, by pointers elsewhere). Writes
 ``results/quantizer_limits/<gpu>.{json,md}``.
 
     python -m benchmarks quantizer_limits      # CUDA only
@@ -201,7 +204,7 @@ VARIANTS = (  # (block_k, warps, part, v_store, reciprocal)
 
 
 def markdown(result: dict) -> str:
-    lines = [f"quantize_kv (public call): {result['quantize_kv_ms']:.3f} ms; bf16 copy of K and V: "
+    lines = [f"quantize (public call: Q, K and V): {result['quantize_ms']:.3f} ms; bf16 copy of K and V: "
              f"{result['copy_ms']:.3f} ms", "",
              "| keys per program | warps | part | V store | K by reciprocal | ms | same as library |",
              "|---|---|---|---|---|---|---|"]
@@ -220,9 +223,9 @@ def main() -> int:
         print("quantizer_limits needs a CUDA GPU", file=sys.stderr)
         return 2
     gen = torch.Generator(device="cuda").manual_seed(0)
-    k, v = (torch.randn(1, 12, 32760, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
-    library = int8.quantize_kv(k, v, 64)
-    result = {"quantize_kv_ms": triton.testing.do_bench(lambda: int8.quantize_kv(k, v, 64), rep=100),
+    q, k, v = (torch.randn(1, 12, 32760, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    library = int8.quantize(q, k, v, 64)[1]
+    result = {"quantize_ms": triton.testing.do_bench(lambda: int8.quantize(q, k, v, 64), rep=100),
               "copy_ms": triton.testing.do_bench(lambda: (k.clone(), v.clone()), rep=100),
               "rows": [_variant(k, v, library, *variant) for variant in VARIANTS
                        if variant[3] != V_TMA or torch.cuda.get_device_capability(k.device)[0] >= 9]}

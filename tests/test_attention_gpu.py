@@ -162,8 +162,9 @@ INT8_CASES = FP8_CASES + [
 @pytest.mark.parametrize("inputs", ["gaussian", "video-like", "outlier"])
 @pytest.mark.parametrize("case", INT8_CASES)
 def test_int8_kernel_against_emulation_and_float64(case, inputs, nan_poisoned_outputs):
-    """precision="int8" on the GPU. The K/V quantizer matches the PyTorch one bit for bit given its smoothing
-    vector (K's int8 values and scales, V's e4m3 values and power-of-two scales: every division correctly rounded);
+    """precision="int8" on the GPU. The quantizer matches the PyTorch one bit for bit given its smoothing
+    vector (Q's and K's int8 values and scales, V's e4m3 values and power-of-two scales: every division correctly
+    rounded; Q's smoothing shifts within float32 summation error);
     the kernel's lse matches the emulation's (the same int8 logits, fp32 against float64); its output is within
     1.25x of the emulation's error vs float64 (the kernel rounds P against a running max, the emulation against
     the final one), and that error within the budget of two e4m3 operands (V and P): 2 eps, eps = V's own e4m3
@@ -174,12 +175,17 @@ def test_int8_kernel_against_emulation_and_float64(case, inputs, nan_poisoned_ou
     mask, q, k, v = quantized_case(case, inputs)
     scale = d ** -0.5
     with torch.no_grad():
-        x = triton_int8_attention.quantize_kv(k, v, block_k)
+        qx, x = triton_int8_attention.quantize(q, k, v, block_k)
         sampled = k[:, :, int8.smoothing_tokens(m, k.device)].double()
         assert ((x.k_mean - sampled.mean(dim=2)).abs() <= 256 * 2.0 ** -24 * sampled.abs().amax(2)).all()
         x_ref = int8_reference.quantize_int8_kv(k, v, block_k, k_mean=x.k_mean)
         for name, fast, slow in zip(x._fields, x, x_ref):
             assert torch.equal(fast.float(), slow.float()), name
+        qx_ref = int8_reference.quantize_int8_q(q, x.k_mean)
+        assert torch.equal(qx.q8, qx_ref.q8) and torch.equal(qx.q_scale, qx_ref.q_scale)
+        # q . mu: float32 sums in another order, within D roundings of the sum of magnitudes
+        bound = d * 2.0 ** -24 * (q.float().abs() * x.k_mean.abs()[:, :, None]).sum(-1)
+        assert ((qx.q_shift - qx_ref.q_shift).abs() <= bound).all()
         out, lse = sv.block_sparse_attention(q, k, v, mask, return_lse=True, backend="triton", precision="int8")
         emu, emu_lse = int8_reference.emulate_int8_attention(q, x, mask, scale)
         ref = sv.block_sparse_attention(q.double(), k.double(), v.double(), mask, backend="reference")

@@ -13,12 +13,12 @@ import subprocess
 import sys
 
 QUANT_KERNELS = (("triton_fp8_attention", "_fp8_stats_kernel"), ("triton_fp8_attention", "_fp8_quant_kernel"),
-                 ("triton_int8_attention", "_int8_smooth_kernel"), ("triton_int8_attention", "_int8_kv_kernel"))
+                 ("triton_int8_attention", "_int8_smooth_kernel"), ("triton_int8_attention", "_int8_quant_kernel"))
 QUANT_TYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Q8": "*fp8e4nv", "Q8Lo": "*fp8e4nv", "K8": "*fp8e4nv",
                "V8": "*fp8e4nv", "Counter": "*i32"}
-INT8_QUANT_TYPES = {**QUANT_TYPES, "K8": "*i8", "SAMPLES": "i32"}
-# The int8 forward reads Q in its own dtype and K as int8.
-INT8_TYPES = {"Q": "*bf16", "K": "*i8"}
+INT8_QUANT_TYPES = {**QUANT_TYPES, "Q8": "*i8", "K8": "*i8", "SAMPLES": "i32"}
+# The int8 forward reads Q and K as int8.
+INT8_TYPES = {"Q8": "*i8", "K": "*i8"}
 
 
 def _type(name: str, constexprs: dict, sub: int, use_tma: bool, out: str, types: dict) -> str:
@@ -62,8 +62,13 @@ def compile_all() -> None:
         sizes = {"HEAD_DIM": 128, "BLOCK_D": 128, "TILE": 64, "CHUNK": 256 if module == "triton_fp8_attention" else 64,
                  "PART_BLOCK": 32, "BLOCK_Q": 128, "BLOCK_K": 64, "NUM_CHUNKS": 4}
         constexprs = {c: v for c, v in sizes.items() if c in inspect.signature(fn.fn).parameters}
-        build(fn, constexprs, "", num_warps=8,
-              types=QUANT_TYPES if module == "triton_fp8_attention" else INT8_QUANT_TYPES)
+        types = QUANT_TYPES if module == "triton_fp8_attention" else INT8_QUANT_TYPES
+        # the int8 quantizer writes V by pointers or (V_TMA) through a descriptor over [B, H, D, M]
+        for v_tma in ((False, True) if name == "_int8_quant_kernel" else (None,)):
+            if v_tma is not None:
+                constexprs.update(Q_ROWS=64, V_TMA=v_tma)
+                types = {**types, "V8": "tensordesc<fp8e4nv[1, 1, 128, 64]>" if v_tma else "*fp8e4nv"}
+            build(fn, constexprs, "", num_warps=8, types=types)
         print("compiled quant", name)
     fwd = t_int8._bsa_int8_fwd_kernel
     config = fwd.configs[0]
@@ -93,7 +98,7 @@ def test_fp8_kernels_compile_for_sm90_with_e4m3_wgmma():
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SPARSEVID_AUTOTUNE")}
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("compiled quant") == len(QUANT_KERNELS), done.stdout
+    assert done.stdout.count("compiled quant") == len(QUANT_KERNELS), done.stdout  # one line per kernel
     forwards = [line for line in done.stdout.splitlines() if line.startswith("compiled fwd")]
     assert len(forwards) >= 8 and all(line.endswith("e4m3-wgmma") for line in forwards), done.stdout
     int8_forwards = [line for line in done.stdout.splitlines() if line.startswith("compiled int8 fwd")]

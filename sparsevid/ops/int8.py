@@ -2,7 +2,7 @@
 rules that the Triton path and the PyTorch emulation both follow.
 
 What is int8 and what is fp8:
-    Q, one scale per token (row), int8 in [-127, 127], quantized inside the attention kernel (never stored);
+    Q, one scale per token (row), int8 in [-127, 127], quantized by the launch that quantizes K and V;
     K, smoothed by a vector mu (below) and given one scale per block of block_k tokens, int8;
     the product Q K^T on int8 tensor cores with exact int32 accumulation;
     V, one power-of-two scale per block of block_k tokens (all channels), e4m3;
@@ -13,8 +13,7 @@ than e4m3's (3 mantissa bits), so one int8 term replaces the two e4m3 terms of `
 Int8 scale of a row or block x: s = amax(|x|) / 127 (float32, correctly rounded), 1 where amax is 0 and NaN where
 x holds a non-finite element, so that a NaN or inf in a query row makes that row NaN, and one in a key block every
 row that keeps the tile, as in dense attention. K's blocks round x / s (correctly rounded division) half to even;
-Q's rows, quantized inside the attention kernel where a division per element would cost a fifth of the loop's
-arithmetic, round x * (127 / amax) (the reciprocal correctly rounded; the product rounded once, in the FMA that
+Q's rows round x * (127 / amax) (the reciprocal correctly rounded; the product rounded once, in the FMA that
 rounds it to an integer): either way each element is within half a step of its value.
 
 Smoothing: mu is the mean of ``SMOOTH_SAMPLES`` keys evenly spaced over the sequence (:func:`smoothing_tokens`),
@@ -50,6 +49,15 @@ class Int8Inputs(NamedTuple):
     k_scale: torch.Tensor
     v_scale: torch.Tensor
     k_mean: torch.Tensor
+
+
+class Int8Queries(NamedTuple):
+    """Quantized Q of ``precision="int8"``. q8: int8 [B, H, N, D]; q_scale: float32 [B, H, N] (one per row);
+    q_shift: float32 [B, H, N], q . mu of the unquantized rows (mu: :attr:`Int8Inputs.k_mean`), what smoothing
+    took off every logit of the row (the lse adds scale * q_shift back). Dequantized: q8 * q_scale."""
+    q8: torch.Tensor
+    q_scale: torch.Tensor
+    q_shift: torch.Tensor
 
 
 def smoothing_tokens(m: int, device=None) -> torch.Tensor:

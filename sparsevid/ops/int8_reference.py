@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .fp8_reference import _abs_max, emulate_attention, quantize_fp8_blocks, token_blocks, unblock
-from .int8 import INT8_MAX, Int8Inputs, int8_scale, round_to_int8, smoothing_tokens
+from .int8 import INT8_MAX, Int8Inputs, Int8Queries, int8_scale, round_to_int8, smoothing_tokens
 from .mask import SparseMask
 
 
@@ -25,6 +25,13 @@ def quantize_q_rows(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = _abs_max(x, -1)
     inv = torch.full_like(amax, INT8_MAX) / amax
     return round_to_int8(x.double() * inv.double()[..., None]), int8_scale(amax, torch.isfinite(x).all(dim=-1))
+
+
+def quantize_int8_q(q: torch.Tensor, k_mean: torch.Tensor) -> Int8Queries:
+    """Q [B, H, N, D] (any float dtype) quantized per row (:func:`quantize_q_rows`), with its rows' smoothing
+    shift q . k_mean (k_mean: float32 [B, H, D]) summed in float32."""
+    q8, q_scale = quantize_q_rows(q)
+    return Int8Queries(q8, q_scale, (q.float() * k_mean[:, :, None]).sum(-1))
 
 
 def quantize_int8_kv(k: torch.Tensor, v: torch.Tensor, block_k: int,

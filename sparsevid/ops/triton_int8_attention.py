@@ -1,13 +1,15 @@
 """precision="int8" block-sparse attention forward in Triton: INT8 Q K^T with int32 accumulation, FP8 (e4m3) P V
 with fp32 accumulation, for GPUs with FP8 tensor cores (sm89, sm90+; int8 x int8 runs at the fp8 rate there).
 
-:func:`quantize_kv` prepares K and V in two launches: K's smoothing vector (the mean of ``SMOOTH_SAMPLES`` keys per
-head, one small program per head), then one program per key block that reads the block of K and of V once and
-writes K as int8 with its scale and V as e4m3 with its power-of-two scale (tokens contiguous, the layout an FP8
-tensor-core product needs for its right operand). :func:`int8_forward` quantizes each program's query rows in its
-prologue (one int8 scale per row, in registers: Q is never written), then runs the bf16 forward's online softmax
-over the kept tiles. The rules are in :mod:`sparsevid.ops.int8`, the PyTorch oracle in
-:mod:`sparsevid.ops.int8_reference`. Forward only (inference).
+:func:`quantize` prepares Q, K and V in two launches: K's smoothing vector (the mean of ``SMOOTH_SAMPLES`` keys per
+head, one small program per head), then one launch whose programs each quantize a key block (K read once to int8
+with its scale, V to e4m3 with its power-of-two scale, stored tokens contiguous, the layout an FP8 tensor-core
+product needs for its right operand, through a TMA store on Hopper) or a block of query rows (int8 with one scale
+per row, and the row's smoothing shift). :func:`int8_forward` runs the bf16 forward's online softmax over the kept
+tiles on the quantized inputs. Q comes quantized from memory rather than from the attention kernel's prologue:
+quantized there, the int8 tile was kept in shared memory and re-read byte by byte on every iteration of the loop
+(a fifth of its instructions; see benchmarks/NOTES.md). The rules are in :mod:`sparsevid.ops.int8`, the PyTorch
+oracle in :mod:`sparsevid.ops.int8_reference`. Forward only (inference).
 """
 from __future__ import annotations
 
@@ -18,17 +20,18 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import triton_attention as bf16
 from .fp8 import FP8_DTYPE
-from .int8 import INT8_MAX, Int8Inputs, SMOOTH_SAMPLES
+from .int8 import INT8_MAX, Int8Inputs, Int8Queries, SMOOTH_SAMPLES
 from .triton_attention import (LOG2E, _configs, _load_rows, _prune, _program_rows, _rows_source, _store_rows,
                                _tile_schedule)
 from .triton_fp8_attention import (_LOG2_P_SCALE, _abs_or_zero, _box_hook, _load_v, _pow2_scale, _tile_ptrs,
                                    _to_fp8)
-from .triton_launch import launch_tuned
+from .triton_launch import INTERPRET, launch_tuned
 
 _INT8_MAX = tl.constexpr(float(INT8_MAX))
 _ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + _ROUND) - _ROUND rounds |y| < 2^22 half to even
 _ROUND_BITS = tl.constexpr(0x4B400000)  # its bits: these + i are the float _ROUND + i for int32 |i| < 2^22
 _SMOOTH_CHUNK = 64  # sampled keys a smoothing program loads at once
+_Q_ROWS = 64  # query rows a quantizing program owns
 
 
 # --------------------------------------------------------------------------- quantization
@@ -58,7 +61,7 @@ def _all_finite(b_x, axis: tl.constexpr):
 def _int8_smooth_kernel(K, KMean, stride_kb, stride_kh, stride_kn, stride_kd, H, M, SAMPLES,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
                         NUM_CHUNKS: tl.constexpr):
-    """Launch 1 of :func:`quantize_kv`, program b*H + h: KMean[b, h] (float32 [B, H, D]) = the mean of K's keys
+    """Launch 1 of :func:`quantize`, program b*H + h: KMean[b, h] (float32 [B, H, D]) = the mean of K's keys
     (j * M) // SAMPLES, j < SAMPLES (:func:`sparsevid.ops.int8.smoothing_tokens`), summed CHUNK at a time."""
     pid_bh = tl.program_id(0)
     i_b = (pid_bh // H).to(tl.int64)
@@ -77,17 +80,14 @@ def _int8_smooth_kernel(K, KMean, stride_kb, stride_kh, stride_kn, stride_kd, H,
 
 
 @triton.jit
-def _int8_kv_kernel(K, V, KMean, K8, V8, KScale, VScale, stride_kb, stride_kh, stride_kn, stride_kd,
-                    stride_vb, stride_vh, stride_vn, stride_vd, stride_k8b, stride_k8h, stride_k8n,
-                    stride_v8b, stride_v8h, stride_v8d, H, M,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Launch 2 of :func:`quantize_kv`, program (j, b*H + h): key block j of one head. K minus KMean to int8 K8
-    with its scale KScale[b, h, j]; V to e4m3 V8 (unit token stride) with its power-of-two scale VScale[b, h, j]
-    (NaN ignored, as in :func:`sparsevid.ops.fp8.scale_from_amax`)."""
-    blk = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    i_b = (pid_bh // H).to(tl.int64)
-    i_h = (pid_bh % H).to(tl.int64)
+def _int8_kv_block(K, V, KMean, K8, V8, KScale, VScale, stride_kb, stride_kh, stride_kn, stride_kd,
+                   stride_vb, stride_vh, stride_vn, stride_vd, stride_k8b, stride_k8h, stride_k8n,
+                   stride_v8b, stride_v8h, stride_v8d, blk, pid_bh, i_b, i_h, M,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, V_TMA: tl.constexpr):
+    """Key block blk of head pid_bh = b*H + h: K minus KMean to int8 K8 with its scale KScale[b, h, blk]; V to
+    e4m3 with its power-of-two scale VScale[b, h, blk] (NaN ignored, as in :func:`sparsevid.ops.fp8.scale_from_amax`),
+    stored tokens contiguous: V8 is a descriptor over [B, H, D, M] (V_TMA: the accelerator writes the transposed
+    tile, keys past M dropped) or the first byte of that layout with unit token stride."""
     start = blk * BLOCK_K
     p_scale = pid_bh.to(tl.int64) * tl.cdiv(M, BLOCK_K) + blk
     o_d = tl.arange(0, BLOCK_D)
@@ -104,18 +104,79 @@ def _int8_kv_kernel(K, V, KMean, K8, V8, KScale, VScale, stride_kb, stride_kh, s
     tl.store(VScale + p_scale, v_scale)
     p_k8, _ = _tile_ptrs(K8, i_b, i_h, stride_k8b, stride_k8h, stride_k8n, 1, start, M, BLOCK_K, HEAD_DIM, BLOCK_D)
     tl.store(p_k8, _round_int8(tl.math.div_rn(b_k, tl.zeros_like(b_k) + k_scale)), mask=m_tile)
-    p_v8, _ = _tile_ptrs(V8, i_b, i_h, stride_v8b, stride_v8h, 1, stride_v8d, start, M, BLOCK_K, HEAD_DIM, BLOCK_D)
-    tl.store(p_v8, _to_fp8(b_v * tl.math.div_rn(1.0, v_scale)), mask=m_tile)
+    b_v8 = _to_fp8(b_v * tl.math.div_rn(1.0, v_scale))
+    if V_TMA:
+        V8.store([i_b.to(tl.int32), i_h.to(tl.int32), 0, start], tl.trans(b_v8).reshape(1, 1, HEAD_DIM, BLOCK_K))
+    else:
+        p_v8, _ = _tile_ptrs(V8, i_b, i_h, stride_v8b, stride_v8h, 1, stride_v8d, start, M, BLOCK_K, HEAD_DIM,
+                             BLOCK_D)
+        tl.store(p_v8, b_v8, mask=m_tile)
 
 
-def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_k: int) -> Int8Inputs:
-    """The quantized K and V (:class:`Int8Inputs`) of k, v [B, H, M, D] (any strides, float dtypes) in two
-    launches. v8 is a [B, H, M, D] view of a [B, H, D, M'] buffer (M' = M rounded up to 16; its padding is never
-    written), so that the kernel reads V with tokens contiguous."""
+@triton.jit
+def _int8_q_rows(Q, KMean, Q8, QScale, QShift, stride_qb, stride_qh, stride_qn, stride_qd, blk, pid_bh, i_b, i_h,
+                 N, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_ROWS: tl.constexpr):
+    """Query rows [blk * Q_ROWS, (blk + 1) * Q_ROWS) of head pid_bh: int8 Q8 (contiguous [B, H, N, D]) with one
+    scale per row (QScale, float32 [B, H, N]) and the rows' q . KMean (QShift, float32 [B, H, N])."""
+    o_m = blk * Q_ROWS + tl.arange(0, Q_ROWS)
+    o_d = tl.arange(0, BLOCK_D)
+    p_q, m_tile = _tile_ptrs(Q, i_b, i_h, stride_qb, stride_qh, stride_qn, stride_qd, blk * Q_ROWS, N, Q_ROWS,
+                             HEAD_DIM, BLOCK_D)
+    b_q = tl.load(p_q, mask=m_tile, other=0.0).to(tl.float32)
+    q_amax = tl.max(_abs_or_zero(b_q), 1)
+    p_rows = pid_bh.to(tl.int64) * N + o_m
+    tl.store(QScale + p_rows, _int8_scale(q_amax, _all_finite(b_q, 1)), mask=o_m < N)
+    b_mean = tl.load(KMean + pid_bh * HEAD_DIM + o_d, mask=o_d < HEAD_DIM, other=0.0)
+    tl.store(QShift + p_rows, tl.sum(b_q * b_mean[None, :], 1), mask=o_m < N)
+    p_q8 = Q8 + p_rows[:, None] * HEAD_DIM + o_d[None, :]
+    tl.store(p_q8, _round_int8(b_q * tl.math.div_rn(tl.zeros_like(q_amax) + _INT8_MAX, q_amax)[:, None]), mask=m_tile)
+
+
+@triton.jit
+def _int8_quant_kernel(Q, K, V, KMean, Q8, QScale, QShift, K8, V8, KScale, VScale,
+                       stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                       stride_vb, stride_vh, stride_vn, stride_vd, stride_k8b, stride_k8h, stride_k8n,
+                       stride_v8b, stride_v8h, stride_v8d, H, N, M,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, Q_ROWS: tl.constexpr,
+                       V_TMA: tl.constexpr):
+    """Launch 2 of :func:`quantize`, program (j, b*H + h, part): key block j of K and V (part 0,
+    :func:`_int8_kv_block`) or query rows block j (part 1, :func:`_int8_q_rows`); programs past their part's
+    blocks return."""
+    blk = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
+    if tl.program_id(2) == 0:
+        if blk < tl.cdiv(M, BLOCK_K):
+            _int8_kv_block(K, V, KMean, K8, V8, KScale, VScale, stride_kb, stride_kh, stride_kn, stride_kd,
+                           stride_vb, stride_vh, stride_vn, stride_vd, stride_k8b, stride_k8h, stride_k8n,
+                           stride_v8b, stride_v8h, stride_v8d, blk, pid_bh, i_b, i_h, M, HEAD_DIM, BLOCK_D, BLOCK_K,
+                           V_TMA)
+    elif blk < tl.cdiv(N, Q_ROWS):
+        _int8_q_rows(Q, KMean, Q8, QScale, QShift, stride_qb, stride_qh, stride_qn, stride_qd, blk, pid_bh, i_b, i_h,
+                     N, HEAD_DIM, BLOCK_D, Q_ROWS)
+
+
+def _v_store_by_tma(v8t: torch.Tensor, block_k: int) -> bool:
+    """Whether the quantizer writes V's [B, H, D, M] buffer ``v8t`` through a TMA store: with the forward's TMA
+    setting, on Hopper or newer, with boxes the accelerator takes (block_k a multiple of 16 up to 256, head dim up
+    to 256); the buffer's padded rows keep its strides 16-byte multiples."""
+    return (not INTERPRET and "fwd" in bf16.TMA and v8t.is_cuda and bf16._hopper_or_newer(v8t.device.index)
+            and block_k % 16 == 0 and block_k <= 256 and v8t.shape[2] <= 256)
+
+
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_k: int) -> tuple[Int8Queries, Int8Inputs]:
+    """The quantized Q (:class:`Int8Queries`), K and V (:class:`Int8Inputs`) of q [B, H, N, D], k, v [B, H, M, D]
+    (any strides, float dtypes) in two launches. v8 is a [B, H, M, D] view of a [B, H, D, M'] buffer (M' = M
+    rounded up to 16; its padding is never written), so that the kernel reads V with tokens contiguous."""
     b, h, m, d = k.shape
+    n = q.shape[2]
     kb = triton.cdiv(m, block_k)
+    q8 = bf16._alloc(q, (b, h, n, d), torch.int8)
+    q_scale = bf16._alloc(q, (b, h, n), torch.float32)
+    q_shift = bf16._alloc(q, (b, h, n), torch.float32)
     k8 = bf16._alloc(k, (b, h, m, d), torch.int8)
-    v8 = bf16._alloc(k, (b, h, d, triton.cdiv(m, 16) * 16), FP8_DTYPE)[..., :m].transpose(-1, -2)
+    v8t = bf16._alloc(k, (b, h, d, triton.cdiv(m, 16) * 16), FP8_DTYPE)[..., :m]
     k_scale = bf16._alloc(k, (b, h, kb), torch.float32)
     v_scale = bf16._alloc(k, (b, h, kb), torch.float32)
     k_mean = bf16._alloc(k, (b, h, d), torch.float32)
@@ -123,11 +184,13 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, block_k: int) -> Int8Inputs:
     block_d = bf16.padded_pow2(d)
     _int8_smooth_kernel[(b * h,)](k, k_mean, *k.stride(), h, m, samples, HEAD_DIM=d, BLOCK_D=block_d,
                                   CHUNK=_SMOOTH_CHUNK, NUM_CHUNKS=triton.cdiv(samples, _SMOOTH_CHUNK), num_warps=4)
-    _int8_kv_kernel[(kb, b * h)](
-        k, v, k_mean, k8, v8, k_scale, v_scale, *k.stride(), *v.stride(), *k8.stride()[:3], v8.stride(0),
-        v8.stride(1), v8.stride(3), h, m, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_K=block_k,
-        num_warps=8 if block_k * d >= 128 * 128 else 4)
-    return Int8Inputs(k8, v8, k_scale, v_scale, k_mean)
+    v_tma = _v_store_by_tma(v8t, block_k)
+    v8_dest = TensorDescriptor.from_tensor(v8t, [1, 1, d, block_k]) if v_tma else v8t
+    _int8_quant_kernel[(max(kb, triton.cdiv(n, _Q_ROWS)), b * h, 2)](
+        q, k, v, k_mean, q8, q_scale, q_shift, k8, v8_dest, k_scale, v_scale, *q.stride(), *k.stride(), *v.stride(),
+        *k8.stride()[:3], v8t.stride(0), v8t.stride(1), v8t.stride(2), h, n, m, HEAD_DIM=d, BLOCK_D=block_d,
+        BLOCK_K=block_k, Q_ROWS=_Q_ROWS, V_TMA=v_tma, num_warps=4)
+    return Int8Queries(q8, q_scale, q_shift), Int8Inputs(k8, v8t.transpose(-1, -2), k_scale, v_scale, k_mean)
 
 
 # --------------------------------------------------------------------------- attention
@@ -137,21 +200,32 @@ def _int8_tile(b_acc, b_m, b_l, v_unit, b_q8, b_rs, v_scale, k_src, v_src, start
                i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
                MASK_COLS: tl.constexpr, USE_TMA: tl.constexpr):
     """SUB_N keys of a kept tile. The int32 logits become floats without a conversion instruction (those run at a
-    quarter of the FMA rate, as the exponential does): their bits added to those of 1.5 * 2^23 are the float
-    1.5 * 2^23 + logit, and subtracting 1.5 * 2^23 leaves the logit (both exact); b_rs (float32 [ROWS], q's row
-    scale times the tile's k scale, softmax scale and log2(e)) turns it into a base-2 logit inside the
-    exponential's FMA. b_m is the running max minus log2(P_SCALE), so exp2 gives P * P_SCALE, cast to fp8 as it is.
-    b_acc holds the output in units of v_unit, the scale of the last V block; a block of another scale folds the
-    ratio (a power of two: exact) into the running rescale. Returns b_acc, b_m, b_l and the new unit."""
+    quarter of the FMA rate, as the exponential does): their bits added to those of R = 1.5 * 2^23 are the float
+    R + logit (exact), and R's subtraction is folded into the per-row constant of the exponential's FMA.
+    b_rs (float32 [ROWS]: q's row scale times the tile's k scale, softmax scale and log2(e)) is first cut to 22
+    significant bits (a relative change below 2^-21), which makes R * b_rs exact; the row's constant
+    c = max + R * b_rs is rounded, and the max the exponentials are then taken against is c - R * b_rs (exact), so
+    that fma(R + logit, b_rs, -c) is the base-2 logit minus that max, rounded once, as without the fold. b_m is
+    the running max minus log2(P_SCALE), so exp2 gives P * P_SCALE, cast to fp8 as it is. b_acc holds the output
+    in units of v_unit, the scale of the last V block; a block of another scale folds the ratio (a power of two:
+    exact) into the running rescale. Returns b_acc, b_m, b_l and the new unit.
+
+    The rounding of c moves that max by up to R * b_rs * 2^-24 (about 0.75 of a logit unit times b_rs): a row's
+    largest P * P_SCALE stays within e4m3's rounding of P_SCALE while b_rs < 0.06, and the int8 rounding of the
+    logits themselves (hundreds of units on 128 channels) is always some hundred times larger. Zero query rows,
+    whose logits are exactly 0, get b_rs = 0 (exact)."""
     b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA,
                       i_b, i_h)
     b_v = _load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, USE_TMA, i_b, i_h)
-    b_f = (tl.dot(b_q8, b_kt, out_dtype=tl.int32) + _ROUND_BITS).to(tl.float32, bitcast=True) - _ROUND
+    b_f = (tl.dot(b_q8, b_kt, out_dtype=tl.int32) + _ROUND_BITS).to(tl.float32, bitcast=True)  # R + logit
     if MASK_COLS:
         m_cols = (start_n + tl.arange(0, SUB_N) < M)[None, :]
         b_f = tl.where(m_cols, b_f, -float("inf"))
-    b_m_new = tl.maximum(b_m, tl.max(b_f, 1) * b_rs - _LOG2_P_SCALE)
-    b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_m_new[:, None]))
+    b_rs = (b_rs.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
+    b_r_rs = _ROUND * b_rs
+    b_c = tl.maximum(b_m, (tl.max(b_f, 1) - _ROUND) * b_rs - _LOG2_P_SCALE) + b_r_rs
+    b_m_new = b_c - b_r_rs
+    b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_c[:, None]))
     if MASK_COLS:
         b_p = tl.where(m_cols, b_p, 0.0)
     b_alpha = tl.math.exp2(b_m - b_m_new)
@@ -163,14 +237,13 @@ def _int8_tile(b_acc, b_m, b_l, v_unit, b_q8, b_rs, v_scale, k_src, v_src, start
     return b_acc, b_m_new, b_l, v_scale
 
 
-@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3),
-                                                   (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),
-                                                   (64, 64, 4, 4)), _box_hook),
+@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 2),
+                                                   (128, 128, 8, 2), (64, 64, 4, 3), (64, 64, 4, 4)), _box_hook),
                  key=["HEAD_DIM", "BLOCK_M", "BLOCK_N", "N", "M", "USE_TMA"],
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N"))
 @triton.jit
-def _bsa_int8_fwd_kernel(Q, K, V, KScale, VScale, KMean, Out, Lse, KvCount, KvIndex,
-                         stride_qb, stride_qh, stride_qn, stride_qd,
+def _bsa_int8_fwd_kernel(Q8, QScale, QShift, K, V, KScale, VScale, Out, Lse, KvCount, KvIndex,
+                         stride_qb, stride_qh, stride_qn,
                          stride_kb, stride_kh, stride_kn,
                          stride_vb, stride_vh, stride_vd,
                          stride_ob, stride_oh, stride_on, stride_od,
@@ -178,20 +251,19 @@ def _bsa_int8_fwd_kernel(Q, K, V, KScale, VScale, KMean, Out, Lse, KvCount, KvIn
                          H, N, M, NUM_Q_BLOCKS, NUM_KV_BLOCKS, scale_log2,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr, USE_TMA: tl.constexpr):
-    """Forward over the kept tiles of ROWS query rows (inside one query block) of Q [B, H, N, D] (its own dtype
-    and strides), quantized to int8 per row here."""
+    """Forward over the kept tiles of ROWS query rows (inside one query block) of int8 Q8 [B, H, N, D] (unit
+    head-dim stride) with its row scales QScale and smoothing shifts QShift (float32 [B, H, N])."""
     _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _program_rows(H, N, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS)
-    m_d = o_d < HEAD_DIM
-
-    p_q = Q + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :] * stride_qd
-    b_q = tl.load(p_q, mask=m_tile, other=0.0).to(tl.float32)
-    q_amax = tl.max(_abs_or_zero(b_q), 1)
-    q_scale = _int8_scale(q_amax, _all_finite(b_q, 1))
-    b_q8 = _round_int8(b_q * tl.math.div_rn(tl.zeros_like(q_amax) + _INT8_MAX, q_amax)[:, None])
+    m_rows = o_m < N
+    p_q = Q8 + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :]
+    b_q8 = tl.load(p_q, mask=m_tile, other=0)
+    p_rows = pid_bh.to(tl.int64) * N + o_m
+    q_scale = tl.load(QScale + p_rows, mask=m_rows, other=1.0)
+    # A zero row's logits are all 0 whatever its scale: scale 0 makes its exponentials exact (see _int8_tile)
+    q_scale = tl.where((tl.max(tl.abs(b_q8), 1) == 0) & (q_scale == q_scale), 0.0, q_scale)
     b_rs = q_scale * scale_log2
     # Smoothing takes q . k_mean off every logit of a row (base 2 here): the log-sum-exp gets it back.
-    b_mean = tl.load(KMean + pid_bh * HEAD_DIM + o_d, mask=m_d, other=0.0)
-    b_shift = tl.sum(b_q * b_mean[None, :], 1) * scale_log2
+    b_shift = tl.load(QShift + p_rows, mask=m_rows, other=0.0) * scale_log2
     p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
     p_vscale = VScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
     k_src = _rows_source(K, i_b, i_h, stride_kb, stride_kh, USE_TMA)
@@ -224,29 +296,30 @@ def _bsa_int8_fwd_kernel(Q, K, V, KScale, VScale, KMean, Out, Lse, KvCount, KvIn
 
     p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :] * stride_od
     # v_unit is a power of two: scaling by it first is exact
-    _store_rows(p_o, Lse + pid_bh.to(tl.int64) * N + o_m, b_acc * v_unit, b_m, b_l, b_shift, m_tile, o_m < N)
+    _store_rows(p_o, Lse + p_rows, b_acc * v_unit, b_m, b_l, b_shift, m_tile, m_rows)
 
 
-def int8_forward(q: torch.Tensor, x: Int8Inputs, kv_count: torch.Tensor, kv_index: torch.Tensor, block_q: int,
-                 block_k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward of q [B, H, N, D] (any strides, float dtype) over quantized K and V ``x`` (from
-    :func:`quantize_kv`, or any :class:`Int8Inputs` whose k8 has unit head-dim stride and v8 unit token stride).
-    Returns out (q's dtype and layout, [B, H, N, D]) and lse float32 [B, H, N] (natural log)."""
-    if x.v8.stride(2) != 1 or x.k8.stride(-1) != 1:
-        raise ValueError("int8_forward needs k8 with unit head-dim stride and v8 with unit token stride (as made by "
-                         "quantize_kv)")
-    b, h, n, d = q.shape
+def int8_forward(qx: Int8Queries, x: Int8Inputs, kv_count: torch.Tensor, kv_index: torch.Tensor, block_q: int,
+                 block_k: int, scale: float, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward of quantized Q ``qx`` over quantized K and V ``x`` (from :func:`quantize`, or any
+    :class:`Int8Queries` and :class:`Int8Inputs` whose q8 and k8 have unit head-dim stride and v8 unit token
+    stride). Returns out [B, H, N, D] with the dtype and layout of ``like`` (the unquantized q) and lse float32
+    [B, H, N] (natural log)."""
+    if qx.q8.stride(-1) != 1 or x.v8.stride(2) != 1 or x.k8.stride(-1) != 1:
+        raise ValueError("int8_forward needs q8 and k8 with unit head-dim stride and v8 with unit token stride (as "
+                         "made by quantize)")
+    b, h, n, d = qx.q8.shape
     m = x.k8.shape[2]
-    out = bf16._alloc(q)
-    lse = bf16._alloc(q, (b, h, n), torch.float32)
+    out = bf16._alloc(like)
+    lse = bf16._alloc(like, (b, h, n), torch.float32)
     vt = x.v8.transpose(-1, -2)  # [B, H, D, M], tokens contiguous
     use_tma = bf16._use_tma("fwd", x.k8, vt)
     k_src, v_src = ((TensorDescriptor.from_tensor(x.k8, [1, 1, 16, d]), TensorDescriptor.from_tensor(vt, [1, 1, d, 16]))
                     if use_tma else (x.k8, vt))
     launch_tuned(
-        _bsa_int8_fwd_kernel, lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h), (n, m, q.dtype, q.device),
-        q, k_src, v_src, x.k_scale, x.v_scale, x.k_mean, out, lse, kv_count, kv_index,
-        *q.stride(), *x.k8.stride()[:3], *vt.stride()[:3], *out.stride(),
+        _bsa_int8_fwd_kernel, lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h), (n, m, like.dtype, like.device),
+        qx.q8, qx.q_scale.contiguous(), qx.q_shift.contiguous(), k_src, v_src, x.k_scale, x.v_scale, out, lse,
+        kv_count, kv_index, *qx.q8.stride()[:3], *x.k8.stride()[:3], *vt.stride()[:3], *out.stride(),
         *bf16._table_strides(kv_count, kv_index, b, h),
         h, n, m, triton.cdiv(n, block_q), x.k_scale.shape[2], scale * LOG2E,
         HEAD_DIM=d, BLOCK_D=bf16.padded_pow2(d), BLOCK_M=block_q, BLOCK_N=block_k, USE_TMA=use_tma,
@@ -257,6 +330,7 @@ def int8_forward(q: torch.Tensor, x: Int8Inputs, kv_count: torch.Tensor, kv_inde
 def triton_int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
                           kv_index: torch.Tensor, block_q: int, block_k: int,
                           scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize_kv` then :func:`int8_forward`. q: [B, H, N, D], k, v: [B, H, M, D]; returns out
-    [B, H, N, D] (q's dtype) and lse float32 [B, H, N]."""
-    return int8_forward(q, quantize_kv(k, v, block_k), kv_count, kv_index, block_q, block_k, scale)
+    """:func:`quantize` then :func:`int8_forward`. q: [B, H, N, D], k, v: [B, H, M, D]; returns out
+    [B, H, N, D] (q's dtype and layout) and lse float32 [B, H, N]."""
+    qx, x = quantize(q, k, v, block_k)
+    return int8_forward(qx, x, kv_count, kv_index, block_q, block_k, scale, q)
