@@ -69,6 +69,7 @@
 #               int8 and fp8, sampled clips (quantized vs bf16 sparse: PSNR >= 30 dB) and held-out velocity error
 #               (at most 1.10x bf16 sparse's); OUT/quantized_quality/results.{json,md}
 #   quantizer   benchmark quantizer_limits (the int8 K/V quantizer's kernel taken apart: what its time is made of)
+#   int8_limits benchmark int8_kernel_limits (the int8 forward's loop taken apart: Q, conversion, promotion, configs)
 #   peers       benchmark attention_peers (SageAttention, FlashInfer, SpargeAttn where they are installed, beside the
 #               bf16 and int8 forwards on the same masks; a peer that does not import or run is listed with its error)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
@@ -98,7 +99,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|fp8|quantizer|quantized_quality|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|per_head_study|calibrate|training|training_full|training_shift|training_seeds|synthetic|calibrated_students|motion|\
+PARTS="kernels|fp8|quantizer|int8_limits|quantized_quality|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|per_head_study|calibrate|training|training_full|training_shift|training_seeds|synthetic|calibrated_students|motion|\
 demo_student|peers|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
 families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_mochi|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
@@ -163,6 +164,9 @@ synthetic)
     ;;
 quantizer)
     bench quantizer_limits 150
+    ;;
+int8_limits)
+    bench int8_kernel_limits 300
     ;;
 quantized_quality)
     step quantized_quality 560 "$PYTHON" -m sparsevid_lab.studies.quantized_quality --out "$OUT/quantized_quality" "$@"

@@ -40,6 +40,10 @@ BENCHMARKS = {
         "benchmarks.quantizer_limits",
         "the int8 K/V quantizer taken apart at Wan 1.3B: its kernel's K and V parts, V's transposed store, warps, "
         "division vs reciprocal, keys per program, against a bf16 copy of K and V"),
+    "int8_kernel_limits": Benchmark(
+        "benchmarks.int8_kernel_limits",
+        "the int8 forward's loop taken apart at Wan 1.3B, 95%: Q quantized before or in the kernel, the logits' "
+        "conversion, the promotion of P V, configs; errors against the bf16 kernel at 95% and with the full mask"),
     "attention_peers": Benchmark(
         "benchmarks.bench_attention_peers",
         "quantized and block-sparse peers (SageAttention, FlashInfer, SpargeAttn) beside sparsevid's bf16 and int8 "

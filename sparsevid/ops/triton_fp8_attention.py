@@ -252,10 +252,10 @@ def _fp8_tile(b_acc, b_m, b_l, b_q, b_q_lo, k_src, v_src, start_n, tile_scale, s
     b_p = tl.math.exp2(tl.fma(b_s, tile_scale, -b_m_new[:, None]))
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
-    b_acc = b_acc * b_alpha[:, None]
-    # Hopper's fp8 MMA accumulates in reduced precision: promote each tile's product into the fp32 accumulator
-    # (max_num_imprecise_acc = the tile's keys) instead of letting the error grow over every kept tile.
-    b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc, max_num_imprecise_acc=SUB_N)
+    # Hopper's fp8 MMA accumulates in reduced precision: each tile's product starts from zero and is added to the
+    # fp32 accumulator by the rescale's FMA (as in the int8 forward, whose comment says why not Triton's own
+    # promotion).
+    b_acc = tl.fma(b_acc, b_alpha[:, None], tl.dot(b_p.to(tl.float8e4nv), b_v))
     return b_acc, b_m_new, b_l
 
 

@@ -30,6 +30,7 @@ from .triton_launch import INTERPRET, launch_tuned
 _INT8_MAX = tl.constexpr(float(INT8_MAX))
 _ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + _ROUND) - _ROUND rounds |y| < 2^22 half to even
 _ROUND_BITS = tl.constexpr(0x4B400000)  # its bits: these + i are the float _ROUND + i for int32 |i| < 2^22
+_LOW23 = tl.constexpr(0x7FFFFF)
 _SMOOTH_CHUNK = 64  # sampled keys a smoothing program loads at once
 _Q_ROWS = 64  # query rows a quantizing program owns
 
@@ -217,7 +218,10 @@ def _int8_tile(b_acc, b_m, b_l, v_unit, b_q8, b_rs, v_scale, k_src, v_src, start
     b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA,
                       i_b, i_h)
     b_v = _load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, USE_TMA, i_b, i_h)
-    b_f = (tl.dot(b_q8, b_kt, out_dtype=tl.int32) + _ROUND_BITS).to(tl.float32, bitcast=True)  # R + logit
+    # R + logit: for |logit| < 2^22, adding R's bits flips bit 22 of the logit's low 23 bits, one LOP3 as
+    # (logit & (2^23 - 1)) ^ bits(R). Written as an addition, Triton turns it into the product's initial
+    # accumulator, whose set-up between the MMAs makes ptxas serialise every wgmma of the kernel.
+    b_f = ((tl.dot(b_q8, b_kt, out_dtype=tl.int32) & _LOW23) ^ _ROUND_BITS).to(tl.float32, bitcast=True)
     if MASK_COLS:
         m_cols = (start_n + tl.arange(0, SUB_N) < M)[None, :]
         b_f = tl.where(m_cols, b_f, -float("inf"))
@@ -230,10 +234,11 @@ def _int8_tile(b_acc, b_m, b_l, v_unit, b_q8, b_rs, v_scale, k_src, v_src, start
         b_p = tl.where(m_cols, b_p, 0.0)
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
-    b_acc = b_acc * (b_alpha * (v_unit / v_scale))[:, None]
-    # Hopper's fp8 MMA accumulates in reduced precision: promote each tile's product into the fp32 accumulator
-    # (max_num_imprecise_acc = the tile's keys) instead of letting the error grow over every kept tile.
-    b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc, max_num_imprecise_acc=SUB_N)
+    # Hopper's fp8 MMA accumulates in reduced precision: each tile's product starts from zero and is added to the
+    # fp32 accumulator by the rescale's FMA, so the error does not grow over the kept tiles. (Triton's own
+    # promotion, max_num_imprecise_acc, reads the MMA's registers before it completes: ptxas then serialises
+    # every wgmma of the kernel.)
+    b_acc = tl.fma(b_acc, (b_alpha * (v_unit / v_scale))[:, None], tl.dot(b_p.to(tl.float8e4nv), b_v))
     return b_acc, b_m_new, b_l, v_scale
 
 

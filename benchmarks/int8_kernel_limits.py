@@ -1,0 +1,236 @@
+"""What bounds the int8 block-sparse forward (``triton_int8_attention.int8_forward``): its loop taken apart.
+
+At the Wan 1.3B shape (Q, K, V [1, 12, 32,760, 128] bf16, one 128x64 top-k mask at 95% from ``predict_mask``)
+the library's forward (autotuned) and a copy of its kernel with switches, each timed alone
+(``triton.testing.do_bench``) at fixed configs (query rows per program, warps, pipeline stages):
+
+* Q: read quantized (the library) or quantized in the kernel's prologue from bf16 Q (the design before: Triton then
+  kept the int8 tile in shared memory and re-read it byte by byte in every iteration);
+* the int32 logits to floats: the bits of 1.5 * 2^23 + logit by one logical operation (the library), a conversion
+  instruction, or an integer addition in inline PTX (written as a Triton addition it becomes the product's initial
+  accumulator, whose set-up between the MMAs makes ptxas serialise every wgmma of the kernel);
+* the P V product: from zero, added to the accumulator by the rescale's FMA (the library), promoted by Triton
+  (``max_num_imprecise_acc``, which reads the MMA's registers early: ptxas serialises every wgmma), or accumulated
+  in the MMA across all tiles (no promotion: Hopper's fp8 MMA accumulates in reduced precision).
+
+Every variant's output is compared with the bf16 sparse kernel's (relative L1), at 95% and, for the promotions,
+with the full mask, where the reduced-precision accumulation has the most tiles to grow over. Writes
+``results/int8_kernel_limits/<gpu>.{json,md}``.
+
+    python -m benchmarks int8_kernel_limits      # CUDA only
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+import sparsevid as sv
+from sparsevid.ops import triton_attention as bf16
+from sparsevid.ops import triton_int8_attention as int8
+from sparsevid.ops.triton_attention import LOG2E, _load_rows, _program_rows, _store_rows, _tile_schedule
+from sparsevid.ops.triton_fp8_attention import _LOG2_P_SCALE, _load_v
+from .report import write_result
+from .run_info import run_metadata
+
+BITS, CONVERT, ASM_ADD = 0, 1, 2  # the logits to floats
+FMA, TRITON_PROMOTION, NO_PROMOTION = 0, 1, 2  # P V into the accumulator
+CONVERSIONS = {BITS: "bits (LOP3)", CONVERT: "cvt (I2FP)", ASM_ADD: "bits (IADD, PTX)"}
+PROMOTIONS = {FMA: "fresh product + FMA", TRITON_PROMOTION: "max_num_imprecise_acc", NO_PROMOTION: "none"}
+_PTX = tl.constexpr(not bf16.INTERPRET)
+
+
+@triton.jit
+def _logits(b_s, CONV: tl.constexpr):
+    """int32 logits b_s as floats: R + logit (R = 1.5 * 2^23) for BITS and ASM_ADD, the logit for CONVERT."""
+    if CONV == 0:
+        return ((b_s & int8._LOW23) ^ int8._ROUND_BITS).to(tl.float32, bitcast=True)
+    elif CONV == 1:
+        return b_s.to(tl.float32)
+    elif _PTX:
+        return tl.inline_asm_elementwise("add.s32 $0, $1, 0x4B400000;", "=r,r", [b_s], dtype=tl.int32,
+                                         is_pure=True, pack=1).to(tl.float32, bitcast=True)
+    else:
+        return (b_s + int8._ROUND_BITS).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _variant_tile(b_acc, b_m, b_l, v_unit, b_q8, b_rs, v_scale, k_src, v_src, start_n, stride_kn, stride_vd, o_d, M,
+                  i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
+                  MASK_COLS: tl.constexpr, CONV: tl.constexpr, PROMO: tl.constexpr):
+    """The library's ``_int8_tile`` (tensor descriptors only) with the switches CONV and PROMO."""
+    b_kt = _load_rows(k_src, start_n, 0, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, True, i_b, i_h)
+    b_v = _load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, i_b, i_h)
+    b_f = _logits(tl.dot(b_q8, b_kt, out_dtype=tl.int32), CONV)
+    if MASK_COLS:
+        m_cols = (start_n + tl.arange(0, SUB_N) < M)[None, :]
+        b_f = tl.where(m_cols, b_f, -float("inf"))
+    if CONV == 1:
+        b_m_new = tl.maximum(b_m, tl.max(b_f, 1) * b_rs - _LOG2_P_SCALE)
+        b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_m_new[:, None]))
+    else:
+        b_rs = (b_rs.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
+        b_c = tl.maximum(b_m, (tl.max(b_f, 1) - int8._ROUND) * b_rs - _LOG2_P_SCALE) + int8._ROUND * b_rs
+        b_m_new = b_c - int8._ROUND * b_rs
+        b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_c[:, None]))
+    if MASK_COLS:
+        b_p = tl.where(m_cols, b_p, 0.0)
+    b_alpha = tl.math.exp2(b_m - b_m_new)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_rescale = (b_alpha * (v_unit / v_scale))[:, None]
+    if PROMO == 0:
+        b_acc = tl.fma(b_acc, b_rescale, tl.dot(b_p.to(tl.float8e4nv), b_v))
+    elif PROMO == 1:
+        b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc * b_rescale, max_num_imprecise_acc=SUB_N)
+    else:
+        b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc * b_rescale)
+    return b_acc, b_m_new, b_l, v_scale
+
+
+@triton.jit
+def _variant_kernel(Q, Q8, QScale, QShift, KMean, K, V, KScale, VScale, Out, Lse, KvCount, KvIndex,
+                    stride_qb, stride_qh, stride_qn, stride_q8b, stride_q8h, stride_q8n, stride_vd,
+                    stride_ob, stride_oh, stride_on, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
+                    H, N, M, NUM_KV_BLOCKS, scale_log2, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, Q_PROLOGUE: tl.constexpr, CONV: tl.constexpr,
+                    PROMO: tl.constexpr):
+    """The library's ``_bsa_int8_fwd_kernel`` (64-key tiles, head dim a power of two, K and V by descriptor) with
+    the switches; Q_PROLOGUE quantizes bf16 Q [B, H, N, D] here (its row scale and shift too), else reads Q8."""
+    _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _program_rows(H, N, HEAD_DIM, HEAD_DIM, BLOCK_M, ROWS)
+    m_rows = o_m < N
+    p_rows = pid_bh.to(tl.int64) * N + o_m
+    if Q_PROLOGUE:
+        p_q = Q + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :]
+        b_q = tl.load(p_q, mask=m_tile, other=0.0).to(tl.float32)
+        q_amax = tl.max(int8._abs_or_zero(b_q), 1)
+        q_scale = int8._int8_scale(q_amax, int8._all_finite(b_q, 1))
+        b_q8 = int8._round_int8(b_q * tl.math.div_rn(tl.zeros_like(q_amax) + int8._INT8_MAX, q_amax)[:, None])
+        b_shift = tl.sum(b_q * tl.load(KMean + pid_bh * HEAD_DIM + o_d)[None, :], 1) * scale_log2
+    else:
+        p_q = Q8 + i_b * stride_q8b + i_h * stride_q8h + o_m[:, None].to(tl.int64) * stride_q8n + o_d[None, :]
+        b_q8 = tl.load(p_q, mask=m_tile, other=0)
+        q_scale = tl.load(QScale + p_rows, mask=m_rows, other=1.0)
+        b_shift = tl.load(QShift + p_rows, mask=m_rows, other=0.0) * scale_log2
+    q_scale = tl.where((tl.max(tl.abs(b_q8), 1) == 0) & (q_scale == q_scale), 0.0, q_scale)
+    b_rs = q_scale * scale_log2
+    p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
+    p_vscale = VScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
+    _, p_index, num_full, ragged_tail, last_block = _tile_schedule(
+        KvCount, KvIndex, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, NUM_KV_BLOCKS, M,
+        BLOCK_N)
+    b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([ROWS], dtype=tl.float32)
+    b_acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    v_unit = tl.full([], 1.0, dtype=tl.float32)
+    for it in range(0, num_full):
+        kv_block = tl.load(p_index + it)
+        b_acc, b_m, b_l, v_unit = _variant_tile(
+            b_acc, b_m, b_l, v_unit, b_q8, b_rs * tl.load(p_kscale + kv_block), tl.load(p_vscale + kv_block), K, V,
+            kv_block * BLOCK_N, 0, stride_vd, o_d, M, i_b, i_h, HEAD_DIM, HEAD_DIM, BLOCK_N, False, CONV, PROMO)
+    if ragged_tail:
+        b_acc, b_m, b_l, v_unit = _variant_tile(
+            b_acc, b_m, b_l, v_unit, b_q8, b_rs * tl.load(p_kscale + last_block), tl.load(p_vscale + last_block), K,
+            V, last_block * BLOCK_N, 0, stride_vd, o_d, M, i_b, i_h, HEAD_DIM, HEAD_DIM, BLOCK_N, True, CONV, PROMO)
+    p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :]
+    _store_rows(p_o, Lse + p_rows, b_acc * v_unit, b_m, b_l, b_shift, m_tile, m_rows)
+
+
+def run_variant(q, qx, x, mask, rows: int, warps: int, stages: int, q_prologue: bool = False, conv: int = BITS,
+                promo: int = FMA):
+    """A launcher of one variant over q [B, H, N, D] (contiguous head dim), its quantized inputs (qx, x from
+    ``int8.quantize``) and a 64-key mask: (launch, out, lse), out and lse written by each launch."""
+    b, h, n, d = q.shape
+    m = x.k8.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty((b, h, n), dtype=torch.float32)
+    vt = x.v8.transpose(-1, -2)
+    k_src = TensorDescriptor.from_tensor(x.k8, [1, 1, mask.block_k, d])
+    v_src = TensorDescriptor.from_tensor(vt, [1, 1, d, mask.block_k])
+    grid = (triton.cdiv(n, rows), b * h)
+
+    def launch():
+        _variant_kernel[grid](
+            q, qx.q8, qx.q_scale, qx.q_shift, x.k_mean, k_src, v_src, x.k_scale, x.v_scale, out, lse, mask.kv_count,
+            mask.kv_index, *q.stride()[:3], *qx.q8.stride()[:3], vt.stride(2), *out.stride()[:3],
+            *bf16._table_strides(mask.kv_count, mask.kv_index, b, h), h, n, m, x.k_scale.shape[2],
+            (d ** -0.5) * LOG2E, HEAD_DIM=d, BLOCK_M=mask.block_q, BLOCK_N=mask.block_k, ROWS=rows,
+            Q_PROLOGUE=q_prologue, CONV=conv, PROMO=promo, num_warps=warps, num_stages=stages)
+    return launch, out, lse
+
+
+def rel_l1(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref.double()).abs().sum() / ref.double().abs().sum())
+
+
+CONFIGS = ((128, 4, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3), (64, 4, 3), (64, 4, 2), (64, 4, 4))
+VARIANTS = (  # (q_prologue, conv, promo, configs)
+    *((False, conv, FMA, CONFIGS) for conv in (BITS, CONVERT, ASM_ADD)),
+    (True, BITS, FMA, CONFIGS[:1] + CONFIGS[4:5]),
+    (False, BITS, TRITON_PROMOTION, CONFIGS[:2] + CONFIGS[4:5]),
+    (False, BITS, NO_PROMOTION, CONFIGS[:2] + CONFIGS[4:5]),
+)
+FULL_MASK_VARIANTS = ((BITS, FMA, CONFIGS[4]), (BITS, TRITON_PROMOTION, CONFIGS[0]),
+                      (BITS, NO_PROMOTION, CONFIGS[0]))
+
+
+def measure(q, k, v, mask, full, bench) -> dict:
+    """Every timing and error (see the module's docstring); ``bench`` times a callable in ms."""
+    native, native_full = sv.block_sparse_attention(q, k, v, mask), sv.block_sparse_attention(q, k, v, full)
+    qx, x = int8.quantize(q, k, v, mask.block_k)
+    library = lambda: int8.int8_forward(qx, x, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k,  # noqa: E731
+                                        q.shape[-1] ** -0.5, q)
+    result = {"bf16_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask)),
+              "quantize_ms": bench(lambda: int8.quantize(q, k, v, mask.block_k)),
+              "library_ms": bench(library), "library_rel_l1": rel_l1(library()[0], native), "rows": []}
+    for q_prologue, conv, promo, configs in VARIANTS:
+        for rows, warps, stages in configs:
+            launch, out, _ = run_variant(q, qx, x, mask, rows, warps, stages, q_prologue, conv, promo)
+            launch()
+            row = {"q": "prologue" if q_prologue else "read", "conv": CONVERSIONS[conv], "promo": PROMOTIONS[promo],
+                   "rows": rows, "warps": warps, "stages": stages, "ms": bench(launch), "rel_l1": rel_l1(out, native)}
+            result["rows"].append(row)
+            print(row, flush=True)
+    for conv, promo, (rows, warps, stages) in FULL_MASK_VARIANTS:
+        launch, out, _ = run_variant(q, qx, x, full, rows, warps, stages, False, conv, promo)
+        launch()
+        row = {"q": "read", "conv": CONVERSIONS[conv], "promo": PROMOTIONS[promo], "rows": rows, "warps": warps,
+               "stages": stages, "mask": "full", "ms": bench(launch), "rel_l1": rel_l1(out, native_full)}
+        result["rows"].append(row)
+        print(row, flush=True)
+    return result
+
+
+def markdown(result: dict) -> str:
+    lines = [f"bf16 sparse kernel {result['bf16_ms']:.3f} ms; int8: quantize (Q, K and V) {result['quantize_ms']:.3f} "
+             f"ms, library forward (autotuned) {result['library_ms']:.3f} ms, rel L1 vs bf16 "
+             f"{result['library_rel_l1']:.4f}", "",
+             "| mask | Q | logits to floats | P V promotion | rows | warps | stages | ms | rel L1 vs bf16 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r.get('mask', '95%')} | {r['q']} | {r['conv']} | {r['promo']} | {r['rows']} | "
+                     f"{r['warps']} | {r['stages']} | {r['ms']:.3f} | {r['rel_l1']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        print("int8_kernel_limits needs a Hopper or newer GPU (tensor descriptors, fp8)", file=sys.stderr)
+        return 2
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 12, 32760, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    mask = sv.predict_mask(q, k, rule="topk", topk=0.05, block_q=128, block_k=64)[0]
+    full = sv.SparseMask.full(q.shape[2], k.shape[2], 128, 64, device="cuda")
+    result = measure(q, k, v, mask, full, lambda fn: triton.testing.do_bench(fn, rep=100))
+    write_result(args.out, run_metadata(q.device), result, markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

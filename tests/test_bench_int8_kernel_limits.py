@@ -1,0 +1,47 @@
+"""The int8 forward diagnostic's kernel under the interpreter: its switches change how the loop computes, not what
+(the interpreter computes every product exactly, so the promotions and the integer additions agree up to float32
+rounding; the conversion instruction skips the library's cut of the logit scale to 22 bits, a relative change below 2^-21),
+and the table names each variant."""
+import pytest
+import torch
+
+import sparsevid as sv
+from benchmarks import int8_kernel_limits as limits
+from sparsevid.ops import triton_int8_attention
+from sparsevid.ops.triton_launch import INTERPRET
+from test_int8_attention import _fp8_eps
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the interpreted Triton kernels")
+def test_switches_agree_under_the_interpreter(nan_poisoned_outputs):
+    generator = torch.Generator().manual_seed(0)
+    # 150 tokens: a short last key block (the ragged tail) and a short last query block
+    q, k, v = (torch.randn(1, 2, 150, 64, generator=generator) for _ in range(3))
+    keep = torch.rand(1, 2, 2, 3, generator=generator) < 0.6
+    keep[..., 0] = True
+    mask = sv.SparseMask.from_dense(keep, 150, 150, 128, 64)
+    qx, x = triton_int8_attention.quantize(q, k, v, 64)
+    launch, ref, ref_lse = limits.run_variant(q, qx, x, mask, 64, 4, 3)
+    launch()
+    emu, _ = sv.block_sparse_attention(q, k, v, mask, return_lse=True, backend="reference", precision="int8")
+    # against the emulation, as the library's kernel is held (test_int8_attention.py): the interpreter's cast of P
+    assert limits.rel_l1(ref, emu) <= 3.5 * _fp8_eps(v)
+    for q_prologue, conv, promo in ((True, limits.BITS, limits.FMA), (False, limits.ASM_ADD, limits.FMA),
+                                    (False, limits.BITS, limits.TRITON_PROMOTION),
+                                    (False, limits.BITS, limits.NO_PROMOTION), (False, limits.CONVERT, limits.FMA)):
+        launch, out, lse = limits.run_variant(q, qx, x, mask, 64, 4, 3, q_prologue, conv, promo)
+        launch()
+        if conv == limits.CONVERT:  # the exponents move by ~2^-21: a few of P's e4m3 roundings flip
+            assert limits.rel_l1(out, ref) < 0.1 * _fp8_eps(v) and limits.rel_l1(lse, ref_lse) < 1e-6
+        else:  # float32 roundings apart: the rescale with or without the FMA, q . mu summed in another order
+            assert limits.rel_l1(out, ref) < 1e-6 and limits.rel_l1(lse, ref_lse) < 1e-6, (q_prologue, conv, promo)
+
+
+def test_table_names_each_variant():
+    row = {"q": "read", "conv": limits.CONVERSIONS[limits.BITS], "promo": limits.PROMOTIONS[limits.FMA], "rows": 128,
+           "warps": 4, "stages": 3, "ms": 0.5, "rel_l1": 0.0123}
+    table = limits.markdown({"bf16_ms": 0.69, "quantize_ms": 0.2, "library_ms": 0.5, "library_rel_l1": 0.0123,
+                             "rows": [row, {**row, "mask": "full", "promo": "none"}]})
+    assert "bf16 sparse kernel 0.690 ms; int8: quantize (Q, K and V) 0.200 ms" in table
+    assert "| 95% | read | bits (LOP3) | fresh product + FMA | 128 | 4 | 3 | 0.500 | 0.0123 |" in table
+    assert "| full | read | bits (LOP3) | none | 128 | 4 | 3 | 0.500 | 0.0123 |" in table
