@@ -166,11 +166,12 @@ def rel_l1(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 CONFIGS = ((128, 4, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3), (64, 4, 3), (64, 4, 2), (64, 4, 4))
+_SHORT = CONFIGS[:3] + CONFIGS[4:5]
 VARIANTS = (  # (q_prologue, conv, promo, configs)
-    *((False, conv, FMA, CONFIGS) for conv in (BITS, CONVERT, ASM_ADD)),
+    (False, BITS, FMA, CONFIGS),
+    *((False, conv, FMA, _SHORT) for conv in (CONVERT, ASM_ADD)),
     (True, BITS, FMA, CONFIGS[:1] + CONFIGS[4:5]),
-    (False, BITS, TRITON_PROMOTION, CONFIGS[:2] + CONFIGS[4:5]),
-    (False, BITS, NO_PROMOTION, CONFIGS[:2] + CONFIGS[4:5]),
+    *((False, BITS, promo, _SHORT) for promo in (TRITON_PROMOTION, NO_PROMOTION)),
 )
 FULL_MASK_VARIANTS = ((BITS, FMA, CONFIGS[4]), (BITS, TRITON_PROMOTION, CONFIGS[0]),
                       (BITS, NO_PROMOTION, CONFIGS[0]))
