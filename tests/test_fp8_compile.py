@@ -2,8 +2,8 @@
 instructions meant (wgmma): e4m3 x e4m3 -> f32 for precision="fp8"; s8 x s8 -> s32 (Q K^T) and e4m3 x e4m3 -> f32
 (P V) for precision="int8". The interpreter (the CPU tests) runs the Python body and accepts what the GPU compiler
 may reject, so each variant is compiled for the real target in a subprocess with the interpreter off: every
-autotuning config of the fp8 forward for a 128x64 mask, with and without tensor descriptors, the int8 forward's
-first config both ways, and the quantizers' launches.
+autotuning config of the fp8 forward for a 128x64 mask, with and without tensor descriptors, every config of the
+int8 forward (the first both ways), and the quantizers' launches; ptxas must keep each forward's MMAs pipelined.
 """
 from __future__ import annotations
 
@@ -42,6 +42,26 @@ def _type(name: str, constexprs: dict, sub: int, use_tma: bool, out: str, types:
     return "*fp32" if name[0].isupper() and name not in sizes and not name.startswith("NUM") else "i32"
 
 
+def wgmma_serialized(ptx: str) -> bool:
+    """Whether ptxas (Triton's, for sm_90a) serialises the kernel's wgmma instructions, waiting for each MMA
+    before the next is issued. It does so for the whole kernel as soon as one instruction reads an MMA's
+    accumulator before the MMA completes, as Triton's ``max_num_imprecise_acc`` promotion did."""
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path  # the one Triton assembles with
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "kernel.ptx"
+        source.write_text(ptx)
+        done = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(source), "-o", str(Path(tmp) / "kernel.cubin")],
+                              capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr)
+    return "wgmma.mma_async instructions are serialized" in done.stderr
+
+
 def compile_all() -> None:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -71,15 +91,19 @@ def compile_all() -> None:
             build(fn, constexprs, "", num_warps=8, types=types)
         print("compiled quant", name)
     fwd = t_int8._bsa_int8_fwd_kernel
-    config = fwd.configs[0]
-    for use_tma in (False, True):
-        constexprs = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 64, "USE_TMA": use_tma,
-                      **config.kwargs}
-        kernel = build(fwd.fn, constexprs, "*bf16", config.kwargs["SUB_N"], use_tma, config.num_warps,
-                       config.num_stages, types=INT8_TYPES)
-        ptx = kernel.asm["ptx"]
-        wanted = "wgmma.mma_async" in ptx and ".s32.s8.s8" in ptx and "f32.e4m3.e4m3" in ptx
-        print("compiled int8 fwd", config.kwargs, use_tma, "s8-and-e4m3-wgmma" if wanted else "missing-wgmma")
+    for i, config in enumerate(fwd.configs):
+        if config.kwargs["SUB_N"] > 64:
+            continue  # pruned for 64-key blocks
+        for use_tma in (False, True) if i == 0 else (True,):
+            constexprs = {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 64, "USE_TMA": use_tma,
+                          **config.kwargs}
+            kernel = build(fwd.fn, constexprs, "*bf16", config.kwargs["SUB_N"], use_tma, config.num_warps,
+                           config.num_stages, types=INT8_TYPES)
+            ptx = kernel.asm["ptx"]
+            wanted = "wgmma.mma_async" in ptx and ".s32.s8.s8" in ptx and "f32.e4m3.e4m3" in ptx
+            print("compiled int8 fwd", config.kwargs, config.num_warps, config.num_stages, use_tma,
+                  "serialized" if wgmma_serialized(ptx) else "pipelined",
+                  "s8-and-e4m3-wgmma" if wanted else "missing-wgmma")
     fwd = t8._bsa_fp8_fwd_kernel
     for config in fwd.configs:
         if config.kwargs["SUB_N"] > 64:
@@ -91,6 +115,7 @@ def compile_all() -> None:
                            config.num_stages)
             ptx = kernel.asm["ptx"]
             print("compiled fwd", config.kwargs, config.num_warps, config.num_stages, use_tma,
+                  "serialized" if wgmma_serialized(ptx) else "pipelined",
                   "e4m3-wgmma" if "f32.e4m3.e4m3" in ptx and "wgmma.mma_async" in ptx else "no-e4m3-wgmma")
 
 
@@ -102,7 +127,9 @@ def test_fp8_kernels_compile_for_sm90_with_e4m3_wgmma():
     forwards = [line for line in done.stdout.splitlines() if line.startswith("compiled fwd")]
     assert len(forwards) >= 8 and all(line.endswith("e4m3-wgmma") for line in forwards), done.stdout
     int8_forwards = [line for line in done.stdout.splitlines() if line.startswith("compiled int8 fwd")]
-    assert len(int8_forwards) == 2 and all(line.endswith("s8-and-e4m3-wgmma") for line in int8_forwards), done.stdout
+    assert len(int8_forwards) >= 5 and all(line.endswith("s8-and-e4m3-wgmma") for line in int8_forwards), done.stdout
+    # no config of either forward has its MMAs serialised by ptxas
+    assert all("pipelined" in line for line in forwards + int8_forwards), done.stdout
 
 
 if __name__ == "__main__":
