@@ -186,6 +186,7 @@ def measure(q, k, v, mask, full, bench) -> dict:
     result = {"bf16_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask)),
               "quantize_ms": bench(lambda: int8.quantize(q, k, v, mask.block_k)),
               "library_ms": bench(library), "library_rel_l1": rel_l1(library()[0], native), "rows": []}
+    print({key: value for key, value in result.items() if key != "rows"}, flush=True)
     for q_prologue, conv, promo, configs in VARIANTS:
         for rows, warps, stages in configs:
             launch, out, _ = run_variant(q, qx, x, mask, rows, warps, stages, q_prologue, conv, promo)
