@@ -6,12 +6,14 @@ the library's forward (autotuned) and a copy of its kernel with switches, each t
 
 * Q: read quantized (the library) or quantized in the kernel's prologue from bf16 Q (the design before: Triton then
   kept the int8 tile in shared memory and re-read it byte by byte in every iteration);
-* the int32 logits to floats: the bits of 1.5 * 2^23 + logit by one logical operation (the library), a conversion
-  instruction, or an integer addition in inline PTX (written as a Triton addition it becomes the product's initial
-  accumulator, whose set-up between the MMAs makes ptxas serialise every wgmma of the kernel);
-* the P V product: from zero, added to the accumulator by the rescale's FMA (the library), promoted by Triton
-  (``max_num_imprecise_acc``, which reads the MMA's registers early: ptxas serialises every wgmma), or accumulated
-  in the MMA across all tiles (no promotion: Hopper's fp8 MMA accumulates in reduced precision).
+* the int32 logits to floats: a conversion instruction (the library), or the bits of R + logit (R = 1.5 * 2^23,
+  R's subtraction folded into the exponential's FMA) by two logical operations or by an integer addition in
+  inline PTX (written as a Triton addition it becomes the product's initial accumulator, whose set-up between the
+  MMAs makes ptxas serialise every wgmma of the kernel);
+* the P V product: promoted by Triton (``max_num_imprecise_acc``, the library; it reads the MMA's registers early,
+  so ptxas serialises every wgmma), from zero and added to the accumulator by the rescale's FMA (not serialised,
+  but [ROWS, D] more registers), or accumulated in the MMA across all tiles (no promotion: Hopper's fp8 MMA
+  accumulates in reduced precision).
 
 Every variant's output is compared with the bf16 sparse kernel's (relative L1), at 95% and, for the promotions,
 with the full mask, where the reduced-precision accumulation has the most tiles to grow over. Writes
@@ -42,20 +44,23 @@ FMA, TRITON_PROMOTION, NO_PROMOTION = 0, 1, 2  # P V into the accumulator
 CONVERSIONS = {BITS: "bits (LOP3)", CONVERT: "cvt (I2FP)", ASM_ADD: "bits (IADD, PTX)"}
 PROMOTIONS = {FMA: "fresh product + FMA", TRITON_PROMOTION: "max_num_imprecise_acc", NO_PROMOTION: "none"}
 _PTX = tl.constexpr(not bf16.INTERPRET)
+_ROUND = tl.constexpr(12582912.0)  # R = 1.5 * 2^23
+_ROUND_BITS = tl.constexpr(0x4B400000)  # its bits: these + x are the float R + x for int32 |x| < 2^22
+_LOW23 = tl.constexpr(0x7FFFFF)
 
 
 @triton.jit
 def _logits(b_s, CONV: tl.constexpr):
     """int32 logits b_s as floats: R + logit (R = 1.5 * 2^23) for BITS and ASM_ADD, the logit for CONVERT."""
     if CONV == 0:
-        return ((b_s & int8._LOW23) ^ int8._ROUND_BITS).to(tl.float32, bitcast=True)
+        return ((b_s & _LOW23) ^ _ROUND_BITS).to(tl.float32, bitcast=True)
     elif CONV == 1:
         return b_s.to(tl.float32)
     elif _PTX:
         return tl.inline_asm_elementwise("add.s32 $0, $1, 0x4B400000;", "=r,r", [b_s], dtype=tl.int32,
                                          is_pure=True, pack=1).to(tl.float32, bitcast=True)
     else:
-        return (b_s + int8._ROUND_BITS).to(tl.float32, bitcast=True)
+        return (b_s + _ROUND_BITS).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -74,8 +79,8 @@ def _variant_tile(b_acc, b_m, b_l, v_unit, b_q8, b_rs, v_scale, k_src, v_src, st
         b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_m_new[:, None]))
     else:
         b_rs = (b_rs.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
-        b_c = tl.maximum(b_m, (tl.max(b_f, 1) - int8._ROUND) * b_rs - _LOG2_P_SCALE) + int8._ROUND * b_rs
-        b_m_new = b_c - int8._ROUND * b_rs
+        b_c = tl.maximum(b_m, (tl.max(b_f, 1) - _ROUND) * b_rs - _LOG2_P_SCALE) + _ROUND * b_rs
+        b_m_new = b_c - _ROUND * b_rs
         b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_c[:, None]))
     if MASK_COLS:
         b_p = tl.where(m_cols, b_p, 0.0)
@@ -139,8 +144,8 @@ def _variant_kernel(Q, Q8, QScale, QShift, KMean, K, V, KScale, VScale, Out, Lse
     _store_rows(p_o, Lse + p_rows, b_acc * v_unit, b_m, b_l, b_shift, m_tile, m_rows)
 
 
-def run_variant(q, qx, x, mask, rows: int, warps: int, stages: int, q_prologue: bool = False, conv: int = BITS,
-                promo: int = FMA):
+def run_variant(q, qx, x, mask, rows: int, warps: int, stages: int, q_prologue: bool = False, conv: int = CONVERT,
+                promo: int = TRITON_PROMOTION):
     """A launcher of one variant over q [B, H, N, D] (contiguous head dim), its quantized inputs (qx, x from
     ``int8.quantize``) and a 64-key mask: (launch, out, lse), out and lse written by each launch."""
     b, h, n, d = q.shape
@@ -172,6 +177,7 @@ VARIANTS = (  # (q_prologue, conv, promo, configs)
     *((False, conv, FMA, _SHORT) for conv in (CONVERT, ASM_ADD)),
     (True, BITS, FMA, CONFIGS[:1] + CONFIGS[4:5]),
     *((False, BITS, promo, _SHORT) for promo in (TRITON_PROMOTION, NO_PROMOTION)),
+    (False, CONVERT, TRITON_PROMOTION, _SHORT),
 )
 FULL_MASK_VARIANTS = ((BITS, FMA, CONFIGS[4]), (BITS, TRITON_PROMOTION, CONFIGS[0]),
                       (BITS, NO_PROMOTION, CONFIGS[0]))

@@ -3,7 +3,8 @@ instructions meant (wgmma): e4m3 x e4m3 -> f32 for precision="fp8"; s8 x s8 -> s
 (P V) for precision="int8". The interpreter (the CPU tests) runs the Python body and accepts what the GPU compiler
 may reject, so each variant is compiled for the real target in a subprocess with the interpreter off: every
 autotuning config of the fp8 forward for a 128x64 mask, with and without tensor descriptors, every config of the
-int8 forward (the first both ways), and the quantizers' launches; ptxas must keep each forward's MMAs pipelined.
+int8 forward (the first both ways), and the quantizers' launches; ptxas must keep the fp8 forward's MMAs
+pipelined (the int8 forward's promotion serialises them, measured faster there: benchmarks/int8_kernel_limits.py).
 """
 from __future__ import annotations
 
@@ -128,8 +129,8 @@ def test_fp8_kernels_compile_for_sm90_with_e4m3_wgmma():
     assert len(forwards) >= 8 and all(line.endswith("e4m3-wgmma") for line in forwards), done.stdout
     int8_forwards = [line for line in done.stdout.splitlines() if line.startswith("compiled int8 fwd")]
     assert len(int8_forwards) >= 5 and all(line.endswith("s8-and-e4m3-wgmma") for line in int8_forwards), done.stdout
-    # no config of either forward has its MMAs serialised by ptxas
-    assert all("pipelined" in line for line in forwards + int8_forwards), done.stdout
+    # the fp8 forward's P V is added by the rescale's FMA: ptxas keeps its MMAs pipelined
+    assert all("pipelined" in line for line in forwards), done.stdout
 
 
 if __name__ == "__main__":

@@ -29,8 +29,6 @@ from .triton_launch import INTERPRET, launch_tuned
 
 _INT8_MAX = tl.constexpr(float(INT8_MAX))
 _ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + _ROUND) - _ROUND rounds |y| < 2^22 half to even
-_ROUND_BITS = tl.constexpr(0x4B400000)  # its bits: these + i are the float _ROUND + i for int32 |i| < 2^22
-_LOW23 = tl.constexpr(0x7FFFFF)
 _SMOOTH_CHUNK = 64  # sampled keys a smoothing program loads at once
 _Q_ROWS = 64  # query rows a quantizing program owns
 
@@ -200,45 +198,32 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_k: int) ->
 def _int8_tile(b_acc, b_m, b_l, v_unit, b_q8, b_rs, v_scale, k_src, v_src, start_n, stride_kn, stride_vd, o_d, M,
                i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
                MASK_COLS: tl.constexpr, USE_TMA: tl.constexpr):
-    """SUB_N keys of a kept tile. The int32 logits become floats without a conversion instruction (those run at a
-    quarter of the FMA rate, as the exponential does): their bits added to those of R = 1.5 * 2^23 are the float
-    R + logit (exact), and R's subtraction is folded into the per-row constant of the exponential's FMA.
-    b_rs (float32 [ROWS]: q's row scale times the tile's k scale, softmax scale and log2(e)) is first cut to 22
-    significant bits (a relative change below 2^-21), which makes R * b_rs exact; the row's constant
-    c = max + R * b_rs is rounded, and the max the exponentials are then taken against is c - R * b_rs (exact), so
-    that fma(R + logit, b_rs, -c) is the base-2 logit minus that max, rounded once, as without the fold. b_m is
-    the running max minus log2(P_SCALE), so exp2 gives P * P_SCALE, cast to fp8 as it is. b_acc holds the output
-    in units of v_unit, the scale of the last V block; a block of another scale folds the ratio (a power of two:
-    exact) into the running rescale. Returns b_acc, b_m, b_l and the new unit.
-
-    The rounding of c moves that max by up to R * b_rs * 2^-24 (about 0.75 of a logit unit times b_rs): a row's
-    largest P * P_SCALE stays within e4m3's rounding of P_SCALE while b_rs < 0.06, and the int8 rounding of the
-    logits themselves (hundreds of units on 128 channels) is always some hundred times larger. Zero query rows,
-    whose logits are exactly 0, get b_rs = 0 (exact)."""
+    """SUB_N keys of a kept tile. The int32 logits are converted to floats (exact: |logit| <= 127^2 * D < 2^24);
+    b_rs (float32 [ROWS]: q's row scale times the tile's k scale, softmax scale and log2(e)) turns them into base-2
+    logits inside the exponential's FMA. b_m is the running max minus log2(P_SCALE), so exp2 gives P * P_SCALE,
+    cast to fp8 as it is. b_acc holds the output in units of v_unit, the scale of the last V block; a block of
+    another scale folds the ratio (a power of two: exact) into the running rescale. Returns b_acc, b_m, b_l and the
+    new unit."""
     b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA,
                       i_b, i_h)
     b_v = _load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, USE_TMA, i_b, i_h)
-    # R + logit: for |logit| < 2^22, adding R's bits flips bit 22 of the logit's low 23 bits, one LOP3 as
-    # (logit & (2^23 - 1)) ^ bits(R). Written as an addition, Triton turns it into the product's initial
-    # accumulator, whose set-up between the MMAs makes ptxas serialise every wgmma of the kernel.
-    b_f = ((tl.dot(b_q8, b_kt, out_dtype=tl.int32) & _LOW23) ^ _ROUND_BITS).to(tl.float32, bitcast=True)
+    b_f = tl.dot(b_q8, b_kt, out_dtype=tl.int32).to(tl.float32)
     if MASK_COLS:
         m_cols = (start_n + tl.arange(0, SUB_N) < M)[None, :]
         b_f = tl.where(m_cols, b_f, -float("inf"))
-    b_rs = (b_rs.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
-    b_r_rs = _ROUND * b_rs
-    b_c = tl.maximum(b_m, (tl.max(b_f, 1) - _ROUND) * b_rs - _LOG2_P_SCALE) + b_r_rs
-    b_m_new = b_c - b_r_rs
-    b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_c[:, None]))
+    b_m_new = tl.maximum(b_m, tl.max(b_f, 1) * b_rs - _LOG2_P_SCALE)
+    b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_m_new[:, None]))
     if MASK_COLS:
         b_p = tl.where(m_cols, b_p, 0.0)
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
-    # Hopper's fp8 MMA accumulates in reduced precision: each tile's product starts from zero and is added to the
-    # fp32 accumulator by the rescale's FMA, so the error does not grow over the kept tiles. (Triton's own
-    # promotion, max_num_imprecise_acc, reads the MMA's registers before it completes: ptxas then serialises
-    # every wgmma of the kernel.)
-    b_acc = tl.fma(b_acc, (b_alpha * (v_unit / v_scale))[:, None], tl.dot(b_p.to(tl.float8e4nv), b_v))
+    b_acc = b_acc * (b_alpha * (v_unit / v_scale))[:, None]
+    # Hopper's fp8 MMA accumulates in reduced precision: promote each tile's product into the fp32 accumulator
+    # (max_num_imprecise_acc = the tile's keys) instead of letting the error grow over every kept tile. ptxas
+    # serialises the kernel's wgmma for it (the promotion reads the MMA's registers early), yet it measured faster
+    # than a fresh product added by the rescale's FMA, whose extra [ROWS, D] registers the 128-row configs lack
+    # (benchmarks/int8_kernel_limits.py).
+    b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc, max_num_imprecise_acc=SUB_N)
     return b_acc, b_m_new, b_l, v_scale
 
 
@@ -263,10 +248,7 @@ def _bsa_int8_fwd_kernel(Q8, QScale, QShift, K, V, KScale, VScale, Out, Lse, KvC
     p_q = Q8 + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :]
     b_q8 = tl.load(p_q, mask=m_tile, other=0)
     p_rows = pid_bh.to(tl.int64) * N + o_m
-    q_scale = tl.load(QScale + p_rows, mask=m_rows, other=1.0)
-    # A zero row's logits are all 0 whatever its scale: scale 0 makes its exponentials exact (see _int8_tile)
-    q_scale = tl.where((tl.max(tl.abs(b_q8), 1) == 0) & (q_scale == q_scale), 0.0, q_scale)
-    b_rs = q_scale * scale_log2
+    b_rs = tl.load(QScale + p_rows, mask=m_rows, other=1.0) * scale_log2
     # Smoothing takes q . k_mean off every logit of a row (base 2 here): the log-sum-exp gets it back.
     b_shift = tl.load(QShift + p_rows, mask=m_rows, other=0.0) * scale_log2
     p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
