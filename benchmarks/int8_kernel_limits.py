@@ -34,8 +34,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 import sparsevid as sv
 from sparsevid.ops import triton_attention as bf16
 from sparsevid.ops import triton_int8_attention as int8
-from sparsevid.ops.triton_attention import LOG2E, _load_rows, _program_rows, _store_rows, _tile_schedule
-from sparsevid.ops.triton_fp8_attention import _LOG2_P_SCALE, _load_v
+from sparsevid.ops import triton_fp8_attention as fp8
 from .report import write_result
 from .run_info import run_metadata
 
@@ -68,18 +67,18 @@ def _variant_tile(b_acc, b_m, b_l, v_unit, b_q8, b_rs, v_scale, k_src, v_src, st
                   i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
                   MASK_COLS: tl.constexpr, CONV: tl.constexpr, PROMO: tl.constexpr):
     """The library's ``_int8_tile`` (tensor descriptors only) with the switches CONV and PROMO."""
-    b_kt = _load_rows(k_src, start_n, 0, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, True, i_b, i_h)
-    b_v = _load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, i_b, i_h)
+    b_kt = bf16._load_rows(k_src, start_n, 0, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, True, i_b, i_h)
+    b_v = fp8._load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, i_b, i_h)
     b_f = _logits(tl.dot(b_q8, b_kt, out_dtype=tl.int32), CONV)
     if MASK_COLS:
         m_cols = (start_n + tl.arange(0, SUB_N) < M)[None, :]
         b_f = tl.where(m_cols, b_f, -float("inf"))
     if CONV == 1:
-        b_m_new = tl.maximum(b_m, tl.max(b_f, 1) * b_rs - _LOG2_P_SCALE)
+        b_m_new = tl.maximum(b_m, tl.max(b_f, 1) * b_rs - fp8._LOG2_P_SCALE)
         b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_m_new[:, None]))
     else:
         b_rs = (b_rs.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
-        b_c = tl.maximum(b_m, (tl.max(b_f, 1) - _ROUND) * b_rs - _LOG2_P_SCALE) + _ROUND * b_rs
+        b_c = tl.maximum(b_m, (tl.max(b_f, 1) - _ROUND) * b_rs - fp8._LOG2_P_SCALE) + _ROUND * b_rs
         b_m_new = b_c - _ROUND * b_rs
         b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_c[:, None]))
     if MASK_COLS:
@@ -105,7 +104,7 @@ def _variant_kernel(Q, Q8, QScale, QShift, KMean, K, V, KScale, VScale, Out, Lse
                     PROMO: tl.constexpr):
     """The library's ``_bsa_int8_fwd_kernel`` (64-key tiles, head dim a power of two, K and V by descriptor) with
     the switches; Q_PROLOGUE quantizes bf16 Q [B, H, N, D] here (its row scale and shift too), else reads Q8."""
-    _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _program_rows(H, N, HEAD_DIM, HEAD_DIM, BLOCK_M, ROWS)
+    _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = bf16._program_rows(H, N, HEAD_DIM, HEAD_DIM, BLOCK_M, ROWS)
     m_rows = o_m < N
     p_rows = pid_bh.to(tl.int64) * N + o_m
     if Q_PROLOGUE:
@@ -124,7 +123,7 @@ def _variant_kernel(Q, Q8, QScale, QShift, KMean, K, V, KScale, VScale, Out, Lse
     b_rs = q_scale * scale_log2
     p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
     p_vscale = VScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
-    _, p_index, num_full, ragged_tail, last_block = _tile_schedule(
+    _, p_index, num_full, ragged_tail, last_block = bf16._tile_schedule(
         KvCount, KvIndex, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, NUM_KV_BLOCKS, M,
         BLOCK_N)
     b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
@@ -141,7 +140,7 @@ def _variant_kernel(Q, Q8, QScale, QShift, KMean, K, V, KScale, VScale, Out, Lse
             b_acc, b_m, b_l, v_unit, b_q8, b_rs * tl.load(p_kscale + last_block), tl.load(p_vscale + last_block), K,
             V, last_block * BLOCK_N, 0, stride_vd, o_d, M, i_b, i_h, HEAD_DIM, HEAD_DIM, BLOCK_N, True, CONV, PROMO)
     p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :]
-    _store_rows(p_o, Lse + p_rows, b_acc * v_unit, b_m, b_l, b_shift, m_tile, m_rows)
+    bf16._store_rows(p_o, Lse + p_rows, b_acc * v_unit, b_m, b_l, b_shift, m_tile, m_rows)
 
 
 def run_variant(q, qx, x, mask, rows: int, warps: int, stages: int, q_prologue: bool = False, conv: int = CONVERT,
@@ -161,7 +160,7 @@ def run_variant(q, qx, x, mask, rows: int, warps: int, stages: int, q_prologue: 
             q, qx.q8, qx.q_scale, qx.q_shift, x.k_mean, k_src, v_src, x.k_scale, x.v_scale, out, lse, mask.kv_count,
             mask.kv_index, *q.stride()[:3], *qx.q8.stride()[:3], vt.stride(2), *out.stride()[:3],
             *bf16._table_strides(mask.kv_count, mask.kv_index, b, h), h, n, m, x.k_scale.shape[2],
-            (d ** -0.5) * LOG2E, HEAD_DIM=d, BLOCK_M=mask.block_q, BLOCK_N=mask.block_k, ROWS=rows,
+            (d ** -0.5) * bf16.LOG2E, HEAD_DIM=d, BLOCK_M=mask.block_q, BLOCK_N=mask.block_k, ROWS=rows,
             Q_PROLOGUE=q_prologue, CONV=conv, PROMO=promo, num_warps=warps, num_stages=stages)
     return launch, out, lse
 

@@ -35,3 +35,13 @@ def test_switches_agree_under_the_interpreter(nan_poisoned_outputs):
             assert limits.rel_l1(out, ref) < 0.1 * _fp8_eps(v) and limits.rel_l1(lse, ref_lse) < 1e-6
         else:  # float32 roundings apart: the rescale with or without the FMA
             assert limits.rel_l1(out, ref) < 1e-6 and limits.rel_l1(lse, ref_lse) < 1e-6, (q_prologue, conv, promo)
+
+
+def test_table_names_each_variant():
+    row = {"q": "read", "conv": limits.CONVERSIONS[limits.CONVERT], "promo": limits.PROMOTIONS[limits.TRITON_PROMOTION],
+           "rows": 128, "warps": 4, "stages": 2, "ms": 0.5, "rel_l1": 0.0123}
+    table = limits.markdown({"bf16_ms": 0.69, "quantize_ms": 0.2, "library_ms": 0.5, "library_rel_l1": 0.0123,
+                             "rows": [row, {**row, "mask": "full", "promo": "none"}]})
+    assert "bf16 sparse kernel 0.690 ms; int8: quantize (Q, K and V) 0.200 ms" in table
+    assert "| 95% | read | cvt (I2FP) | max_num_imprecise_acc | 128 | 4 | 2 | 0.500 | 0.0123 |" in table
+    assert "| full | read | cvt (I2FP) | none | 128 | 4 | 2 | 0.500 | 0.0123 |" in table
