@@ -33,7 +33,7 @@ def _mask(b, h, n, m, block_q, block_k, kind="random"):
     qb, kb = -(-n // block_q), -(-m // block_k)
     if kind == "full":
         return sv.SparseMask.full(n, m, block_q, block_k)
-    keep = torch.rand(b, h, qb, kb) < 0.5
+    keep = torch.rand(b, h, qb, kb, generator=torch.Generator().manual_seed(0)) < 0.5
     keep[..., 0, :] = False  # an empty row of blocks
     return sv.SparseMask.from_dense(keep, n, m, block_q, block_k)
 

@@ -1,6 +1,11 @@
-"""The SASS reader of benchmarks/sass_loop.py: it counts the innermost loop that holds MMAs, not an outer loop
+"""The SASS reader of scripts/sass_loop.py: it counts the innermost loop that holds MMAs, not an outer loop
 around it nor a loop without MMAs."""
-from benchmarks.sass_loop import loop_histogram
+import importlib.util
+from pathlib import Path
+
+_SPEC = importlib.util.spec_from_file_location("sass_loop", Path(__file__).parents[1] / "scripts" / "sass_loop.py")
+sass_loop = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(sass_loop)
 
 SASS = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
@@ -20,4 +25,4 @@ SASS = """
 
 
 def test_innermost_loop_with_mmas_is_counted():
-    assert dict(loop_histogram(SASS)) == {"HGMMA": 1, "MUFU": 1, "FFMA": 1, "BRA": 1}
+    assert dict(sass_loop.loop_histogram(SASS)) == {"HGMMA": 1, "MUFU": 1, "FFMA": 1, "BRA": 1}

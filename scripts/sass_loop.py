@@ -2,12 +2,12 @@
 SASS disassembled (Triton's nvdisasm), and the instructions of the innermost loop that holds the tile's MMAs counted
 by opcode; plus whether ptxas serialises the kernel's wgmma instructions.
 
-    python -m benchmarks.sass_loop int8 --rows 128 --warps 4 --stages 3
-    python -m benchmarks.sass_loop bf16 --rows 128 --warps 4 --stages 3
+    python scripts/sass_loop.py int8 --rows 128 --warps 4 --stages 3
+    python scripts/sass_loop.py bf16 --rows 128 --warps 4 --stages 3
 
 Counts are per warp and per iteration of the loop (SUB_N keys of ROWS query rows); they depend on the Triton
 version (the GPU machine's is the one that matters: ``pip install triton==<its version>`` in a scratch
-environment). Not a registered benchmark: nothing runs on a GPU.
+environment). Nothing runs on a GPU.
 """
 from __future__ import annotations
 
