@@ -192,21 +192,18 @@ def measure(q, k, v, mask, full, bench) -> dict:
               "quantize_ms": bench(lambda: int8.quantize(q, k, v, mask.block_k)),
               "library_ms": bench(library), "library_rel_l1": rel_l1(library()[0], native), "rows": []}
     print({key: value for key, value in result.items() if key != "rows"}, flush=True)
-    for q_prologue, conv, promo, configs in VARIANTS:
-        for rows, warps, stages in configs:
-            launch, out, _ = run_variant(q, qx, x, mask, rows, warps, stages, q_prologue, conv, promo)
-            launch()
-            row = {"q": "prologue" if q_prologue else "read", "conv": CONVERSIONS[conv], "promo": PROMOTIONS[promo],
-                   "rows": rows, "warps": warps, "stages": stages, "ms": bench(launch), "rel_l1": rel_l1(out, native)}
-            result["rows"].append(row)
-            print(row, flush=True)
-    for conv, promo, (rows, warps, stages) in FULL_MASK_VARIANTS:
-        launch, out, _ = run_variant(q, qx, x, full, rows, warps, stages, False, conv, promo)
+    def timed_row(m, ref, rows, warps, stages, q_prologue, conv, promo, **label):
+        launch, out, _ = run_variant(q, qx, x, m, rows, warps, stages, q_prologue, conv, promo)
         launch()
-        row = {"q": "read", "conv": CONVERSIONS[conv], "promo": PROMOTIONS[promo], "rows": rows, "warps": warps,
-               "stages": stages, "mask": "full", "ms": bench(launch), "rel_l1": rel_l1(out, native_full)}
-        result["rows"].append(row)
+        row = {"q": "prologue" if q_prologue else "read", "conv": CONVERSIONS[conv], "promo": PROMOTIONS[promo],
+               "rows": rows, "warps": warps, "stages": stages, **label, "ms": bench(launch), "rel_l1": rel_l1(out, ref)}
         print(row, flush=True)
+        return row
+
+    result["rows"] += [timed_row(mask, native, *config, q_prologue, conv, promo)
+                       for q_prologue, conv, promo, configs in VARIANTS for config in configs]
+    result["rows"] += [timed_row(full, native_full, *config, False, conv, promo, mask="full")
+                       for conv, promo, config in FULL_MASK_VARIANTS]
     return result
 
 
