@@ -15,11 +15,16 @@ the library's forward (autotuned) and a copy of its kernel with switches, each t
   but [ROWS, D] more registers), or accumulated in the MMA across all tiles (no promotion: Hopper's fp8 MMA
   accumulates in reduced precision).
 
+Beside them, the same forward written in Gluon with every MMA waited for explicitly
+(``benchmarks/gluon_int8_forward.py``: nothing serialised, the accumulator's update beside Q K^T; 64 rows, 4
+warps, 2 or 3 K/V tiles in flight).
+
 Every variant's output is compared with the bf16 sparse kernel's (relative L1), at 95% and, for the promotions,
 with the full mask, where the reduced-precision accumulation has the most tiles to grow over. Writes
 ``results/int8_kernel_limits/<gpu>.{json,md}``.
 
-    python -m benchmarks int8_kernel_limits      # CUDA only
+    python -m benchmarks int8_kernel_limits                       # CUDA only; every variant
+    python -m benchmarks int8_kernel_limits --variants current    # the conversion instruction's rows and Gluon's
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ import sparsevid as sv
 from sparsevid.ops import triton_attention as bf16
 from sparsevid.ops import triton_int8_attention as int8
 from sparsevid.ops import triton_fp8_attention as fp8
+from . import gluon_int8_forward as gluon
 from .report import write_result
 from .run_info import run_metadata
 
@@ -42,6 +48,7 @@ BITS, CONVERT, ASM_ADD = 0, 1, 2  # the logits to floats
 FMA, TRITON_PROMOTION, NO_PROMOTION = 0, 1, 2  # P V into the accumulator
 CONVERSIONS = {BITS: "bits (LOP3)", CONVERT: "cvt (I2FP)", ASM_ADD: "bits (IADD, PTX)"}
 PROMOTIONS = {FMA: "fresh product + FMA", TRITON_PROMOTION: "max_num_imprecise_acc", NO_PROMOTION: "none"}
+GLUON = "fresh product + FMA, explicit waits (Gluon)"
 _PTX = tl.constexpr(not bf16.INTERPRET)
 _ROUND = tl.constexpr(12582912.0)  # R = 1.5 * 2^23
 _ROUND_BITS = tl.constexpr(0x4B400000)  # its bits: these + x are the float R + x for int32 |x| < 2^22
@@ -180,9 +187,14 @@ VARIANTS = (  # (q_prologue, conv, promo, configs)
 )
 FULL_MASK_VARIANTS = ((BITS, FMA, CONFIGS[4]), (BITS, TRITON_PROMOTION, CONFIGS[0]),
                       (BITS, NO_PROMOTION, CONFIGS[0]))
+# the library's conversion (every promotion) only
+CURRENT_VARIANTS = tuple((False, CONVERT, promo, _SHORT) for promo in (FMA, TRITON_PROMOTION, NO_PROMOTION))
+CURRENT_FULL_MASK_VARIANTS = ((CONVERT, FMA, CONFIGS[4]), (CONVERT, TRITON_PROMOTION, CONFIGS[0]),
+                              (CONVERT, NO_PROMOTION, CONFIGS[0]))
+GLUON_STAGES = (2, 3)
 
 
-def measure(q, k, v, mask, full, bench) -> dict:
+def measure(q, k, v, mask, full, bench, current_only: bool = False) -> dict:
     """Every timing and error (see the module's docstring); ``bench`` times a callable in ms."""
     native, native_full = sv.block_sparse_attention(q, k, v, mask), sv.block_sparse_attention(q, k, v, full)
     qx, x = int8.quantize(q, k, v, mask.block_k)
@@ -200,10 +212,24 @@ def measure(q, k, v, mask, full, bench) -> dict:
         print(row, flush=True)
         return row
 
+    variants, full_variants = ((CURRENT_VARIANTS, CURRENT_FULL_MASK_VARIANTS) if current_only
+                               else (VARIANTS, FULL_MASK_VARIANTS))
     result["rows"] += [timed_row(mask, native, *config, q_prologue, conv, promo)
-                       for q_prologue, conv, promo, configs in VARIANTS for config in configs]
+                       for q_prologue, conv, promo, configs in variants for config in configs]
     result["rows"] += [timed_row(full, native_full, *config, False, conv, promo, mask="full")
-                       for conv, promo, config in FULL_MASK_VARIANTS]
+                       for conv, promo, config in full_variants]
+    if gluon.supported(qx, x, mask.block_q, mask.block_k):
+        def gluon_row(m, ref, stages, **label):
+            launch = lambda: gluon.gluon_int8_forward(qx, x, m.kv_count, m.kv_index, m.block_q,  # noqa: E731
+                                                      m.block_k, q.shape[-1] ** -0.5, q, stages)
+            row = {"q": "read", "conv": CONVERSIONS[CONVERT], "promo": GLUON, "rows": gluon.ROWS,
+                   "warps": gluon.WARPS, "stages": stages, **label, "ms": bench(launch),
+                   "rel_l1": rel_l1(launch()[0], ref), "rel_l1_vs_library": rel_l1(launch()[0], library()[0])
+                   if m is mask else None}
+            print(row, flush=True)
+            return row
+        result["rows"] += [gluon_row(mask, native, stages) for stages in GLUON_STAGES]
+        result["rows"] += [gluon_row(full, native_full, GLUON_STAGES[-1], mask="full")]
     return result
 
 
@@ -222,6 +248,8 @@ def markdown(result: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
+    parser.add_argument("--variants", choices=("all", "current"), default="all",
+                        help="all: every switch; current: the conversion instruction's rows (and Gluon's) only")
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         print("int8_kernel_limits needs a Hopper or newer GPU (tensor descriptors, fp8)", file=sys.stderr)
@@ -230,7 +258,8 @@ def main() -> int:
     q, k, v = (torch.randn(1, 12, 32760, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
     mask = sv.predict_mask(q, k, rule="topk", topk=0.05, block_q=128, block_k=64)[0]
     full = sv.SparseMask.full(q.shape[2], k.shape[2], 128, 64, device="cuda")
-    result = measure(q, k, v, mask, full, lambda fn: triton.testing.do_bench(fn, rep=100))
+    result = measure(q, k, v, mask, full, lambda fn: triton.testing.do_bench(fn, rep=100),
+                     current_only=args.variants == "current")
     write_result(args.out, run_metadata(q.device), result, markdown(result))
     print(markdown(result))
     return 0

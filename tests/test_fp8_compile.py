@@ -3,8 +3,10 @@ instructions meant (wgmma): e4m3 x e4m3 -> f32 for precision="fp8"; s8 x s8 -> s
 (P V) for precision="int8". The interpreter (the CPU tests) runs the Python body and accepts what the GPU compiler
 may reject, so each variant is compiled for the real target in a subprocess with the interpreter off: every
 autotuning config of the fp8 forward for a 128x64 mask, with and without tensor descriptors, every config of the
-int8 forward (the first both ways), and the quantizers' launches; ptxas must keep the fp8 forward's MMAs
-pipelined (the int8 forward's promotion serialises them, measured faster there: benchmarks/int8_kernel_limits.py).
+int8 Triton forward (the first both ways), the quantizers' launches, and the Gluon int8 forward (head dims 64 and
+128, where this Triton has Gluon); ptxas must keep the fp8 and Gluon forwards' MMAs pipelined, and the Gluon
+forward within its registers (no spills). The Triton int8 forward's promotion serialises its MMAs, measured faster
+there than the alternatives Triton allows (benchmarks/int8_kernel_limits.py).
 """
 from __future__ import annotations
 
@@ -43,10 +45,9 @@ def _type(name: str, constexprs: dict, sub: int, use_tma: bool, out: str, types:
     return "*fp32" if name[0].isupper() and name not in sizes and not name.startswith("NUM") else "i32"
 
 
-def wgmma_serialized(ptx: str) -> bool:
-    """Whether ptxas (Triton's, for sm_90a) serialises the kernel's wgmma instructions, waiting for each MMA
-    before the next is issued. It does so for the whole kernel as soon as one instruction reads an MMA's
-    accumulator before the MMA completes, as Triton's ``max_num_imprecise_acc`` promotion did."""
+def ptxas_report(ptx: str) -> str:
+    """What ptxas (Triton's, for sm_90a) says of the kernel with -v: registers, spills, and whether it
+    serialises the kernel's wgmma instructions."""
     import tempfile
     from pathlib import Path
 
@@ -60,7 +61,49 @@ def wgmma_serialized(ptx: str) -> bool:
                               capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(done.stderr)
-    return "wgmma.mma_async instructions are serialized" in done.stderr
+    return done.stderr
+
+
+def wgmma_serialized(ptx: str) -> bool:
+    """Whether ptxas serialises the kernel's wgmma instructions, waiting for each MMA before the next is issued.
+    It does so for the whole kernel as soon as one instruction reads an MMA's accumulator before the MMA
+    completes, as Triton's ``max_num_imprecise_acc`` promotion did."""
+    return "wgmma.mma_async instructions are serialized" in ptxas_report(ptx)
+
+
+def compile_gluon_int8() -> None:
+    """The Gluon int8 forward (`benchmarks/gluon_int8_forward.py`, a measured alternative) at 3 stages, head dims 64
+    and 128: one line each with ptxas's verdict and its spill stores."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from benchmarks import gluon_int8_forward as g
+    if g.gluon is None:
+        print("gluon unavailable")
+        return
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    for d in g.HEAD_DIMS:
+        def descriptor(dtype: str, box: list[int], gl_dtype) -> str:
+            return f"tensordesc<{dtype}{box},{gl.NVMMASharedLayout.get_default_for(box, gl_dtype)!r}>"
+        constexprs = {"HEAD_DIM": d, "BLOCK_M": 128, "BLOCK_N": g.BLOCK_K, "ROWS": g.ROWS, "NUM_STAGES": 3}
+        types = {"q_desc": descriptor("i8", [g.ROWS, d], gl.int8), "k_desc": descriptor("i8", [g.BLOCK_K, d], gl.int8),
+                 "v_desc": descriptor("fp8e4nv", [d, g.BLOCK_K], gl.float8e4nv), "Out": "*bf16", "KvCount": "*i32",
+                 "KvIndex": "*i32", "scale_log2": "fp32", "QScale": "*fp32", "QShift": "*fp32", "KScale": "*fp32",
+                 "VScale": "*fp32", "Lse": "*fp32"}
+        names = inspect.signature(g._gluon_int8_fwd_kernel.fn).parameters
+        signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in names}
+        kernel = triton.compile(GluonASTSource(fn=g._gluon_int8_fwd_kernel, signature=signature, constexprs=constexprs),
+                                target=GPUTarget("cuda", 90, 32), options={"num_warps": g.WARPS})
+        ptx = kernel.asm["ptx"]
+        report = ptxas_report(ptx)
+        spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", report))
+        wanted = "wgmma.mma_async" in ptx and ".s32.s8.s8" in ptx and "f32.e4m3.e4m3" in ptx
+        print("compiled gluon int8 fwd", d, "serialized" if "are serialized" in report else "pipelined",
+              "s8-and-e4m3-wgmma" if wanted else "missing-wgmma", f"spills={spills}")
 
 
 def compile_all() -> None:
@@ -122,6 +165,8 @@ def compile_all() -> None:
 
 def test_fp8_kernels_compile_for_sm90_with_e4m3_wgmma():
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SPARSEVID_AUTOTUNE")}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the benchmarks package's folder
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("compiled quant") == len(QUANT_KERNELS), done.stdout  # one line per kernel
@@ -131,7 +176,13 @@ def test_fp8_kernels_compile_for_sm90_with_e4m3_wgmma():
     assert len(int8_forwards) >= 5 and all(line.endswith("s8-and-e4m3-wgmma") for line in int8_forwards), done.stdout
     # the fp8 forward's P V is added by the rescale's FMA: ptxas keeps its MMAs pipelined
     assert all("pipelined" in line for line in forwards), done.stdout
+    # the Gluon int8 forward (where this Triton has Gluon): pipelined, s8 and e4m3 products, no spills
+    if "gluon unavailable" not in done.stdout:
+        gluon = [line for line in done.stdout.splitlines() if line.startswith("compiled gluon int8 fwd")]
+        assert len(gluon) == 2, done.stdout
+        assert all("pipelined s8-and-e4m3-wgmma spills=0" in line for line in gluon), done.stdout
 
 
 if __name__ == "__main__":
     compile_all()
+    compile_gluon_int8()

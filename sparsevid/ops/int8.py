@@ -34,8 +34,8 @@ import torch
 
 INT8_MAX = 127
 SMOOTH_SAMPLES = 256  # keys averaged into K's smoothing vector
-# The kernel turns int32 logits into floats by adding them to the bits of 1.5 * 2^23 (exact for |x| < 2^22):
-# 127^2 * D stays below 2^22 for head dims up to 256.
+# The kernels convert the int32 logits to float32, exact while |logit| <= 127^2 * D < 2^24; head dims up to 256
+# keep it below 2^22.
 MAX_INT8_HEAD_DIM = 256
 
 
