@@ -69,7 +69,8 @@
 #               int8 and fp8, sampled clips (quantized vs bf16 sparse: PSNR >= 30 dB) and held-out velocity error
 #               (at most 1.10x bf16 sparse's); OUT/quantized_quality/results.{json,md}
 #   quantizer   benchmark quantizer_limits (the int8 K/V quantizer's kernel taken apart: what its time is made of)
-#   int8_limits benchmark int8_kernel_limits (the int8 forward's loop taken apart: Q, conversion, promotion, configs)
+#   int8_limits benchmark int8_kernel_limits (the int8 forward's loop taken apart: Q, conversion, promotion, configs;
+#               the same forward pipelined by hand in Gluon)
 #   peers       benchmark attention_peers (SageAttention, FlashInfer, SpargeAttn where they are installed, beside the
 #               bf16 and int8 forwards on the same masks; a peer that does not import or run is listed with its error)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
