@@ -25,10 +25,13 @@ are zero-filled by the copy engine.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 
 from sparsevid.ops import triton_attention as bf16
+from sparsevid.ops.fp8 import P_SCALE
 from sparsevid.ops.int8 import Int8Inputs, Int8Queries
 from sparsevid.ops.triton_attention import LOG2E
 from sparsevid.ops.triton_launch import INTERPRET
@@ -39,7 +42,7 @@ try:  # Gluon and its Hopper ops ship with Triton >= 3.5
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                  warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-except ImportError:  # pragma: no cover - older Triton: the Triton forward runs instead
+except ImportError:  # pragma: no cover - older Triton: no Gluon rows in the benchmark
     gluon = None
 
 ROWS = 64  # query rows per program: one warp group
@@ -48,8 +51,8 @@ BLOCK_K = 64  # keys per tile
 HEAD_DIMS = (64, 128)
 
 if gluon is not None:
-    _LOG2_P_SCALE = gl.constexpr(8.807354922057604)  # log2(448): P in [0, 1] lands on the top of e4m3's range
-    _LN2 = gl.constexpr(0.6931471805599453)
+    _LOG2_P_SCALE = gl.constexpr(math.log2(P_SCALE))  # the library's: P in [0, 1] on the top of e4m3's range
+    _LN2 = gl.constexpr(math.log(2.0))
     # Triton >= 3.7 names the TMA load async_load (async_copy_global_to_shared before)
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 

@@ -64,11 +64,15 @@ def ptxas_report(ptx: str) -> str:
     return done.stderr
 
 
+def serialized_in(report: str) -> bool:
+    """Whether a ptxas report says it serialises the kernel's wgmma instructions, waiting for each MMA before the
+    next is issued. It does so for the whole kernel as soon as one instruction reads an MMA's accumulator before
+    the MMA completes, as Triton's ``max_num_imprecise_acc`` promotion did."""
+    return "wgmma.mma_async instructions are serialized" in report
+
+
 def wgmma_serialized(ptx: str) -> bool:
-    """Whether ptxas serialises the kernel's wgmma instructions, waiting for each MMA before the next is issued.
-    It does so for the whole kernel as soon as one instruction reads an MMA's accumulator before the MMA
-    completes, as Triton's ``max_num_imprecise_acc`` promotion did."""
-    return "wgmma.mma_async instructions are serialized" in ptxas_report(ptx)
+    return serialized_in(ptxas_report(ptx))
 
 
 def compile_gluon_int8() -> None:
@@ -102,7 +106,7 @@ def compile_gluon_int8() -> None:
         report = ptxas_report(ptx)
         spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", report))
         wanted = "wgmma.mma_async" in ptx and ".s32.s8.s8" in ptx and "f32.e4m3.e4m3" in ptx
-        print("compiled gluon int8 fwd", d, "serialized" if "are serialized" in report else "pipelined",
+        print("compiled gluon int8 fwd", d, "serialized" if serialized_in(report) else "pipelined",
               "s8-and-e4m3-wgmma" if wanted else "missing-wgmma", f"spills={spills}")
 
 
