@@ -88,26 +88,48 @@ def loop_histogram(sass: str) -> collections.Counter:
     return best[1]
 
 
+def ptxas_report(ptx: str) -> str:
+    """What ptxas (Triton's, for sm_90a) says of a kernel's PTX with -v: registers, spills, and whether it
+    serialises the kernel's wgmma instructions."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "kernel.ptx"
+        source.write_text(ptx)
+        done = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(source), "-o", str(Path(tmp) / "x")],
+                              capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr)
+    return done.stderr
+
+
+def serialized(report: str) -> bool:
+    """Whether a ptxas report says it serialises the kernel's wgmma instructions, waiting for each MMA before the
+    next is issued. It does so for the whole kernel as soon as one instruction reads an MMA's accumulator before
+    the MMA completes, as Triton's ``max_num_imprecise_acc`` promotion does."""
+    return "wgmma.mma_async instructions are serialized" in report
+
+
+def spill_bytes(report: str) -> int:
+    """Bytes of spill stores in a ptxas report (all functions)."""
+    return sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", report))
+
+
 def analyse(kernel) -> dict:
     """{"loop": opcode counts, "instructions": their sum, "serialized": ptxas's verdict, "registers", "spill_bytes"}."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     tools = Path(get_ptxas(90).path).parent
     with tempfile.TemporaryDirectory() as tmp:
-        cubin, ptx = Path(tmp) / "kernel.cubin", Path(tmp) / "kernel.ptx"
+        cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
-        ptx.write_text(kernel.asm["ptx"])
         sass = subprocess.run([str(tools / "nvdisasm"), "-c", str(cubin)], capture_output=True, text=True,
                               check=True).stdout
-        report = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "x")],
-                                capture_output=True, text=True, check=True).stderr
+    report = ptxas_report(kernel.asm["ptx"])
     counts = loop_histogram(sass)
     registers = re.search(r"Used (\d+) registers", report)
-    spills = re.search(r"(\d+) bytes spill stores", report)
-    return {"loop": dict(counts.most_common()), "instructions": sum(counts.values()),
-            "serialized": "wgmma.mma_async instructions are serialized" in report,
-            "registers": int(registers.group(1)) if registers else None,
-            "spill_bytes": int(spills.group(1)) if spills else 0}
+    return {"loop": dict(counts.most_common()), "instructions": sum(counts.values()), "serialized": serialized(report),
+            "registers": int(registers.group(1)) if registers else None, "spill_bytes": spill_bytes(report)}
 
 
 def main() -> int:

@@ -45,41 +45,25 @@ def _type(name: str, constexprs: dict, sub: int, use_tma: bool, out: str, types:
     return "*fp32" if name[0].isupper() and name not in sizes and not name.startswith("NUM") else "i32"
 
 
-def ptxas_report(ptx: str) -> str:
-    """What ptxas (Triton's, for sm_90a) says of the kernel with -v: registers, spills, and whether it
-    serialises the kernel's wgmma instructions."""
-    import tempfile
+def _sass_loop():
+    """scripts/sass_loop.py (a script, not a package module): ptxas's report and what it says."""
+    import importlib.util
     from pathlib import Path
 
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    ptxas = get_ptxas(90).path  # the one Triton assembles with
-    with tempfile.TemporaryDirectory() as tmp:
-        source = Path(tmp) / "kernel.ptx"
-        source.write_text(ptx)
-        done = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(source), "-o", str(Path(tmp) / "kernel.cubin")],
-                              capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr)
-    return done.stderr
-
-
-def serialized_in(report: str) -> bool:
-    """Whether a ptxas report says it serialises the kernel's wgmma instructions, waiting for each MMA before the
-    next is issued. It does so for the whole kernel as soon as one instruction reads an MMA's accumulator before
-    the MMA completes, as Triton's ``max_num_imprecise_acc`` promotion did."""
-    return "wgmma.mma_async instructions are serialized" in report
+    spec = importlib.util.spec_from_file_location("sass_loop", Path(__file__).parents[1] / "scripts" / "sass_loop.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def wgmma_serialized(ptx: str) -> bool:
-    return serialized_in(ptxas_report(ptx))
+    sass_loop = _sass_loop()
+    return sass_loop.serialized(sass_loop.ptxas_report(ptx))
 
 
 def compile_gluon_int8() -> None:
     """The Gluon int8 forward (`benchmarks/gluon_int8_forward.py`, a measured alternative) at 3 stages, head dims 64
     and 128: one line each with ptxas's verdict and its spill stores."""
-    import re
-
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -103,10 +87,11 @@ def compile_gluon_int8() -> None:
         kernel = triton.compile(GluonASTSource(fn=g._gluon_int8_fwd_kernel, signature=signature, constexprs=constexprs),
                                 target=GPUTarget("cuda", 90, 32), options={"num_warps": g.WARPS})
         ptx = kernel.asm["ptx"]
-        report = ptxas_report(ptx)
-        spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", report))
+        sass_loop = _sass_loop()
+        report = sass_loop.ptxas_report(ptx)
+        spills = sass_loop.spill_bytes(report)
         wanted = "wgmma.mma_async" in ptx and ".s32.s8.s8" in ptx and "f32.e4m3.e4m3" in ptx
-        print("compiled gluon int8 fwd", d, "serialized" if serialized_in(report) else "pipelined",
+        print("compiled gluon int8 fwd", d, "serialized" if sass_loop.serialized(report) else "pipelined",
               "s8-and-e4m3-wgmma" if wanted else "missing-wgmma", f"spills={spills}")
 
 
