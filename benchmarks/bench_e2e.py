@@ -1,6 +1,6 @@
 """End-to-end transformer benchmark: Wan2.1 forward, dense (cuDNN SDPA) vs sparsevid at 90% / 95% sparsity,
 eager and compiled (``--compile``: each setting is also timed under ``torch.compile``, dense compiled against
-sparse compiled).
+sparse compiled), at the inputs' precision or quantized (``--precision native,int8``: each sparse setting at each).
 
 The transformers are built from the Wan2.1 configs with random weights (bf16, the fp32 modules diffusers keeps
 in fp32 stay fp32). Per model and setting it measures the transformer forward (CUDA-event median), the
@@ -11,7 +11,7 @@ time to a 50-step generation with classifier-free guidance. Compiled rows time t
 comes from eager stats) and record the compile time of their first call. Writes its result (rows, Markdown
 table) under --out.
 
-    python -m benchmarks e2e     # also e2e_13b_compiled, e2e_13b_modes, e2e_14b, e2e_14b_compiled
+    python -m benchmarks e2e     # also e2e_13b_compiled, e2e_13b_modes, e2e_13b_quantized, e2e_14b, e2e_14b_compiled
     # CPU smoke run of the same code path:
     python -m benchmarks --results /tmp/e2e e2e --device cpu --dtype float32 --layers 2 --grid 3x8x8 \
         --heads 2 --models wan1.3b --warmup 0 --iters 1
@@ -141,12 +141,23 @@ def model_config(name: str, args) -> tuple[dict, tuple[int, int, int], int]:
     return config, grid, grid[0] * grid[1] * grid[2]
 
 
-def sparse_config(sparsity: float | None, num_layers: int, args) -> "sv.SparseConfig":
-    """The configuration of one setting: every layer dense (None) or top-k at ``1 - sparsity``."""
+def sparse_config(sparsity: float | None, num_layers: int, args, precision: str = "native") -> "sv.SparseConfig":
+    """The configuration of one setting: every layer dense (None) or top-k at ``1 - sparsity`` at ``precision``."""
     if sparsity is None:
         return sv.SparseConfig(dense_layers=tuple(range(num_layers)), backend=args.backend)
     return sv.SparseConfig(rule="topk", topk=round(1.0 - sparsity, 6), block_q=args.block_q, block_k=args.block_k,
-                           backend=args.backend, tile=args.tile)
+                           backend=args.backend, tile=args.tile, precision=precision)
+
+
+def settings(args) -> list[tuple[str, float | None, str]]:
+    """(label, sparsity or None for dense, precision) of every timed setting: dense, then each sparsity at each
+    ``--precision``."""
+    rows = [("dense", None, "native")]
+    for sparsity in args.sparsity:
+        for precision in args.precision:
+            suffix = "" if precision == "native" else f" {precision}"
+            rows.append((f"sparse {sparsity:.0%}{suffix}", sparsity, precision))
+    return rows
 
 
 def compiled(model, mode: str, scope: str):
@@ -175,9 +186,8 @@ def run_model(name: str, args, device, dtype) -> list[dict]:
     inputs_list = [make_inputs(grid, device, dtype, generator) for _ in range(2)]
     rows = []
     with torch.no_grad(), dense_sdpa_context(device, args.dense_backend):
-        settings = [("dense", None)] + [(f"sparse {s:.0%}", s) for s in args.sparsity]
-        for label, sparsity in settings:
-            cfg = sparse_config(sparsity, config["num_layers"], args)
+        for label, sparsity, precision in settings(args):
+            cfg = sparse_config(sparsity, config["num_layers"], args, precision)
             for mode in args.compile:
                 if sparsity is not None:
                     sv.apply_sparse_attention(model, cfg)
@@ -280,11 +290,16 @@ def main(argv=None) -> None:
     parser.add_argument("--compile", default="eager",
                         help="comma list of 'eager' and torch.compile modes ('default', 'max-autotune-no-cudagraphs', "
                              "...); every setting is timed under each")
+    parser.add_argument("--precision", default="native",
+                        help="comma list of sparse precisions: 'native' (the inputs' dtype), 'int8', 'fp8'")
     parser.add_argument("--compile-scope", default="full", choices=["full", "blocks"],
                         help="'full': torch.compile(transformer); 'blocks': transformer.compile_repeated_blocks()")
     args = parser.parse_args(argv)
     args.compile = args.compile.split(",")
     args.sparsity = [float(s) for s in args.sparsity.split(",")]
+    args.precision = args.precision.split(",")
+    if not set(args.precision) <= {"native", "int8", "fp8"}:
+        parser.error(f"--precision values must be 'native', 'int8' or 'fp8', got {args.precision}")
     if not all(0.0 < s < 1.0 for s in args.sparsity):
         parser.error(f"--sparsity values must be in (0, 1), got {args.sparsity}")
     if args.tile not in ("auto", "none"):

@@ -84,6 +84,8 @@
 #   compile_autotune  the inductor tests in mode max-autotune-no-cudagraphs (minutes per model: it benchmarks
 #               GEMM templates for every shape)
 #   e2e13b      benchmark e2e_13b_compiled (Wan 1.3B 480p at 95%, dense and sparse, eager and torch.compile)
+#   e2e13b_quantized  benchmark e2e_13b_quantized (Wan 1.3B 480p at 95%: dense, bf16 and int8 sparse, eager and
+#               torch.compile)
 #   e2e13b_modes  benchmark e2e_13b_modes (the same under compile_repeated_blocks with mode reduce-overhead
 #               (CUDA graphs) and max-autotune-no-cudagraphs)
 #   e2e14b      benchmark e2e_14b (Wan 14B 720p at 95%, dense and sparse, eager)
@@ -101,7 +103,7 @@ OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
 PARTS="kernels|fp8|quantizer|int8_limits|quantized_quality|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|per_head_study|calibrate|training|training_full|training_shift|training_seeds|synthetic|calibrated_students|motion|\
-demo_student|peers|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_modes|e2e14b|e2e14b_compiled|\
+demo_student|peers|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_quantized|e2e13b_modes|e2e14b|e2e14b_compiled|\
 families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_mochi|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
@@ -251,6 +253,9 @@ compile_autotune)
     ;;
 e2e13b)
     bench e2e_13b_compiled 540
+    ;;
+e2e13b_quantized)
+    bench e2e_13b_quantized 580
     ;;
 e2e13b_modes)
     bench e2e_13b_modes 540

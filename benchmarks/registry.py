@@ -89,6 +89,10 @@ BENCHMARKS = {
         "Wan 1.3B forward at 95% under compile_repeated_blocks, modes reduce-overhead and max-autotune-no-cudagraphs",
         ("--models", "wan1.3b", "--sparsity", "0.95", "--compile", "reduce-overhead,max-autotune-no-cudagraphs",
          "--compile-scope", "blocks")),
+    "e2e_13b_quantized": Benchmark(
+        "benchmarks.bench_e2e",
+        "Wan 1.3B forward at 95%, eager and torch.compile (default mode): dense against bf16 and int8 sparse",
+        ("--models", "wan1.3b", "--sparsity", "0.95", "--compile", "eager,default", "--precision", "native,int8")),
     "e2e_14b": Benchmark(
         "benchmarks.bench_e2e",
         "Wan 14B 720p forward at 95%, eager, dense against sparse",
