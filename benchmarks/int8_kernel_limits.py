@@ -151,9 +151,10 @@ def _variant_kernel(Q, Q8, QScale, QShift, KMean, K, V, KScale, VScale, Out, Lse
 
 
 def run_variant(q, qx, x, mask, rows: int, warps: int, stages: int, q_prologue: bool = False, conv: int = CONVERT,
-                promo: int = TRITON_PROMOTION):
+                promo: int = TRITON_PROMOTION, maxnreg: int | None = None):
     """A launcher of one variant over q [B, H, N, D] (contiguous head dim), its quantized inputs (qx, x from
-    ``int8.quantize``) and a 64-key mask: (launch, out, lse), out and lse written by each launch."""
+    ``int8.quantize``) and a 64-key mask: (launch, out, lse), out and lse written by each launch. ``maxnreg`` caps
+    the registers per thread (more programs per SM)."""
     b, h, n, d = q.shape
     m = x.k8.shape[2]
     out, lse = torch.empty_like(q), q.new_empty((b, h, n), dtype=torch.float32)
@@ -168,7 +169,8 @@ def run_variant(q, qx, x, mask, rows: int, warps: int, stages: int, q_prologue: 
             mask.kv_index, *q.stride()[:3], *qx.q8.stride()[:3], vt.stride(2), *out.stride()[:3],
             *bf16._table_strides(mask.kv_count, mask.kv_index, b, h), h, n, m, x.k_scale.shape[2],
             (d ** -0.5) * bf16.LOG2E, HEAD_DIM=d, BLOCK_M=mask.block_q, BLOCK_N=mask.block_k, ROWS=rows,
-            Q_PROLOGUE=q_prologue, CONV=conv, PROMO=promo, num_warps=warps, num_stages=stages)
+            Q_PROLOGUE=q_prologue, CONV=conv, PROMO=promo, num_warps=warps, num_stages=stages,
+            **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch, out, lse
 
 
@@ -178,6 +180,10 @@ def rel_l1(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 CONFIGS = ((128, 4, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3), (64, 4, 3), (64, 4, 2), (64, 4, 4))
 _SHORT = CONFIGS[:3] + CONFIGS[4:5]
+# Register caps for more programs per SM (`scripts/sass_loop.py int8 --rows R --warps W --maxnreg C`, Triton 3.6):
+# 64 rows, 4 warps at 168 registers: three programs instead of two (213 uncapped; 12 bytes of spill stores capped);
+# 128 rows, 8 warps at 128: two instead of one (202 uncapped; 668 bytes spilled capped)
+CAPPED = ((64, 4, 3, 168), (64, 4, 2, 168), (128, 8, 2, 128))
 VARIANTS = (  # (q_prologue, conv, promo, configs)
     (False, BITS, FMA, CONFIGS),
     *((False, conv, FMA, _SHORT) for conv in (CONVERT, ASM_ADD)),
@@ -188,7 +194,8 @@ VARIANTS = (  # (q_prologue, conv, promo, configs)
 FULL_MASK_VARIANTS = ((BITS, FMA, CONFIGS[4]), (BITS, TRITON_PROMOTION, CONFIGS[0]),
                       (BITS, NO_PROMOTION, CONFIGS[0]))
 # the library's conversion (every promotion) only
-CURRENT_VARIANTS = tuple((False, CONVERT, promo, _SHORT) for promo in (FMA, TRITON_PROMOTION, NO_PROMOTION))
+CURRENT_VARIANTS = (*((False, CONVERT, promo, _SHORT) for promo in (FMA, TRITON_PROMOTION, NO_PROMOTION)),
+                    *((False, CONVERT, promo, CAPPED) for promo in (TRITON_PROMOTION, NO_PROMOTION)))
 CURRENT_FULL_MASK_VARIANTS = ((CONVERT, FMA, CONFIGS[4]), (CONVERT, TRITON_PROMOTION, CONFIGS[0]),
                               (CONVERT, NO_PROMOTION, CONFIGS[0]))
 GLUON_STAGES = (2, 3)
@@ -204,19 +211,20 @@ def measure(q, k, v, mask, full, bench, current_only: bool = False) -> dict:
               "quantize_ms": bench(lambda: int8.quantize(q, k, v, mask.block_k)),
               "library_ms": bench(library), "library_rel_l1": rel_l1(library()[0], native), "rows": []}
     print({key: value for key, value in result.items() if key != "rows"}, flush=True)
-    def timed_row(m, ref, rows, warps, stages, q_prologue, conv, promo, **label):
-        launch, out, _ = run_variant(q, qx, x, m, rows, warps, stages, q_prologue, conv, promo)
+    def timed_row(m, ref, rows, warps, stages, q_prologue, conv, promo, maxnreg=None, **label):
+        launch, out, _ = run_variant(q, qx, x, m, rows, warps, stages, q_prologue, conv, promo, maxnreg)
         launch()
         row = {"q": "prologue" if q_prologue else "read", "conv": CONVERSIONS[conv], "promo": PROMOTIONS[promo],
-               "rows": rows, "warps": warps, "stages": stages, **label, "ms": bench(launch), "rel_l1": rel_l1(out, ref)}
+               "rows": rows, "warps": warps, "stages": stages, "maxnreg": maxnreg, **label, "ms": bench(launch),
+               "rel_l1": rel_l1(out, ref)}
         print(row, flush=True)
         return row
 
     variants, full_variants = ((CURRENT_VARIANTS, CURRENT_FULL_MASK_VARIANTS) if current_only
                                else (VARIANTS, FULL_MASK_VARIANTS))
-    result["rows"] += [timed_row(mask, native, *config, q_prologue, conv, promo)
+    result["rows"] += [timed_row(mask, native, *config[:3], q_prologue, conv, promo, *config[3:])
                        for q_prologue, conv, promo, configs in variants for config in configs]
-    result["rows"] += [timed_row(full, native_full, *config, False, conv, promo, mask="full")
+    result["rows"] += [timed_row(full, native_full, *config[:3], False, conv, promo, *config[3:], mask="full")
                        for conv, promo, config in full_variants]
     if gluon.supported(qx, x, mask.block_q, mask.block_k):
         def gluon_row(m, ref, stages, **label):
@@ -237,11 +245,11 @@ def markdown(result: dict) -> str:
     lines = [f"bf16 sparse kernel {result['bf16_ms']:.3f} ms; int8: quantize (Q, K and V) {result['quantize_ms']:.3f} "
              f"ms, library forward (autotuned) {result['library_ms']:.3f} ms, rel L1 vs bf16 "
              f"{result['library_rel_l1']:.4f}", "",
-             "| mask | Q | logits to floats | P V promotion | rows | warps | stages | ms | rel L1 vs bf16 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| mask | Q | logits to floats | P V promotion | rows | warps | stages | register cap | ms | rel L1 vs bf16 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r.get('mask', '95%')} | {r['q']} | {r['conv']} | {r['promo']} | {r['rows']} | "
-                     f"{r['warps']} | {r['stages']} | {r['ms']:.3f} | {r['rel_l1']:.4f} |")
+                     f"{r['warps']} | {r['stages']} | {r.get('maxnreg') or '-'} | {r['ms']:.3f} | {r['rel_l1']:.4f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -40,8 +40,10 @@ def _argument_type(name: str, constexprs: dict, sub_n: int, head_dim: int, int8:
     return "*fp32" if name[0].isupper() and name not in ("H", "N", "M") and not name.startswith("NUM") else "i32"
 
 
-def compile_forward(kind: str, rows: int, sub_n: int, warps: int, stages: int, head_dim: int = 128):
-    """The compiled int8 or bf16 forward (Triton's CompiledKernel) for a 128x64 mask, K and V by descriptor."""
+def compile_forward(kind: str, rows: int, sub_n: int, warps: int, stages: int, head_dim: int = 128,
+                    maxnreg: int | None = None):
+    """The compiled int8 or bf16 forward (Triton's CompiledKernel) for a 128x64 mask, K and V by descriptor;
+    ``maxnreg`` caps the registers per thread (more programs per SM)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -55,7 +57,8 @@ def compile_forward(kind: str, rows: int, sub_n: int, warps: int, stages: int, h
     constexprs = {k: v for k, v in constexprs.items() if k in names}
     signature = {n: _argument_type(n, constexprs, sub_n, head_dim, kind == "int8") for n in names}
     return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages,
+                                                          **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
 def loop_histogram(sass: str) -> collections.Counter:
@@ -139,9 +142,11 @@ def main() -> int:
     parser.add_argument("--sub-n", type=int, default=64)
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=3)
+    parser.add_argument("--maxnreg", type=int, default=None, help="registers per thread at most (default: no cap)")
     args = parser.parse_args()
-    result = analyse(compile_forward(args.kind, args.rows, args.sub_n, args.warps, args.stages))
-    print(f"{args.kind} forward, {args.rows} rows x {args.sub_n} keys, {args.warps} warps, {args.stages} stages: "
+    result = analyse(compile_forward(args.kind, args.rows, args.sub_n, args.warps, args.stages, maxnreg=args.maxnreg))
+    cap = f", at most {args.maxnreg} registers" if args.maxnreg else ""
+    print(f"{args.kind} forward, {args.rows} rows x {args.sub_n} keys, {args.warps} warps, {args.stages} stages{cap}: "
           f"{result['instructions']} instructions per loop iteration and warp; wgmma "
           f"{'serialized' if result['serialized'] else 'pipelined'}; {result['registers']} registers, "
           f"{result['spill_bytes']} bytes of spill stores")

@@ -227,8 +227,10 @@ def _int8_tile(b_acc, b_m, b_l, v_unit, b_q8, b_rs, v_scale, k_src, v_src, start
     return b_acc, b_m_new, b_l, v_scale
 
 
+# The 64-row configs capped at 168 registers run three programs per SM instead of two (213 registers uncapped).
 @triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 2),
-                                                   (128, 128, 8, 2), (64, 64, 4, 3), (64, 64, 4, 4)), _box_hook),
+                                                   (128, 128, 8, 2), (64, 64, 4, 3), (64, 64, 4, 4),
+                                                   (64, 64, 4, 3, 168), (64, 64, 4, 2, 168)), _box_hook),
                  key=["HEAD_DIM", "BLOCK_M", "BLOCK_N", "N", "M", "USE_TMA"],
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N"))
 @triton.jit
