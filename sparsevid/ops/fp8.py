@@ -15,10 +15,11 @@ a scale up to 2x larger than amax / 448 costs no precision above the subnormal r
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
+
+from .caching import traceable_cache
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3fn value
@@ -69,7 +70,7 @@ def check_fp8_device(t: torch.Tensor, precision: str = "fp8") -> None:
                          f"{capability[0]}.{capability[1]}; use precision='native'")
 
 
-@functools.lru_cache(maxsize=None)
+@traceable_cache()  # an lru_cache called under torch.compile makes dynamo warn
 def _has_fp8_tensor_cores(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= FP8_MIN_CAPABILITY
 
