@@ -15,10 +15,11 @@ the library's forward (autotuned) and a copy of its kernel with switches, each t
   but [ROWS, D] more registers), or accumulated in the MMA across all tiles (no promotion: Hopper's fp8 MMA
   accumulates in reduced precision).
 
-The variants and the Gluon forward keep the design they were written for, one tile per step with V scaled per key
-block: they run on the library's quantized inputs with V's head scale repeated per block (the same values). The
-two-tile step with V scaled per head, timed here as ``--variants pairs`` at 235a6c9 (0.487 against 0.582 ms), is the
-library's forward since.
+And a restructured loop (``--variants pairs``): two kept tiles per iteration (two Q K^T products, one joint row
+max, one rescale of the accumulator, two P V products accumulated in the MMA, no promotion), with V quantized to
+e4m3 by one power-of-two scale per head (made here from V's amax) instead of per key block, so that the tiles of an
+iteration share V's unit: the per-iteration overhead (index loads, descriptors, waits, the [ROWS, D] rescale) is
+paid once per 128 keys instead of once per 64.
 
 Beside them, the same forward written in Gluon with every MMA waited for explicitly
 (``benchmarks/gluon_int8_forward.py``: nothing serialised, the accumulator's update beside Q K^T; 64 rows, 4
@@ -30,6 +31,7 @@ with the full mask, where the reduced-precision accumulation has the most tiles 
 
     python -m benchmarks int8_kernel_limits                       # CUDA only; every variant
     python -m benchmarks int8_kernel_limits --variants current    # the conversion instruction's rows and Gluon's
+    python -m benchmarks int8_kernel_limits --variants pairs      # two kept tiles per iteration vs the library
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 import sparsevid as sv
 from sparsevid.ops import triton_attention as bf16
 from sparsevid.ops import triton_int8_attention as int8
+from sparsevid.ops import fp8 as fp8_ops
 from sparsevid.ops import triton_fp8_attention as fp8
 from . import gluon_int8_forward as gluon
 from .report import write_result
@@ -155,6 +158,121 @@ def _variant_kernel(Q, Q8, QScale, QShift, KMean, K, V, KScale, VScale, Out, Lse
     bf16._store_rows(p_o, Lse + p_rows, b_acc * v_unit, b_m, b_l, b_shift, m_tile, m_rows)
 
 
+@triton.jit
+def _tile_logits(b_q8, b_rs, k_src, start_n, o_d, M, i_b, i_h, HEAD_DIM: tl.constexpr, SUB_N: tl.constexpr,
+                 MASK_COLS: tl.constexpr):
+    """Base-2 logits as float32 [ROWS, SUB_N] before the row max is taken off: int8 Q K^T of keys
+    [start_n, start_n + SUB_N) (columns past M at -inf where MASK_COLS), scaled by b_rs in the exponential's FMA."""
+    b_kt = bf16._load_rows(k_src, start_n, 0, o_d, M, HEAD_DIM, HEAD_DIM, SUB_N, MASK_COLS, True, True, i_b, i_h)
+    b_f = tl.dot(b_q8, b_kt, out_dtype=tl.int32).to(tl.float32)
+    if MASK_COLS:
+        b_f = tl.where((start_n + tl.arange(0, SUB_N) < M)[None, :], b_f, -float("inf"))
+    return b_f
+
+
+@triton.jit
+def _pair_tile(b_acc, b_m, b_l, b_q8, rs_a, rs_b, k_src, v_src, start_a, start_b, stride_vd, o_d, M, i_b, i_h,
+               HEAD_DIM: tl.constexpr, SUB_N: tl.constexpr):
+    """Two full kept tiles (keys from start_a and start_b) in one step: one row max, one rescale."""
+    b_fa = _tile_logits(b_q8, rs_a, k_src, start_a, o_d, M, i_b, i_h, HEAD_DIM, SUB_N, False)
+    b_fb = _tile_logits(b_q8, rs_b, k_src, start_b, o_d, M, i_b, i_h, HEAD_DIM, SUB_N, False)
+    b_va = fp8._load_v(v_src, start_a, stride_vd, o_d, M, HEAD_DIM, HEAD_DIM, SUB_N, False, True, i_b, i_h)
+    b_vb = fp8._load_v(v_src, start_b, stride_vd, o_d, M, HEAD_DIM, HEAD_DIM, SUB_N, False, True, i_b, i_h)
+    b_m_new = tl.maximum(b_m, tl.maximum(tl.max(b_fa, 1) * rs_a, tl.max(b_fb, 1) * rs_b) - fp8._LOG2_P_SCALE)
+    b_pa = tl.math.exp2(tl.fma(b_fa, rs_a[:, None], -b_m_new[:, None]))
+    b_pb = tl.math.exp2(tl.fma(b_fb, rs_b[:, None], -b_m_new[:, None]))
+    b_alpha = tl.math.exp2(b_m - b_m_new)
+    b_l = b_l * b_alpha + tl.sum(b_pa, 1) + tl.sum(b_pb, 1)
+    b_acc = tl.dot(b_pa.to(tl.float8e4nv), b_va, b_acc * b_alpha[:, None])
+    b_acc = tl.dot(b_pb.to(tl.float8e4nv), b_vb, b_acc)
+    return b_acc, b_m_new, b_l
+
+
+@triton.jit
+def _single_tile(b_acc, b_m, b_l, b_q8, b_rs, k_src, v_src, start_n, stride_vd, o_d, M, i_b, i_h,
+                 HEAD_DIM: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr):
+    """One kept tile (the odd one out, or the sequence's short last block)."""
+    b_f = _tile_logits(b_q8, b_rs, k_src, start_n, o_d, M, i_b, i_h, HEAD_DIM, SUB_N, MASK_COLS)
+    b_v = fp8._load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, HEAD_DIM, SUB_N, MASK_COLS, True, i_b, i_h)
+    b_m_new = tl.maximum(b_m, tl.max(b_f, 1) * b_rs - fp8._LOG2_P_SCALE)
+    b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_m_new[:, None]))
+    if MASK_COLS:
+        b_p = tl.where((start_n + tl.arange(0, SUB_N) < M)[None, :], b_p, 0.0)
+    b_alpha = tl.math.exp2(b_m - b_m_new)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc * b_alpha[:, None])
+    return b_acc, b_m_new, b_l
+
+
+@triton.jit
+def _pairs_kernel(Q8, QScale, QShift, K, V, KScale, VHeadScale, Out, Lse, KvCount, KvIndex,
+                  stride_q8b, stride_q8h, stride_q8n, stride_vd, stride_ob, stride_oh, stride_on,
+                  stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, H, N, M, NUM_KV_BLOCKS, scale_log2,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    """The int8 forward over pairs of kept tiles; V [B, H, D, M'] e4m3 in units of VHeadScale [B * H]."""
+    _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = bf16._program_rows(H, N, HEAD_DIM, HEAD_DIM, BLOCK_M, ROWS)
+    m_rows = o_m < N
+    p_rows = pid_bh.to(tl.int64) * N + o_m
+    p_q = Q8 + i_b * stride_q8b + i_h * stride_q8h + o_m[:, None].to(tl.int64) * stride_q8n + o_d[None, :]
+    b_q8 = tl.load(p_q, mask=m_tile, other=0)
+    b_rs = tl.load(QScale + p_rows, mask=m_rows, other=1.0) * scale_log2
+    b_shift = tl.load(QShift + p_rows, mask=m_rows, other=0.0) * scale_log2
+    p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
+    _, p_index, num_full, ragged_tail, last_block = bf16._tile_schedule(
+        KvCount, KvIndex, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, NUM_KV_BLOCKS, M,
+        BLOCK_N)
+    b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([ROWS], dtype=tl.float32)
+    b_acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    for it in range(0, num_full // 2):
+        blk_a = tl.load(p_index + 2 * it)
+        blk_b = tl.load(p_index + 2 * it + 1)
+        b_acc, b_m, b_l = _pair_tile(b_acc, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + blk_a),
+                                     b_rs * tl.load(p_kscale + blk_b), K, V, blk_a * BLOCK_N, blk_b * BLOCK_N,
+                                     stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_N)
+    if num_full % 2 == 1:
+        blk = tl.load(p_index + num_full - 1)
+        b_acc, b_m, b_l = _single_tile(b_acc, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + blk), K, V, blk * BLOCK_N,
+                                       stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_N, False)
+    if ragged_tail:
+        b_acc, b_m, b_l = _single_tile(b_acc, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + last_block), K, V,
+                                       last_block * BLOCK_N, stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_N, True)
+    p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :]
+    bf16._store_rows(p_o, Lse + p_rows, b_acc * tl.load(VHeadScale + pid_bh), b_m, b_l, b_shift, m_tile, m_rows)
+
+
+def head_scaled_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """V [B, H, M, D] as e4m3 in units of one power-of-two scale per head (amax / scale <= 448): (the
+    [B, H, D, M] tokens-contiguous view of a [B, H, D, M'] buffer, M' = M rounded up to 16; the scales float32
+    [B * H])."""
+    b, h, m, d = v.shape
+    scale = fp8_ops.scale_from_amax(v.float().abs().amax(dim=(2, 3)))
+    buf = torch.zeros(b, h, d, triton.cdiv(m, 16) * 16, device=v.device, dtype=torch.float8_e4m3fn)
+    buf[..., :m] = (v.float() / scale[:, :, None, None]).transpose(-1, -2).to(torch.float8_e4m3fn)
+    return buf[..., :m], scale.reshape(-1).contiguous()
+
+
+def run_pairs(q, v, qx, x, mask, rows: int, warps: int, stages: int, maxnreg: int | None = None):
+    """A launcher of the pairs forward over q, its quantized Q and K (qx, x from ``int8.quantize``) and v scaled per
+    head here (see run_variant): (launch, out, lse)."""
+    b, h, n, d = q.shape
+    m = x.k8.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty((b, h, n), dtype=torch.float32)
+    vt, v_scale = head_scaled_v(v)
+    k_src = TensorDescriptor.from_tensor(x.k8, [1, 1, mask.block_k, d])
+    v_src = TensorDescriptor.from_tensor(vt, [1, 1, d, mask.block_k])
+    grid = (triton.cdiv(n, rows), b * h)
+
+    def launch():
+        _pairs_kernel[grid](
+            qx.q8, qx.q_scale, qx.q_shift, k_src, v_src, x.k_scale, v_scale, out, lse, mask.kv_count, mask.kv_index,
+            *qx.q8.stride()[:3], vt.stride(2), *out.stride()[:3],
+            *bf16._table_strides(mask.kv_count, mask.kv_index, b, h), h, n, m, x.k_scale.shape[2],
+            (d ** -0.5) * bf16.LOG2E, HEAD_DIM=d, BLOCK_M=mask.block_q, BLOCK_N=mask.block_k, ROWS=rows,
+            num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return launch, out, lse
+
+
 def run_variant(q, qx, x, mask, rows: int, warps: int, stages: int, q_prologue: bool = False, conv: int = CONVERT,
                 promo: int = TRITON_PROMOTION, maxnreg: int | None = None):
     """A launcher of one variant over q [B, H, N, D] (contiguous head dim), its quantized inputs (qx, x from
@@ -206,17 +324,18 @@ CURRENT_FULL_MASK_VARIANTS = ((CONVERT, FMA, CONFIGS[4]), (CONVERT, TRITON_PROMO
 GLUON_STAGES = (2, 3)
 
 
-def per_block_v_scale(x: int8.Int8Inputs) -> int8.Int8Inputs:
-    """``x`` with V's head scale repeated for every key block (float32 [B, H, NUM_KV_BLOCKS]): the inputs of the
-    variants and the Gluon forward, written for V scaled per key block."""
-    return x._replace(v_scale=x.v_scale[..., None].expand(-1, -1, x.k_scale.shape[2]).contiguous())
+# The pairs forward's configs (rows, warps, stages[, register cap]) and the single-tile rows timed beside it
+PAIR_CONFIGS = ((128, 4, 2), (128, 4, 3), (64, 4, 3), (64, 4, 2), (64, 4, 3, 168), (128, 8, 2, 128))
+PAIR_FULL_CONFIGS = ((128, 4, 2), (64, 4, 3))
+PAIR_REFERENCES = ((False, CONVERT, NO_PROMOTION, ((64, 4, 3),)), (False, CONVERT, TRITON_PROMOTION, ((128, 4, 2),)))
+PAIRS = "pairs of tiles, V per head, none"
 
 
-def measure(q, k, v, mask, full, bench, current_only: bool = False) -> dict:
-    """Every timing and error (see the module's docstring); ``bench`` times a callable in ms."""
+def measure(q, k, v, mask, full, bench, variants: str = "all") -> dict:
+    """Every timing and error of ``variants`` ("all", "current" or "pairs"; see the module's docstring);
+    ``bench`` times a callable in ms."""
     native, native_full = sv.block_sparse_attention(q, k, v, mask), sv.block_sparse_attention(q, k, v, full)
     qx, x = int8.quantize(q, k, v, mask.block_k)
-    blocks = per_block_v_scale(x)
     library = lambda: int8.int8_forward(qx, x, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k,  # noqa: E731
                                         q.shape[-1] ** -0.5, q)
     result = {"bf16_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask)),
@@ -224,7 +343,7 @@ def measure(q, k, v, mask, full, bench, current_only: bool = False) -> dict:
               "library_ms": bench(library), "library_rel_l1": rel_l1(library()[0], native), "rows": []}
     print({key: value for key, value in result.items() if key != "rows"}, flush=True)
     def timed_row(m, ref, rows, warps, stages, q_prologue, conv, promo, maxnreg=None, **label):
-        launch, out, _ = run_variant(q, qx, blocks, m, rows, warps, stages, q_prologue, conv, promo, maxnreg)
+        launch, out, _ = run_variant(q, qx, x, m, rows, warps, stages, q_prologue, conv, promo, maxnreg)
         launch()
         row = {"q": "prologue" if q_prologue else "read", "conv": CONVERSIONS[conv], "promo": PROMOTIONS[promo],
                "rows": rows, "warps": warps, "stages": stages, "maxnreg": maxnreg, **label, "ms": bench(launch),
@@ -232,15 +351,28 @@ def measure(q, k, v, mask, full, bench, current_only: bool = False) -> dict:
         print(row, flush=True)
         return row
 
-    single, full_variants = ((CURRENT_VARIANTS, CURRENT_FULL_MASK_VARIANTS) if current_only
+    if variants == "pairs":
+        def pairs_row(m, ref, rows, warps, stages, maxnreg=None, **label):
+            launch, out, _ = run_pairs(q, v, qx, x, m, rows, warps, stages, maxnreg)
+            launch()
+            row = {"q": "read", "conv": CONVERSIONS[CONVERT], "promo": PAIRS, "rows": rows, "warps": warps,
+                   "stages": stages, "maxnreg": maxnreg, **label, "ms": bench(launch), "rel_l1": rel_l1(out, ref)}
+            print(row, flush=True)
+            return row
+        result["rows"] += [timed_row(mask, native, *config[:3], q_prologue, conv, promo, *config[3:])
+                           for q_prologue, conv, promo, configs in PAIR_REFERENCES for config in configs]
+        result["rows"] += [pairs_row(mask, native, *config) for config in PAIR_CONFIGS]
+        result["rows"] += [pairs_row(full, native_full, *config, mask="full") for config in PAIR_FULL_CONFIGS]
+        return result
+    single, full_variants = ((CURRENT_VARIANTS, CURRENT_FULL_MASK_VARIANTS) if variants == "current"
                              else (VARIANTS, FULL_MASK_VARIANTS))
     result["rows"] += [timed_row(mask, native, *config[:3], q_prologue, conv, promo, *config[3:])
                        for q_prologue, conv, promo, configs in single for config in configs]
     result["rows"] += [timed_row(full, native_full, *config[:3], False, conv, promo, *config[3:], mask="full")
                        for conv, promo, config in full_variants]
-    if gluon.supported(qx, blocks, mask.block_q, mask.block_k):
+    if gluon.supported(qx, x, mask.block_q, mask.block_k):
         def gluon_row(m, ref, stages, **label):
-            launch = lambda: gluon.gluon_int8_forward(qx, blocks, m.kv_count, m.kv_index, m.block_q,  # noqa: E731
+            launch = lambda: gluon.gluon_int8_forward(qx, x, m.kv_count, m.kv_index, m.block_q,  # noqa: E731
                                                       m.block_k, q.shape[-1] ** -0.5, q, stages)
             out = launch()[0]
             row = {"q": "read", "conv": CONVERSIONS[CONVERT], "promo": GLUON, "rows": gluon.ROWS,
@@ -268,8 +400,9 @@ def markdown(result: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--variants", choices=("all", "current"), default="all",
-                        help="all: every switch; current: the conversion instruction's rows (and Gluon's) only")
+    parser.add_argument("--variants", choices=("all", "current", "pairs"), default="all",
+                        help="all: every switch; current: the conversion instruction's rows (and Gluon's) only; "
+                             "pairs: two kept tiles per iteration beside the library's best single-tile rows")
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         print("int8_kernel_limits needs a Hopper or newer GPU (tensor descriptors, fp8)", file=sys.stderr)
@@ -279,7 +412,7 @@ def main() -> int:
     mask = sv.predict_mask(q, k, rule="topk", topk=0.05, block_q=128, block_k=64)[0]
     full = sv.SparseMask.full(q.shape[2], k.shape[2], 128, 64, device="cuda")
     result = measure(q, k, v, mask, full, lambda fn: triton.testing.do_bench(fn, rep=100),
-                     current_only=args.variants == "current")
+                     variants=args.variants)
     write_result(args.out, run_metadata(q.device), result, markdown(result))
     print(markdown(result))
     return 0
