@@ -43,5 +43,8 @@ def test_table_names_each_variant():
     table = limits.markdown({"bf16_ms": 0.69, "quantize_ms": 0.2, "library_ms": 0.5, "library_rel_l1": 0.0123,
                              "rows": [row, {**row, "mask": "full", "promo": "none"}]})
     assert "bf16 sparse kernel 0.690 ms; int8: quantize (Q, K and V) 0.200 ms" in table
-    assert "| 95% | read | cvt (I2FP) | max_num_imprecise_acc | 128 | 4 | 2 | 0.500 | 0.0123 |" in table
-    assert "| full | read | cvt (I2FP) | none | 128 | 4 | 2 | 0.500 | 0.0123 |" in table
+    assert "| 95% | read | cvt (I2FP) | max_num_imprecise_acc | 128 | 4 | 2 | - | 0.500 | 0.0123 |" in table
+    assert "| full | read | cvt (I2FP) | none | 128 | 4 | 2 | - | 0.500 | 0.0123 |" in table
+    capped = limits.markdown({"bf16_ms": 0.69, "quantize_ms": 0.2, "library_ms": 0.5, "library_rel_l1": 0.0123,
+                              "rows": [{**row, "rows": 64, "maxnreg": 168}]})
+    assert "| 95% | read | cvt (I2FP) | max_num_imprecise_acc | 64 | 4 | 2 | 168 | 0.500 | 0.0123 |" in capped
