@@ -111,6 +111,16 @@ def _variant_tile(b_acc, b_m, b_l, v_unit, b_q8, b_rs, v_scale, k_src, v_src, st
 
 
 @triton.jit
+def _quantized_rows(Q8, QScale, QShift, stride_q8b, stride_q8h, stride_q8n, i_b, i_h, o_m, o_d, m_tile, p_rows,
+                    m_rows):
+    """A program's rows of the quantized Q (``int8.quantize``): int8 [ROWS, D], their scales and smoothing shifts
+    (float32 [ROWS])."""
+    p_q = Q8 + i_b * stride_q8b + i_h * stride_q8h + o_m[:, None].to(tl.int64) * stride_q8n + o_d[None, :]
+    return (tl.load(p_q, mask=m_tile, other=0), tl.load(QScale + p_rows, mask=m_rows, other=1.0),
+            tl.load(QShift + p_rows, mask=m_rows, other=0.0))
+
+
+@triton.jit
 def _variant_kernel(Q, Q8, QScale, QShift, KMean, K, V, KScale, VScale, Out, Lse, KvCount, KvIndex,
                     stride_qb, stride_qh, stride_qn, stride_q8b, stride_q8h, stride_q8n, stride_vd,
                     stride_ob, stride_oh, stride_on, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
@@ -130,10 +140,9 @@ def _variant_kernel(Q, Q8, QScale, QShift, KMean, K, V, KScale, VScale, Out, Lse
         b_q8 = int8._round_int8(b_q * tl.math.div_rn(tl.zeros_like(q_amax) + int8._INT8_MAX, q_amax)[:, None])
         b_shift = tl.sum(b_q * tl.load(KMean + pid_bh * HEAD_DIM + o_d)[None, :], 1) * scale_log2
     else:
-        p_q = Q8 + i_b * stride_q8b + i_h * stride_q8h + o_m[:, None].to(tl.int64) * stride_q8n + o_d[None, :]
-        b_q8 = tl.load(p_q, mask=m_tile, other=0)
-        q_scale = tl.load(QScale + p_rows, mask=m_rows, other=1.0)
-        b_shift = tl.load(QShift + p_rows, mask=m_rows, other=0.0) * scale_log2
+        b_q8, q_scale, b_shift = _quantized_rows(Q8, QScale, QShift, stride_q8b, stride_q8h, stride_q8n, i_b, i_h,
+                                                 o_m, o_d, m_tile, p_rows, m_rows)
+        b_shift = b_shift * scale_log2
     q_scale = tl.where((tl.max(tl.abs(b_q8), 1) == 0) & (q_scale == q_scale), 0.0, q_scale)
     b_rs = q_scale * scale_log2
     p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
@@ -213,10 +222,10 @@ def _pairs_kernel(Q8, QScale, QShift, K, V, KScale, VHeadScale, Out, Lse, KvCoun
     _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = bf16._program_rows(H, N, HEAD_DIM, HEAD_DIM, BLOCK_M, ROWS)
     m_rows = o_m < N
     p_rows = pid_bh.to(tl.int64) * N + o_m
-    p_q = Q8 + i_b * stride_q8b + i_h * stride_q8h + o_m[:, None].to(tl.int64) * stride_q8n + o_d[None, :]
-    b_q8 = tl.load(p_q, mask=m_tile, other=0)
-    b_rs = tl.load(QScale + p_rows, mask=m_rows, other=1.0) * scale_log2
-    b_shift = tl.load(QShift + p_rows, mask=m_rows, other=0.0) * scale_log2
+    b_q8, q_scale, b_shift = _quantized_rows(Q8, QScale, QShift, stride_q8b, stride_q8h, stride_q8n, i_b, i_h, o_m,
+                                             o_d, m_tile, p_rows, m_rows)
+    b_rs = q_scale * scale_log2
+    b_shift = b_shift * scale_log2
     p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
     _, p_index, num_full, ragged_tail, last_block = bf16._tile_schedule(
         KvCount, KvIndex, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, NUM_KV_BLOCKS, M,
@@ -342,23 +351,23 @@ def measure(q, k, v, mask, full, bench, variants: str = "all") -> dict:
               "quantize_ms": bench(lambda: int8.quantize(q, k, v, mask.block_k)),
               "library_ms": bench(library), "library_rel_l1": rel_l1(library()[0], native), "rows": []}
     print({key: value for key, value in result.items() if key != "rows"}, flush=True)
-    def timed_row(m, ref, rows, warps, stages, q_prologue, conv, promo, maxnreg=None, **label):
-        launch, out, _ = run_variant(q, qx, x, m, rows, warps, stages, q_prologue, conv, promo, maxnreg)
+    def timed(launcher, ref, **label):
+        launch, out, _ = launcher
         launch()
-        row = {"q": "prologue" if q_prologue else "read", "conv": CONVERSIONS[conv], "promo": PROMOTIONS[promo],
-               "rows": rows, "warps": warps, "stages": stages, "maxnreg": maxnreg, **label, "ms": bench(launch),
-               "rel_l1": rel_l1(out, ref)}
+        row = {**label, "ms": bench(launch), "rel_l1": rel_l1(out, ref)}
         print(row, flush=True)
         return row
 
+    def timed_row(m, ref, rows, warps, stages, q_prologue, conv, promo, maxnreg=None, **label):
+        return timed(run_variant(q, qx, x, m, rows, warps, stages, q_prologue, conv, promo, maxnreg), ref,
+                     q="prologue" if q_prologue else "read", conv=CONVERSIONS[conv], promo=PROMOTIONS[promo],
+                     rows=rows, warps=warps, stages=stages, maxnreg=maxnreg, **label)
+
     if variants == "pairs":
         def pairs_row(m, ref, rows, warps, stages, maxnreg=None, **label):
-            launch, out, _ = run_pairs(q, v, qx, x, m, rows, warps, stages, maxnreg)
-            launch()
-            row = {"q": "read", "conv": CONVERSIONS[CONVERT], "promo": PAIRS, "rows": rows, "warps": warps,
-                   "stages": stages, "maxnreg": maxnreg, **label, "ms": bench(launch), "rel_l1": rel_l1(out, ref)}
-            print(row, flush=True)
-            return row
+            return timed(run_pairs(q, v, qx, x, m, rows, warps, stages, maxnreg), ref, q="read",
+                         conv=CONVERSIONS[CONVERT], promo=PAIRS, rows=rows, warps=warps, stages=stages,
+                         maxnreg=maxnreg, **label)
         result["rows"] += [timed_row(mask, native, *config[:3], q_prologue, conv, promo, *config[3:])
                            for q_prologue, conv, promo, configs in PAIR_REFERENCES for config in configs]
         result["rows"] += [pairs_row(mask, native, *config) for config in PAIR_CONFIGS]
