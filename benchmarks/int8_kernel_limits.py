@@ -15,11 +15,13 @@ the library's forward (autotuned) and a copy of its kernel with switches, each t
   but [ROWS, D] more registers), or accumulated in the MMA across all tiles (no promotion: Hopper's fp8 MMA
   accumulates in reduced precision).
 
-And a restructured loop (``--variants pairs``): two kept tiles per iteration (two Q K^T products, one joint row
-max, one rescale of the accumulator, two P V products accumulated in the MMA, no promotion), with V quantized to
-e4m3 by one power-of-two scale per head (made here from V's amax) instead of per key block, so that the tiles of an
-iteration share V's unit: the per-iteration overhead (index loads, descriptors, waits, the [ROWS, D] rescale) is
-paid once per 128 keys instead of once per 64.
+And the two-tile step without a fresh product (``--variants pairs``): the library's loop takes two kept tiles per
+iteration (two Q K^T products, one joint row max, one rescale of the accumulator; V scaled per head, so the tiles
+of an iteration share its unit) and adds each pair's P V product, made from zero, into the fp32 accumulator by the
+rescale's FMA; this variant instead accumulates both products in the MMA across all tiles (no promotion: faster by
+nothing in registers, but Hopper's fp8 MMA accumulates in reduced precision, which shows over the full mask's long
+rows). The single-tile variants and the Gluon forward keep the design they were written for, V scaled per key
+block: they run on the library's quantized inputs with V's head scale repeated per block (the same values).
 
 Beside them, the same forward written in Gluon with every MMA waited for explicitly
 (``benchmarks/gluon_int8_forward.py``: nothing serialised, the accumulator's update beside Q K^T; 64 rows, 4
@@ -31,7 +33,7 @@ with the full mask, where the reduced-precision accumulation has the most tiles 
 
     python -m benchmarks int8_kernel_limits                       # CUDA only; every variant
     python -m benchmarks int8_kernel_limits --variants current    # the conversion instruction's rows and Gluon's
-    python -m benchmarks int8_kernel_limits --variants pairs      # two kept tiles per iteration vs the library
+    python -m benchmarks int8_kernel_limits --variants pairs      # the two-tile step without its fresh product
 """
 from __future__ import annotations
 
@@ -46,7 +48,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 import sparsevid as sv
 from sparsevid.ops import triton_attention as bf16
 from sparsevid.ops import triton_int8_attention as int8
-from sparsevid.ops import fp8 as fp8_ops
 from sparsevid.ops import triton_fp8_attention as fp8
 from . import gluon_int8_forward as gluon
 from .report import write_result
@@ -250,24 +251,19 @@ def _pairs_kernel(Q8, QScale, QShift, K, V, KScale, VHeadScale, Out, Lse, KvCoun
     bf16._store_rows(p_o, Lse + p_rows, b_acc * tl.load(VHeadScale + pid_bh), b_m, b_l, b_shift, m_tile, m_rows)
 
 
-def head_scaled_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """V [B, H, M, D] as e4m3 in units of one power-of-two scale per head (amax / scale <= 448): (the
-    [B, H, D, M] tokens-contiguous view of a [B, H, D, M'] buffer, M' = M rounded up to 16; the scales float32
-    [B * H])."""
-    b, h, m, d = v.shape
-    scale = fp8_ops.scale_from_amax(v.float().abs().amax(dim=(2, 3)))
-    buf = torch.zeros(b, h, d, triton.cdiv(m, 16) * 16, device=v.device, dtype=torch.float8_e4m3fn)
-    buf[..., :m] = (v.float() / scale[:, :, None, None]).transpose(-1, -2).to(torch.float8_e4m3fn)
-    return buf[..., :m], scale.reshape(-1).contiguous()
+def per_block_v_scale(x: int8.Int8Inputs) -> int8.Int8Inputs:
+    """``x`` with V's head scale repeated for every key block (float32 [B, H, NUM_KV_BLOCKS]): the inputs of the
+    single-tile variants and the Gluon forward, written for V scaled per key block."""
+    return x._replace(v_scale=x.v_scale[..., None].expand(-1, -1, x.k_scale.shape[2]).contiguous())
 
 
-def run_pairs(q, v, qx, x, mask, rows: int, warps: int, stages: int, maxnreg: int | None = None):
-    """A launcher of the pairs forward over q, its quantized Q and K (qx, x from ``int8.quantize``) and v scaled per
-    head here (see run_variant): (launch, out, lse)."""
+def run_pairs(q, qx, x, mask, rows: int, warps: int, stages: int, maxnreg: int | None = None):
+    """A launcher of the pairs forward without a fresh product over q and its quantized inputs (qx, x from
+    ``int8.quantize``: V scaled per head), see run_variant: (launch, out, lse)."""
     b, h, n, d = q.shape
     m = x.k8.shape[2]
     out, lse = torch.empty_like(q), q.new_empty((b, h, n), dtype=torch.float32)
-    vt, v_scale = head_scaled_v(v)
+    vt, v_scale = x.v8.transpose(-1, -2), x.v_scale.reshape(-1).contiguous()
     k_src = TensorDescriptor.from_tensor(x.k8, [1, 1, mask.block_k, d])
     v_src = TensorDescriptor.from_tensor(vt, [1, 1, d, mask.block_k])
     grid = (triton.cdiv(n, rows), b * h)
@@ -333,10 +329,9 @@ CURRENT_FULL_MASK_VARIANTS = ((CONVERT, FMA, CONFIGS[4]), (CONVERT, TRITON_PROMO
 GLUON_STAGES = (2, 3)
 
 
-# The pairs forward's configs (rows, warps, stages[, register cap]) and the single-tile rows timed beside it
-PAIR_CONFIGS = ((128, 4, 2), (128, 4, 3), (64, 4, 3), (64, 4, 2), (64, 4, 3, 168), (128, 8, 2, 128))
-PAIR_FULL_CONFIGS = ((128, 4, 2), (64, 4, 3))
-PAIR_REFERENCES = ((False, CONVERT, NO_PROMOTION, ((64, 4, 3),)), (False, CONVERT, TRITON_PROMOTION, ((128, 4, 2),)))
+# The configs (rows, warps, stages) of the two-tile step without a fresh product: the library's (autotuned) beside
+PAIR_CONFIGS = ((64, 4, 3), (64, 4, 2), (128, 8, 2))
+PAIR_FULL_CONFIGS = ((64, 4, 3),)
 PAIRS = "pairs of tiles, V per head, none"
 
 
@@ -345,11 +340,14 @@ def measure(q, k, v, mask, full, bench, variants: str = "all") -> dict:
     ``bench`` times a callable in ms."""
     native, native_full = sv.block_sparse_attention(q, k, v, mask), sv.block_sparse_attention(q, k, v, full)
     qx, x = int8.quantize(q, k, v, mask.block_k)
-    library = lambda: int8.int8_forward(qx, x, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k,  # noqa: E731
-                                        q.shape[-1] ** -0.5, q)
+    blocks = per_block_v_scale(x)
+    library = lambda m=mask: int8.int8_forward(qx, x, m.kv_count, m.kv_index, m.block_q, m.block_k,  # noqa: E731
+                                               q.shape[-1] ** -0.5, q)
     result = {"bf16_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask)),
               "quantize_ms": bench(lambda: int8.quantize(q, k, v, mask.block_k)),
-              "library_ms": bench(library), "library_rel_l1": rel_l1(library()[0], native), "rows": []}
+              "library_ms": bench(library), "library_rel_l1": rel_l1(library()[0], native),
+              "library_full_ms": bench(lambda: library(full)), "library_full_rel_l1": rel_l1(library(full)[0],
+                                                                                           native_full), "rows": []}
     print({key: value for key, value in result.items() if key != "rows"}, flush=True)
     def timed(launcher, ref, **label):
         launch, out, _ = launcher
@@ -359,17 +357,15 @@ def measure(q, k, v, mask, full, bench, variants: str = "all") -> dict:
         return row
 
     def timed_row(m, ref, rows, warps, stages, q_prologue, conv, promo, maxnreg=None, **label):
-        return timed(run_variant(q, qx, x, m, rows, warps, stages, q_prologue, conv, promo, maxnreg), ref,
+        return timed(run_variant(q, qx, blocks, m, rows, warps, stages, q_prologue, conv, promo, maxnreg), ref,
                      q="prologue" if q_prologue else "read", conv=CONVERSIONS[conv], promo=PROMOTIONS[promo],
                      rows=rows, warps=warps, stages=stages, maxnreg=maxnreg, **label)
 
     if variants == "pairs":
         def pairs_row(m, ref, rows, warps, stages, maxnreg=None, **label):
-            return timed(run_pairs(q, v, qx, x, m, rows, warps, stages, maxnreg), ref, q="read",
+            return timed(run_pairs(q, qx, x, m, rows, warps, stages, maxnreg), ref, q="read",
                          conv=CONVERSIONS[CONVERT], promo=PAIRS, rows=rows, warps=warps, stages=stages,
                          maxnreg=maxnreg, **label)
-        result["rows"] += [timed_row(mask, native, *config[:3], q_prologue, conv, promo, *config[3:])
-                           for q_prologue, conv, promo, configs in PAIR_REFERENCES for config in configs]
         result["rows"] += [pairs_row(mask, native, *config) for config in PAIR_CONFIGS]
         result["rows"] += [pairs_row(full, native_full, *config, mask="full") for config in PAIR_FULL_CONFIGS]
         return result
@@ -379,9 +375,9 @@ def measure(q, k, v, mask, full, bench, variants: str = "all") -> dict:
                        for q_prologue, conv, promo, configs in single for config in configs]
     result["rows"] += [timed_row(full, native_full, *config[:3], False, conv, promo, *config[3:], mask="full")
                        for conv, promo, config in full_variants]
-    if gluon.supported(qx, x, mask.block_q, mask.block_k):
+    if gluon.supported(qx, blocks, mask.block_q, mask.block_k):
         def gluon_row(m, ref, stages, **label):
-            launch = lambda: gluon.gluon_int8_forward(qx, x, m.kv_count, m.kv_index, m.block_q,  # noqa: E731
+            launch = lambda: gluon.gluon_int8_forward(qx, blocks, m.kv_count, m.kv_index, m.block_q,  # noqa: E731
                                                       m.block_k, q.shape[-1] ** -0.5, q, stages)
             out = launch()[0]
             row = {"q": "read", "conv": CONVERSIONS[CONVERT], "promo": GLUON, "rows": gluon.ROWS,
@@ -397,7 +393,8 @@ def measure(q, k, v, mask, full, bench, variants: str = "all") -> dict:
 def markdown(result: dict) -> str:
     lines = [f"bf16 sparse kernel {result['bf16_ms']:.3f} ms; int8: quantize (Q, K and V) {result['quantize_ms']:.3f} "
              f"ms, library forward (autotuned) {result['library_ms']:.3f} ms, rel L1 vs bf16 "
-             f"{result['library_rel_l1']:.4f}", "",
+             f"{result['library_rel_l1']:.4f}; full mask {result['library_full_ms']:.3f} ms, rel L1 vs bf16 "
+             f"{result['library_full_rel_l1']:.4f}", "",
              "| mask | Q | logits to floats | P V promotion | rows | warps | stages | register cap | ms | rel L1 vs bf16 |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -411,7 +408,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--variants", choices=("all", "current", "pairs"), default="all",
                         help="all: every switch; current: the conversion instruction's rows (and Gluon's) only; "
-                             "pairs: two kept tiles per iteration beside the library's best single-tile rows")
+                             "pairs: the library's two-tile step without its fresh product")
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         print("int8_kernel_limits needs a Hopper or newer GPU (tensor descriptors, fp8)", file=sys.stderr)

@@ -169,7 +169,7 @@ def test_int8_kernel_against_emulation_and_float64(case, inputs, nan_poisoned_ou
     1.25x of the emulation's error vs float64 (the kernel rounds P against a running max, the emulation against
     the final one), and that error within the budget of two e4m3 operands (V and P): 2 eps, eps = V's own e4m3
     rounding error (about 0.026); rows with no kept tile give zeros and lse -inf; every element is written."""
-    from sparsevid.ops import fp8_reference, int8, int8_reference, triton_int8_attention
+    from sparsevid.ops import int8, int8_reference, triton_int8_attention
 
     b, h, n, m, d, block_q, block_k, sparsity = case
     mask, q, k, v = quantized_case(case, inputs)
@@ -189,14 +189,32 @@ def test_int8_kernel_against_emulation_and_float64(case, inputs, nan_poisoned_ou
         out, lse = sv.block_sparse_attention(q, k, v, mask, return_lse=True, backend="triton", precision="int8")
         emu, emu_lse = int8_reference.emulate_int8_attention(q, x, mask, scale)
         ref = sv.block_sparse_attention(q.double(), k.double(), v.double(), mask, backend="reference")
-        v8, v_scale = fp8_reference.quantize_fp8_blocks(v.float(), block_k)
-        eps = rel_err(v8.double() * v_scale.double().repeat_interleave(block_k, 2)[:, :, :m, None], v)
+        eps = rel_err(x_ref.v8.double() * x_ref.v_scale.double()[:, :, None, None], v)
     assert out.dtype == q.dtype and torch.isfinite(out).all()
     assert rel_err(lse, emu_lse) < 1e-4
     assert rel_err(out, ref) <= 1.25 * rel_err(emu, ref)
     assert rel_err(out, ref) <= 2 * eps
     empty = ~mask.keep.any(-1).repeat_interleave(block_q, -1)[..., :n]
     assert torch.equal(out[empty], torch.zeros_like(out[empty])) and (lse[empty] == float("-inf")).all()
+
+
+def test_int8_nonfinite_v_gives_nan_rows_of_its_tile_only(nan_poisoned_outputs):
+    """An inf in V becomes NaN in V8 (V's head scale ignores it): the rows that keep its block are NaN, the others
+    as without it (on the CPU the interpreter casts NaN to e4m3 as a number, and the emulation's dense product
+    spreads 0 * NaN to every row)."""
+    b, h, n, m, d = 1, 1, 256, 512, 64
+    q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16) for t in (n, m, m))
+    keep = torch.zeros(1, 1, 2, 8, dtype=torch.bool, device="cuda")
+    keep[..., 0, :2] = True
+    keep[..., 1, 2:4] = True
+    mask = sv.SparseMask.from_dense(keep, n, m, 128, 64)
+    poisoned = v.clone()
+    poisoned[0, 0, 70, 1] = float("inf")  # key block 1, kept by query block 0
+    with torch.no_grad():
+        clean = sv.block_sparse_attention(q, k, v, mask, precision="int8")
+        out = sv.block_sparse_attention(q, k, poisoned, mask, precision="int8")
+    assert torch.isnan(out[0, 0, :128]).any(-1).all()
+    assert torch.equal(out[0, 0, 128:], clean[0, 0, 128:])
 
 
 def test_int8_full_mask_matches_dense_attention(nan_poisoned_outputs):

@@ -5,8 +5,8 @@ may reject, so each variant is compiled for the real target in a subprocess with
 autotuning config of the fp8 forward for a 128x64 mask, with and without tensor descriptors, every config of the
 int8 Triton forward (the first both ways), the quantizers' launches, and the Gluon int8 forward (head dims 64 and
 128, where this Triton has Gluon); ptxas must keep the fp8 and Gluon forwards' MMAs pipelined, and the Gluon
-forward within its registers (no spills). The Triton int8 forward's promotion serialises its MMAs, measured faster
-there than the alternatives Triton allows (benchmarks/int8_kernel_limits.py).
+forward within its registers (no spills), and the int8 forward's MMAs pipelined in its 64-row configs (the ones
+measured fastest; with 128 rows ptxas serialises them for want of registers).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 QUANT_KERNELS = (("triton_fp8_attention", "_fp8_stats_kernel"), ("triton_fp8_attention", "_fp8_quant_kernel"),
-                 ("triton_int8_attention", "_int8_smooth_kernel"), ("triton_int8_attention", "_int8_quant_kernel"))
+                 ("triton_int8_attention", "_int8_stats_kernel"), ("triton_int8_attention", "_int8_quant_kernel"))
 QUANT_TYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Q8": "*fp8e4nv", "Q8Lo": "*fp8e4nv", "K8": "*fp8e4nv",
                "V8": "*fp8e4nv", "Counter": "*i32"}
 INT8_QUANT_TYPES = {**QUANT_TYPES, "Q8": "*i8", "K8": "*i8", "SAMPLES": "i32"}
@@ -113,7 +113,7 @@ def compile_all() -> None:
     for module, name in QUANT_KERNELS:
         fn = getattr(t8 if module == t8.__name__.rsplit(".", 1)[1] else t_int8, name)
         sizes = {"HEAD_DIM": 128, "BLOCK_D": 128, "TILE": 64, "CHUNK": 256 if module == "triton_fp8_attention" else 64,
-                 "PART_BLOCK": 32, "BLOCK_Q": 128, "BLOCK_K": 64, "NUM_CHUNKS": 4}
+                 "PART_BLOCK": 32, "BLOCK_Q": 128, "BLOCK_K": 64, "NUM_CHUNKS": 4, "PART": 1024}
         constexprs = {c: v for c, v in sizes.items() if c in inspect.signature(fn.fn).parameters}
         types = QUANT_TYPES if module == "triton_fp8_attention" else INT8_QUANT_TYPES
         # the int8 quantizer writes V by pointers or (V_TMA) through a descriptor over [B, H, D, M]
@@ -134,7 +134,7 @@ def compile_all() -> None:
                            config.num_stages, types=INT8_TYPES)
             ptx = kernel.asm["ptx"]
             wanted = "wgmma.mma_async" in ptx and ".s32.s8.s8" in ptx and "f32.e4m3.e4m3" in ptx
-            print("compiled int8 fwd", config.kwargs, config.num_warps, config.num_stages, use_tma,
+            print("compiled int8 fwd", config.kwargs, config.num_warps, config.num_stages, config.maxnreg, use_tma,
                   "serialized" if wgmma_serialized(ptx) else "pipelined",
                   "s8-and-e4m3-wgmma" if wanted else "missing-wgmma")
     fwd = t8._bsa_fp8_fwd_kernel
@@ -163,6 +163,7 @@ def test_fp8_kernels_compile_for_sm90_with_e4m3_wgmma():
     assert len(forwards) >= 8 and all(line.endswith("e4m3-wgmma") for line in forwards), done.stdout
     int8_forwards = [line for line in done.stdout.splitlines() if line.startswith("compiled int8 fwd")]
     assert len(int8_forwards) >= 5 and all(line.endswith("s8-and-e4m3-wgmma") for line in int8_forwards), done.stdout
+    assert all("pipelined" in line for line in int8_forwards if "'ROWS': 64," in line), done.stdout
     # the fp8 forward's P V is added by the rescale's FMA: ptxas keeps its MMAs pipelined
     assert all("pipelined" in line for line in forwards), done.stdout
     # the Gluon int8 forward (where this Triton has Gluon): pipelined, s8 and e4m3 products, no spills

@@ -27,9 +27,9 @@ KERNEL_CASES = [pytest.param(FP8_SHAPES[0].values[0], "all", id=f"{FP8_SHAPES[0]
 
 
 def _fp8_eps(v: torch.Tensor) -> float:
-    """One e4m3 tensor's relative rounding error (V's, per-block power-of-two scales)."""
-    v8, v_scale = fp8_reference.quantize_fp8_blocks(v.float(), 64)
-    return rel_err(v8.double() * v_scale.double().repeat_interleave(64, 2)[:, :, :v.shape[2], None], v)
+    """One e4m3 tensor's relative rounding error (V's, one power-of-two scale per head)."""
+    v8, v_scale = int8_reference.quantize_v_per_head(v)
+    return rel_err(v8.double() * v_scale.double()[:, :, None, None], v)
 
 
 def test_int8_scales_and_rounding():
@@ -148,21 +148,26 @@ def test_triton_kernel_interpreted_against_emulation(shape, tma, nan_poisoned_ou
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the interpreted Triton kernel")
-def test_v_block_scales_fold_exactly(nan_poisoned_outputs):
-    """With q = 0 every kept key weighs 1 (P * P_SCALE = 448, exact in e4m3): the kernel's output is the mean of
-    the dequantized values over the kept keys, whose blocks' scales differ by up to 2^20 (the accumulator changes
-    units between blocks): float32 rounding from the emulation's."""
+@pytest.mark.parametrize("block_k", [64, 128])
+def test_pairs_odd_tiles_and_the_short_last_block(block_k, nan_poisoned_outputs):
+    """The kernel takes a row's kept sub-tiles two at a time, the odd one alone, and the sequence's short last block
+    alone (the interpreter's config has 64-key sub-tiles: one per 64-key block, two per 128-key block). With q = 0
+    every kept key weighs 1 (P * P_SCALE = 448, exact in e4m3): the output is the mean of the dequantized V over
+    the kept keys, for rows keeping 1 to 5 blocks, with and without the last block: float32 rounding from the
+    emulation's."""
     from sparsevid.ops import triton_int8_attention
 
-    b, h, n, m, d = 1, 2, 200, 333, 64
+    b, h, n, m, d = 1, 2, 640, 600, 64
     q, k, v = _inputs(b, h, n, m, d)
     q.zero_()
-    exponents = torch.tensor([-10.0, 10.0, -3.0, 7.0, 0.0, -8.0])  # one per 64-key block (m = 333: six)
-    v *= (2.0 ** exponents[None, None, :, None]).repeat_interleave(64, 2)[:, :, :m]
-    mask = _mask(b, h, n, m, 128, 64)
-    qx, x = _kernel_inputs(q, k, v, 64)
-    assert x.v_scale.amax() / x.v_scale.amin() >= 2.0 ** 12
-    out, _ = triton_int8_attention.int8_forward(qx, x, mask.kv_count, mask.kv_index, 128, 64, d ** -0.5, q)
+    blocks = -(-m // block_k)  # the last one short: 600 = 9 * 64 + 24 = 4 * 128 + 88
+    kept = ([0], [1, 2], [0, 3, blocks - 1], [blocks - 1], [0, 1, 2, 3, blocks - 1])  # one set per query block
+    keep = torch.zeros(b, h, len(kept), blocks, dtype=torch.bool)
+    for row, columns in enumerate(kept):
+        keep[:, :, row, columns] = True
+    mask = sv.SparseMask.from_dense(keep, n, m, 128, block_k)
+    qx, x = _kernel_inputs(q, k, v, block_k)
+    out, _ = triton_int8_attention.int8_forward(qx, x, mask.kv_count, mask.kv_index, 128, block_k, d ** -0.5, q)
     emu, _ = int8_reference.emulate_int8_attention(q, x, mask, d ** -0.5)
     assert rel_err(out, emu) < 1e-6
 
@@ -195,12 +200,13 @@ def test_triton_quantizer_interpreted_matches_pytorch():
     """K's smoothing vector within float32 summation error of the sampled keys' mean; given it, Q's and K's int8
     values and every scale equal, Q's smoothing shifts within float32 summation error; V's e4m3 values equal except
     a few (< 5%) where the interpreter's cast rounds otherwise (see test_fp8_attention.py), none moved by more than
-    its own size. A NaN in V leaves its block's scale alone; an inf in K makes its block's scale NaN, a NaN in Q its
-    row's."""
+    its own size. A NaN or an inf in V leaves its head's scale alone (NaN in V8: the PyTorch quantizer's; the
+    interpreter casts NaN to e4m3 as a number); an inf in K makes its block's scale NaN, a NaN in Q its row's."""
     from sparsevid.ops import triton_int8_attention
 
     q, k, v = _inputs(2, 2, 150, 700, 64, outlier=True)  # more query rows than one quantizing program's 64
     v[1, 0, 17, 9] = float("nan")
+    v[0, 1, 400, 5] = float("inf")
     q[1, 1, 70, 3] = float("nan")
     key = next(t for t in range(640, 700) if t not in int8.smoothing_tokens(700).tolist())  # in block 10, unsampled
     k[0, 1, key, 2] = float("inf")
@@ -218,7 +224,8 @@ def test_triton_quantizer_interpreted_matches_pytorch():
     for name in ("k8", "k_scale", "v_scale", "k_mean"):
         torch.testing.assert_close(getattr(fast, name), getattr(ref, name), rtol=0, atol=0, equal_nan=True)
     assert torch.isnan(fast.k_scale[0, 1, 10]) and torch.isfinite(fast.k_scale[0, 1, :10]).all()
-    assert torch.isfinite(fast.v_scale).all()
+    assert torch.isfinite(fast.v_scale).all() and fast.v_scale.shape == (2, 2)
+    assert ref.v8[1, 0, 17, 9].float().isnan() and ref.v8[0, 1, 400, 5].float().isnan()
     a, r = fast.v8.float().masked_fill(ref.v8.float().isnan(), 0), ref.v8.float().nan_to_num()
     assert (a != r).float().mean() < 0.05 and ((a - r).abs() <= r.abs()).all()
 

@@ -5,7 +5,7 @@ What is int8 and what is fp8:
     Q, one scale per token (row), int8 in [-127, 127], quantized by the launch that quantizes K and V;
     K, smoothed by a vector mu (below) and given one scale per block of block_k tokens, int8;
     the product Q K^T on int8 tensor cores with exact int32 accumulation;
-    V, one power-of-two scale per block of block_k tokens (all channels), e4m3;
+    V, one power-of-two scale per head (all tokens and channels), e4m3;
     P (in [0, 1] after max subtraction) times ``P_SCALE``, e4m3; the product P V in fp32.
 Int8 is fixed point, 127 steps up to the amax: on Gaussian-like rows its rounding error is about 4x smaller
 than e4m3's (3 mantissa bits), so one int8 term replaces the two e4m3 terms of ``precision="fp8"``'s Q.
@@ -21,10 +21,12 @@ not of all keys: any vector subtracted from every key leaves the softmax exact (
 scale * q . mu back), and the sample removes the channel offsets shared by all tokens, which is what smoothing is
 for, without a pass over all of K before K can be quantized.
 
-V's scale per block instead of per channel lets one pass over V quantize it: e4m3 is floating point, so a channel
-30x wider than the others costs them nothing as long as their values stay above its subnormals (2^-6 of the
-top, 448 / 2^-6 = 2^14.8 of range). The kernel keeps its output accumulator in units of the current block's scale
-and folds the ratio of consecutive blocks' scales (powers of two: exact) into its running rescale.
+V's scale per head: e4m3 is floating point, so one scale costs a value nothing as long as it stays above the
+subnormals (2^-6 of the top, 448 / 2^-6 = 2^14.8 of range: a channel or a token 30x wider than the others costs
+them nothing), and every tile of a head shares V's unit, so the kernel takes two tiles per step with one rescale of
+its accumulator and lets the tensor cores accumulate both products. It is the power of two from the amax of V's
+finite values (computed per chunk of tokens by the launch that computes K's smoothing vector); NaN and inf in V
+become NaN, so that the rows that keep their tile are NaN, as for K.
 """
 from __future__ import annotations
 
@@ -42,8 +44,8 @@ MAX_INT8_HEAD_DIM = 256
 class Int8Inputs(NamedTuple):
     """Quantized K and V of ``precision="int8"``. k8: int8 [B, H, M, D] (smoothed K); v8: fp8 e4m3 [B, H, M, D]
     (the Triton prep returns a view of a [B, H, D, M'] buffer: tokens contiguous); k_scale, v_scale: float32
-    [B, H, ceil(M / block_k)]; k_mean: float32 [B, H, D] (mu). Dequantized: k8 * k_scale + k_mean and
-    v8 * v_scale (per key block)."""
+    [B, H, ceil(M / block_k)] and [B, H]; k_mean: float32 [B, H, D] (mu). Dequantized: k8 * k_scale + k_mean (per key
+    block) and v8 * v_scale (per head)."""
     k8: torch.Tensor
     v8: torch.Tensor
     k_scale: torch.Tensor

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from .fp8_reference import _abs_max, emulate_attention, quantize_fp8_blocks, token_blocks, unblock
+from .fp8 import scale_from_amax
+from .fp8_reference import _abs_max, _to_fp8, emulate_attention, token_blocks, unblock
 from .int8 import INT8_MAX, Int8Inputs, Int8Queries, int8_scale, round_to_int8, smoothing_tokens
 from .mask import SparseMask
 
@@ -45,16 +46,26 @@ def quantize_int8_kv(k: torch.Tensor, v: torch.Tensor, block_k: int,
     k_blocks = token_blocks(k.float() - k_mean[:, :, None], block_k)
     b, h, nb, block, d = k_blocks.shape
     k8, k_scale = quantize_int8_rows(k_blocks.reshape(b, h, nb, block * d))
-    v8, v_scale = quantize_fp8_blocks(v.float(), block_k)
+    v8, v_scale = quantize_v_per_head(v)
     return Int8Inputs(unblock(k8.view(b, h, nb, block, d), m), v8, k_scale, v_scale, k_mean)
+
+
+def quantize_v_per_head(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """V [B, H, M, D] (any float dtype) as e4m3 in units of one power-of-two scale per head from the amax of its
+    finite values; NaN and inf become NaN. Returns (fp8 [B, H, M, D], float32 scales [B, H])."""
+    x = v.float()
+    finite = torch.isfinite(x)
+    scale = scale_from_amax(torch.where(finite, x.abs(), 0.0).amax(dim=(2, 3)))
+    return _to_fp8(torch.where(finite, x / scale[:, :, None, None], float("nan"))), scale
 
 
 def dequantize_int8(q: torch.Tensor, x: Int8Inputs, block_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q (quantized per row as the kernel does), smoothed k and v in float64: [B, H, N, D], [B, H, M, D] twice."""
     q8, q_scale = quantize_q_rows(q)
     m = x.k8.shape[2]
-    per_key = (lambda s: s.double().repeat_interleave(block_k, dim=2)[:, :, :m, None])
-    return q8.double() * q_scale.double()[..., None], x.k8.double() * per_key(x.k_scale), x.v8.double() * per_key(x.v_scale)
+    per_key = x.k_scale.double().repeat_interleave(block_k, dim=2)[:, :, :m, None]
+    return (q8.double() * q_scale.double()[..., None], x.k8.double() * per_key,
+            x.v8.double() * x.v_scale.double()[:, :, None, None])
 
 
 def emulate_int8_attention(q: torch.Tensor, x: Int8Inputs, mask: SparseMask,

@@ -50,15 +50,17 @@ def _box_rows_hook(sources: tuple[str, str], rows):
     return hook
 
 
-def _configs(split: str, inner: str, choices: tuple[tuple[int, ...], ...], box_hook) -> list[triton.Config]:
+def _configs(split: str, inner: str, choices: tuple[tuple[int, ...], ...], box_hook,
+             interpreted: tuple[int, ...] = (64, 32, 4, 1)) -> list[triton.Config]:
     """Autotuning space, as (split, inner, warps, stages[, register cap]) choices: rows a program owns
     (``split``, a divisor of its mask block), the sub-tile of the inner loop (``inner``, a divisor of the
     visited blocks), warps, pipeline stages and an optional cap on registers per thread. A short list of
     shapes that do well on Hopper keeps the first call's compile time (every config is compiled) near a
-    minute. When interpreted, one config that exercises both splits; with autotuning off, one config valid
-    for every block size. ``box_hook`` (:func:`_box_rows_hook`) fits the descriptors to each config."""
+    minute. When interpreted, one config (``interpreted``; by default one that exercises both splits); with
+    autotuning off, one config valid for every block size. ``box_hook`` (:func:`_box_rows_hook`) fits the
+    descriptors to each config."""
     if INTERPRET:
-        choices = ((64, 32, 4, 1),)
+        choices = (interpreted,)
     elif not AUTOTUNE:
         choices = ((64, 64, 4, 3),)
     return [triton.Config({split: c[0], inner: c[1]}, num_warps=c[2], num_stages=c[3],

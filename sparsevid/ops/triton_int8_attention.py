@@ -1,12 +1,16 @@
 """precision="int8" block-sparse attention forward in Triton: INT8 Q K^T with int32 accumulation, FP8 (e4m3) P V
 with fp32 accumulation, for GPUs with FP8 tensor cores (sm89, sm90+; int8 x int8 runs at the fp8 rate there).
 
-:func:`quantize` prepares Q, K and V in two launches: K's smoothing vector (the mean of ``SMOOTH_SAMPLES`` keys per
-head, one small program per head), then one launch whose programs each quantize a key block (K read once to int8
-with its scale, V to e4m3 with its power-of-two scale, stored tokens contiguous, the layout an FP8 tensor-core
-product needs for its right operand, through a TMA store on Hopper) or a block of query rows (int8 with one scale
-per row, and the row's smoothing shift). :func:`int8_forward` runs the bf16 forward's online softmax over the kept
-tiles on the quantized inputs. Q comes quantized from memory rather than from the attention kernel's prologue:
+:func:`quantize` prepares Q, K and V in two launches: per head K's smoothing vector (the mean of
+``SMOOTH_SAMPLES`` keys) and the amax of V's chunks, then one launch whose programs each quantize a key block (K read
+once to int8 with its scale, V to e4m3 in units of its head's power-of-two scale, stored tokens contiguous, the
+layout an FP8 tensor-core product needs for its right operand, through a TMA store on Hopper) or a block of query
+rows (int8 with one scale per row, and the row's smoothing shift). :func:`int8_forward` runs the bf16 forward's
+online softmax over the kept tiles on the quantized inputs, two tiles per step: one row max and one rescale of the
+accumulator per pair (V's scale is the head's, so the tiles of a step share its unit), the pair's two P V products
+summed from zero by the tensor cores and added into the fp32 accumulator by the rescale's FMA (Hopper's fp8 MMA
+accumulates in reduced precision: accumulated there across all of a long row's tiles, the output lost a factor of
+two in accuracy with a full mask; see benchmarks/NOTES.md). Q comes quantized from memory rather than from the attention kernel's prologue:
 quantized there, the int8 tile was kept in shared memory and re-read byte by byte on every iteration of the loop
 (a fifth of its instructions; see benchmarks/NOTES.md). The rules are in :mod:`sparsevid.ops.int8`, the PyTorch
 oracle in :mod:`sparsevid.ops.int8_reference`. Forward only (inference).
@@ -31,6 +35,8 @@ _INT8_MAX = tl.constexpr(float(INT8_MAX))
 _ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + _ROUND) - _ROUND rounds |y| < 2^22 half to even
 _SMOOTH_CHUNK = 64  # sampled keys a smoothing program loads at once
 _Q_ROWS = 64  # query rows a quantizing program owns
+_V_PART, _V_TILE = 1024, 64  # keys of V per amax program, loaded a tile at a time
+_PART_BLOCK = 64  # V's chunk amaxes a quantizing program reduces at once
 
 
 # --------------------------------------------------------------------------- quantization
@@ -57,38 +63,65 @@ def _all_finite(b_x, axis: tl.constexpr):
 
 
 @triton.jit
-def _int8_smooth_kernel(K, KMean, stride_kb, stride_kh, stride_kn, stride_kd, H, M, SAMPLES,
-                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
-                        NUM_CHUNKS: tl.constexpr):
-    """Launch 1 of :func:`quantize`, program b*H + h: KMean[b, h] (float32 [B, H, D]) = the mean of K's keys
-    (j * M) // SAMPLES, j < SAMPLES (:func:`sparsevid.ops.int8.smoothing_tokens`), summed CHUNK at a time."""
-    pid_bh = tl.program_id(0)
-    i_b = (pid_bh // H).to(tl.int64)
-    i_h = (pid_bh % H).to(tl.int64)
-    o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < HEAD_DIM
-    b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for c in tl.static_range(NUM_CHUNKS):
-        o_j = c * CHUNK + tl.arange(0, CHUNK)
-        o_t = (o_j.to(tl.int64) * M) // SAMPLES
-        m_x = (o_j < SAMPLES)[:, None] & m_d[None, :]
-        p_x = K + i_b * stride_kb + i_h * stride_kh + o_t[:, None] * stride_kn + o_d[None, :] * stride_kd
-        b_sum += tl.sum(tl.load(p_x, mask=m_x, other=0.0).to(tl.float32), 0)
-    b_mean = tl.math.div_rn(b_sum, tl.zeros([BLOCK_D], dtype=tl.float32) + SAMPLES)
-    tl.store(KMean + pid_bh * HEAD_DIM + o_d, b_mean, mask=m_d)
+def _finite_abs(b_x):
+    """|x| where x is finite, 0 elsewhere (V's scale ignores NaN and inf; they become NaN in V8)."""
+    return tl.where(tl.abs(b_x) < float("inf"), tl.abs(b_x), 0.0)
 
 
 @triton.jit
-def _int8_kv_block(K, V, KMean, K8, V8, KScale, VScale, stride_kb, stride_kh, stride_kn, stride_kd,
+def _int8_stats_kernel(K, V, KMean, VAmax, stride_kb, stride_kh, stride_kn, stride_kd,
+                       stride_vb, stride_vh, stride_vn, stride_vd, H, M, SAMPLES, PARTS,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
+                       NUM_CHUNKS: tl.constexpr, PART: tl.constexpr, TILE: tl.constexpr):
+    """Launch 1 of :func:`quantize`, program (p, b*H + h): VAmax[b*H + h, p] (float32 [B*H, PARTS]) = the amax of
+    |V| over finite values of keys [p * PART, (p + 1) * PART), TILE at a time; program 0 of a head also writes
+    KMean[b, h] (float32 [B, H, D]) = the mean of K's keys (j * M) // SAMPLES, j < SAMPLES
+    (:func:`sparsevid.ops.int8.smoothing_tokens`), summed CHUNK at a time."""
+    pid_p = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = (pid_bh // H).to(tl.int64)
+    i_h = (pid_bh % H).to(tl.int64)
+    b_max = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for i in tl.static_range(0, PART // TILE):
+        p_v, m_tile = _tile_ptrs(V, i_b, i_h, stride_vb, stride_vh, stride_vn, stride_vd, pid_p * PART + i * TILE,
+                                 M, TILE, HEAD_DIM, BLOCK_D)
+        b_max = tl.maximum(b_max, tl.max(_finite_abs(tl.load(p_v, mask=m_tile, other=0.0).to(tl.float32)), 0))
+    tl.store(VAmax + pid_bh.to(tl.int64) * PARTS + pid_p, tl.max(b_max, 0))
+    if pid_p == 0:
+        o_d = tl.arange(0, BLOCK_D)
+        m_d = o_d < HEAD_DIM
+        b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for c in tl.static_range(NUM_CHUNKS):
+            o_j = c * CHUNK + tl.arange(0, CHUNK)
+            o_t = (o_j.to(tl.int64) * M) // SAMPLES
+            m_x = (o_j < SAMPLES)[:, None] & m_d[None, :]
+            p_x = K + i_b * stride_kb + i_h * stride_kh + o_t[:, None] * stride_kn + o_d[None, :] * stride_kd
+            b_sum += tl.sum(tl.load(p_x, mask=m_x, other=0.0).to(tl.float32), 0)
+        b_mean = tl.math.div_rn(b_sum, tl.zeros([BLOCK_D], dtype=tl.float32) + SAMPLES)
+        tl.store(KMean + pid_bh * HEAD_DIM + o_d, b_mean, mask=m_d)
+
+
+@triton.jit
+def _head_v_scale(VAmax, pid_bh, PARTS, PART_BLOCK: tl.constexpr):
+    """The power-of-two e4m3 scale of V's head pid_bh from its chunks' amax (:func:`_int8_stats_kernel`)."""
+    b_max = tl.zeros([PART_BLOCK], dtype=tl.float32)
+    for first in range(0, PARTS, PART_BLOCK):
+        o_p = first + tl.arange(0, PART_BLOCK)
+        b_max = tl.maximum(b_max, tl.load(VAmax + pid_bh.to(tl.int64) * PARTS + o_p, mask=o_p < PARTS, other=0.0))
+    return _pow2_scale(tl.max(b_max, 0))
+
+
+@triton.jit
+def _int8_kv_block(K, V, KMean, VAmax, K8, V8, KScale, VScale, stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd, stride_k8b, stride_k8h, stride_k8n,
-                   stride_v8b, stride_v8h, stride_v8d, blk, pid_bh, i_b, i_h, M,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, V_TMA: tl.constexpr):
+                   stride_v8b, stride_v8h, stride_v8d, blk, pid_bh, i_b, i_h, M, PARTS,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PART_BLOCK: tl.constexpr,
+                   V_TMA: tl.constexpr):
     """Key block blk of head pid_bh = b*H + h: K minus KMean to int8 K8 with its scale KScale[b, h, blk]; V to
-    e4m3 with its power-of-two scale VScale[b, h, blk] (NaN ignored, as in :func:`sparsevid.ops.fp8.scale_from_amax`),
+    e4m3 in units of its head's power-of-two scale (VScale[b, h], written by block 0; non-finite values as NaN),
     stored tokens contiguous: V8 is a descriptor over [B, H, D, M] (V_TMA: the accelerator writes the transposed
     tile, keys past M dropped) or the first byte of that layout with unit token stride."""
     start = blk * BLOCK_K
-    p_scale = pid_bh.to(tl.int64) * tl.cdiv(M, BLOCK_K) + blk
     o_d = tl.arange(0, BLOCK_D)
     b_mean = tl.load(KMean + pid_bh * HEAD_DIM + o_d, mask=o_d < HEAD_DIM, other=0.0)
     p_k, m_tile = _tile_ptrs(K, i_b, i_h, stride_kb, stride_kh, stride_kn, stride_kd, start, M, BLOCK_K, HEAD_DIM,
@@ -98,12 +131,13 @@ def _int8_kv_block(K, V, KMean, K8, V8, KScale, VScale, stride_kb, stride_kh, st
     b_k = tl.where(m_tile, tl.load(p_k, mask=m_tile, other=0.0).to(tl.float32) - b_mean[None, :], 0.0)
     b_v = tl.load(p_v, mask=m_tile, other=0.0).to(tl.float32)
     k_scale = _int8_scale(tl.max(tl.max(_abs_or_zero(b_k), 1), 0), _all_finite(b_k, None))
-    v_scale = _pow2_scale(tl.max(tl.max(_abs_or_zero(b_v), 1), 0))
-    tl.store(KScale + p_scale, k_scale)
-    tl.store(VScale + p_scale, v_scale)
+    v_scale = _head_v_scale(VAmax, pid_bh, PARTS, PART_BLOCK)
+    tl.store(KScale + pid_bh.to(tl.int64) * tl.cdiv(M, BLOCK_K) + blk, k_scale)
+    if blk == 0:
+        tl.store(VScale + pid_bh, v_scale)
     p_k8, _ = _tile_ptrs(K8, i_b, i_h, stride_k8b, stride_k8h, stride_k8n, 1, start, M, BLOCK_K, HEAD_DIM, BLOCK_D)
     tl.store(p_k8, _round_int8(tl.math.div_rn(b_k, tl.zeros_like(b_k) + k_scale)), mask=m_tile)
-    b_v8 = _to_fp8(b_v * tl.math.div_rn(1.0, v_scale))
+    b_v8 = _to_fp8(tl.where(tl.abs(b_v) < float("inf"), b_v * tl.math.div_rn(1.0, v_scale), float("nan")))
     if V_TMA:
         V8.store([i_b.to(tl.int32), i_h.to(tl.int32), 0, start], tl.trans(b_v8).reshape(1, 1, HEAD_DIM, BLOCK_K))
     else:
@@ -132,12 +166,12 @@ def _int8_q_rows(Q, KMean, Q8, QScale, QShift, stride_qb, stride_qh, stride_qn, 
 
 
 @triton.jit
-def _int8_quant_kernel(Q, K, V, KMean, Q8, QScale, QShift, K8, V8, KScale, VScale,
+def _int8_quant_kernel(Q, K, V, KMean, VAmax, Q8, QScale, QShift, K8, V8, KScale, VScale,
                        stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                        stride_vb, stride_vh, stride_vn, stride_vd, stride_k8b, stride_k8h, stride_k8n,
-                       stride_v8b, stride_v8h, stride_v8d, H, N, M,
+                       stride_v8b, stride_v8h, stride_v8d, H, N, M, PARTS,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, Q_ROWS: tl.constexpr,
-                       V_TMA: tl.constexpr):
+                       PART_BLOCK: tl.constexpr, V_TMA: tl.constexpr):
     """Launch 2 of :func:`quantize`, program (j, b*H + h, part): key block j of K and V (part 0,
     :func:`_int8_kv_block`) or query rows block j (part 1, :func:`_int8_q_rows`); programs past their part's
     blocks return."""
@@ -147,10 +181,10 @@ def _int8_quant_kernel(Q, K, V, KMean, Q8, QScale, QShift, K8, V8, KScale, VScal
     i_h = (pid_bh % H).to(tl.int64)
     if tl.program_id(2) == 0:
         if blk < tl.cdiv(M, BLOCK_K):
-            _int8_kv_block(K, V, KMean, K8, V8, KScale, VScale, stride_kb, stride_kh, stride_kn, stride_kd,
+            _int8_kv_block(K, V, KMean, VAmax, K8, V8, KScale, VScale, stride_kb, stride_kh, stride_kn, stride_kd,
                            stride_vb, stride_vh, stride_vn, stride_vd, stride_k8b, stride_k8h, stride_k8n,
-                           stride_v8b, stride_v8h, stride_v8d, blk, pid_bh, i_b, i_h, M, HEAD_DIM, BLOCK_D, BLOCK_K,
-                           V_TMA)
+                           stride_v8b, stride_v8h, stride_v8d, blk, pid_bh, i_b, i_h, M, PARTS, HEAD_DIM, BLOCK_D,
+                           BLOCK_K, PART_BLOCK, V_TMA)
     elif blk < tl.cdiv(N, Q_ROWS):
         _int8_q_rows(Q, KMean, Q8, QScale, QShift, stride_qb, stride_qh, stride_qn, stride_qd, blk, pid_bh, i_b, i_h,
                      N, HEAD_DIM, BLOCK_D, Q_ROWS)
@@ -171,66 +205,92 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_k: int) ->
     b, h, m, d = k.shape
     n = q.shape[2]
     kb = triton.cdiv(m, block_k)
+    parts = triton.cdiv(m, _V_PART)
     q8 = bf16._alloc(q, (b, h, n, d), torch.int8)
     q_scale = bf16._alloc(q, (b, h, n), torch.float32)
     q_shift = bf16._alloc(q, (b, h, n), torch.float32)
     k8 = bf16._alloc(k, (b, h, m, d), torch.int8)
     v8t = bf16._alloc(k, (b, h, d, triton.cdiv(m, 16) * 16), FP8_DTYPE)[..., :m]
     k_scale = bf16._alloc(k, (b, h, kb), torch.float32)
-    v_scale = bf16._alloc(k, (b, h, kb), torch.float32)
+    v_scale = bf16._alloc(k, (b, h), torch.float32)
     k_mean = bf16._alloc(k, (b, h, d), torch.float32)
+    v_amax = bf16._alloc(k, (b * h, parts), torch.float32)
     samples = min(m, SMOOTH_SAMPLES)
     block_d = bf16.padded_pow2(d)
-    _int8_smooth_kernel[(b * h,)](k, k_mean, *k.stride(), h, m, samples, HEAD_DIM=d, BLOCK_D=block_d,
-                                  CHUNK=_SMOOTH_CHUNK, NUM_CHUNKS=triton.cdiv(samples, _SMOOTH_CHUNK), num_warps=4)
+    _int8_stats_kernel[(parts, b * h)](k, v, k_mean, v_amax, *k.stride(), *v.stride(), h, m, samples, parts,
+                                       HEAD_DIM=d, BLOCK_D=block_d, CHUNK=_SMOOTH_CHUNK,
+                                       NUM_CHUNKS=triton.cdiv(samples, _SMOOTH_CHUNK), PART=_V_PART, TILE=_V_TILE,
+                                       num_warps=4)
     v_tma = _v_store_by_tma(v8t, block_k)
     v8_dest = TensorDescriptor.from_tensor(v8t, [1, 1, d, block_k]) if v_tma else v8t
     _int8_quant_kernel[(max(kb, triton.cdiv(n, _Q_ROWS)), b * h, 2)](
-        q, k, v, k_mean, q8, q_scale, q_shift, k8, v8_dest, k_scale, v_scale, *q.stride(), *k.stride(), *v.stride(),
-        *k8.stride()[:3], v8t.stride(0), v8t.stride(1), v8t.stride(2), h, n, m, HEAD_DIM=d, BLOCK_D=block_d,
-        BLOCK_K=block_k, Q_ROWS=_Q_ROWS, V_TMA=v_tma, num_warps=4)
+        q, k, v, k_mean, v_amax, q8, q_scale, q_shift, k8, v8_dest, k_scale, v_scale, *q.stride(), *k.stride(),
+        *v.stride(), *k8.stride()[:3], v8t.stride(0), v8t.stride(1), v8t.stride(2), h, n, m, parts, HEAD_DIM=d,
+        BLOCK_D=block_d, BLOCK_K=block_k, Q_ROWS=_Q_ROWS, PART_BLOCK=_PART_BLOCK, V_TMA=v_tma, num_warps=4)
     return Int8Queries(q8, q_scale, q_shift), Int8Inputs(k8, v8t.transpose(-1, -2), k_scale, v_scale, k_mean)
 
 
 # --------------------------------------------------------------------------- attention
 
 @triton.jit
-def _int8_tile(b_acc, b_m, b_l, v_unit, b_q8, b_rs, v_scale, k_src, v_src, start_n, stride_kn, stride_vd, o_d, M,
-               i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
-               MASK_COLS: tl.constexpr, USE_TMA: tl.constexpr):
-    """SUB_N keys of a kept tile. The int32 logits are converted to floats (exact: |logit| <= 127^2 * D < 2^24);
-    b_rs (float32 [ROWS]: q's row scale times the tile's k scale, softmax scale and log2(e)) turns them into base-2
-    logits inside the exponential's FMA. b_m is the running max minus log2(P_SCALE), so exp2 gives P * P_SCALE,
-    cast to fp8 as it is. b_acc holds the output in units of v_unit, the scale of the last V block; a block of
-    another scale folds the ratio (a power of two: exact) into the running rescale. Returns b_acc, b_m, b_l and the
-    new unit."""
+def _int8_logits(b_q8, k_src, start_n, stride_kn, o_d, M, i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                 SUB_N: tl.constexpr, MASK_COLS: tl.constexpr, USE_TMA: tl.constexpr):
+    """Q K^T of keys [start_n, start_n + SUB_N) on int8 tensor cores, converted to float32 [ROWS, SUB_N] (exact:
+    |logit| <= 127^2 * D < 2^24); columns past M at -inf where MASK_COLS."""
     b_kt = _load_rows(k_src, start_n, stride_kn, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, True, USE_TMA,
                       i_b, i_h)
-    b_v = _load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, USE_TMA, i_b, i_h)
     b_f = tl.dot(b_q8, b_kt, out_dtype=tl.int32).to(tl.float32)
     if MASK_COLS:
-        m_cols = (start_n + tl.arange(0, SUB_N) < M)[None, :]
-        b_f = tl.where(m_cols, b_f, -float("inf"))
+        b_f = tl.where((start_n + tl.arange(0, SUB_N) < M)[None, :], b_f, -float("inf"))
+    return b_f
+
+
+@triton.jit
+def _int8_pair(b_acc, b_m, b_l, b_q8, rs_a, rs_b, k_src, v_src, start_a, start_b, stride_kn, stride_vd, o_d, M,
+               i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, USE_TMA: tl.constexpr):
+    """Two whole kept sub-tiles (keys from start_a and from start_b) in one step. rs_a, rs_b (float32 [ROWS]): q's
+    row scale times each tile's k scale, the softmax scale and log2(e), applied inside the exponential's FMA. b_m is
+    the running max minus log2(P_SCALE), so exp2 gives P * P_SCALE, cast to fp8 as it is. One row max per pair; the
+    tensor cores sum both P V products from zero (128 keys: short enough for their reduced-precision accumulation),
+    and one FMA rescales b_acc and adds them. Returns b_acc, b_m and b_l."""
+    b_fa = _int8_logits(b_q8, k_src, start_a, stride_kn, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA)
+    b_fb = _int8_logits(b_q8, k_src, start_b, stride_kn, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA)
+    b_va = _load_v(v_src, start_a, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA, i_b, i_h)
+    b_vb = _load_v(v_src, start_b, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA, i_b, i_h)
+    b_m_new = tl.maximum(b_m, tl.maximum(tl.max(b_fa, 1) * rs_a, tl.max(b_fb, 1) * rs_b) - _LOG2_P_SCALE)
+    b_pa = tl.math.exp2(tl.fma(b_fa, rs_a[:, None], -b_m_new[:, None]))
+    b_pb = tl.math.exp2(tl.fma(b_fb, rs_b[:, None], -b_m_new[:, None]))
+    b_alpha = tl.math.exp2(b_m - b_m_new)
+    b_l = b_l * b_alpha + tl.sum(b_pa, 1) + tl.sum(b_pb, 1)
+    b_pv = tl.dot(b_pb.to(tl.float8e4nv), b_vb, tl.dot(b_pa.to(tl.float8e4nv), b_va))
+    return tl.fma(b_acc, b_alpha[:, None], b_pv), b_m_new, b_l
+
+
+@triton.jit
+def _int8_single(b_acc, b_m, b_l, b_q8, b_rs, k_src, v_src, start_n, stride_kn, stride_vd, o_d, M, i_b, i_h,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr,
+                 USE_TMA: tl.constexpr):
+    """One kept sub-tile (the odd one of a row's pairs, or a sub-tile of the sequence's short last block; keys past
+    M weigh 0 where MASK_COLS), as :func:`_int8_pair` does two."""
+    b_f = _int8_logits(b_q8, k_src, start_n, stride_kn, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS,
+                       USE_TMA)
+    b_v = _load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS, USE_TMA, i_b, i_h)
     b_m_new = tl.maximum(b_m, tl.max(b_f, 1) * b_rs - _LOG2_P_SCALE)
     b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_m_new[:, None]))
     if MASK_COLS:
-        b_p = tl.where(m_cols, b_p, 0.0)
+        b_p = tl.where((start_n + tl.arange(0, SUB_N) < M)[None, :], b_p, 0.0)
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
-    b_acc = b_acc * (b_alpha * (v_unit / v_scale))[:, None]
-    # Hopper's fp8 MMA accumulates in reduced precision: promote each tile's product into the fp32 accumulator
-    # (max_num_imprecise_acc = the tile's keys) instead of letting the error grow over every kept tile. ptxas
-    # serialises the kernel's wgmma for it (the promotion reads the MMA's registers early), yet it measured faster
-    # than a fresh product added by the rescale's FMA, whose extra [ROWS, D] registers the 128-row configs lack
-    # (benchmarks/int8_kernel_limits.py).
-    b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc, max_num_imprecise_acc=SUB_N)
-    return b_acc, b_m_new, b_l, v_scale
+    return tl.fma(b_acc, b_alpha[:, None], tl.dot(b_p.to(tl.float8e4nv), b_v)), b_m_new, b_l
 
 
-# The 64-row configs capped at 168 registers run three programs per SM instead of two (213 registers uncapped).
-@triton.autotune(configs=_configs("ROWS", "SUB_N", ((128, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 2),
-                                                   (128, 128, 8, 2), (64, 64, 4, 3), (64, 64, 4, 4),
-                                                   (64, 64, 4, 3, 168), (64, 64, 4, 2, 168)), _box_hook),
+# Two kept sub-tiles per step (benchmarks/int8_kernel_limits.py, "pairs"): 64-row programs of 4 warps, 3 stages won;
+# with the pair's fresh product they take 250 registers (two programs per SM, as the 200 without it).
+# Interpreted with 64-key sub-tiles: one per 64-key block (rows with an odd count take the single-tile step), two
+# per 128-key block.
+@triton.autotune(configs=_configs("ROWS", "SUB_N", ((64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 4),
+                                                   (128, 64, 8, 2)), _box_hook,
+                                  interpreted=(64, 64, 4, 1)),
                  key=["HEAD_DIM", "BLOCK_M", "BLOCK_N", "N", "M", "USE_TMA"],
                  prune_configs_by=_prune("ROWS", "BLOCK_M", "SUB_N", "BLOCK_N"))
 @triton.jit
@@ -244,7 +304,8 @@ def _bsa_int8_fwd_kernel(Q8, QScale, QShift, K, V, KScale, VScale, Out, Lse, KvC
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SUB_N: tl.constexpr, USE_TMA: tl.constexpr):
     """Forward over the kept tiles of ROWS query rows (inside one query block) of int8 Q8 [B, H, N, D] (unit
-    head-dim stride) with its row scales QScale and smoothing shifts QShift (float32 [B, H, N])."""
+    head-dim stride) with its row scales QScale and smoothing shifts QShift (float32 [B, H, N]), K8 with its block
+    scales KScale (float32 [B, H, NUM_KV_BLOCKS]) and V8 in units of its head's scale VScale (float32 [B, H])."""
     _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = _program_rows(H, N, HEAD_DIM, BLOCK_D, BLOCK_M, ROWS)
     m_rows = o_m < N
     p_q = Q8 + i_b * stride_qb + i_h * stride_qh + o_m[:, None].to(tl.int64) * stride_qn + o_d[None, :]
@@ -254,7 +315,6 @@ def _bsa_int8_fwd_kernel(Q8, QScale, QShift, K, V, KScale, VScale, Out, Lse, KvC
     # Smoothing takes q . k_mean off every logit of a row (base 2 here): the log-sum-exp gets it back.
     b_shift = tl.load(QShift + p_rows, mask=m_rows, other=0.0) * scale_log2
     p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
-    p_vscale = VScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
     k_src = _rows_source(K, i_b, i_h, stride_kb, stride_kh, USE_TMA)
     v_src = _rows_source(V, i_b, i_h, stride_vb, stride_vh, USE_TMA)
 
@@ -263,29 +323,33 @@ def _bsa_int8_fwd_kernel(Q8, QScale, QShift, K, V, KScale, VScale, Out, Lse, KvC
         BLOCK_N)
 
     SUBS: tl.constexpr = BLOCK_N // SUB_N
+    num_subs = num_full * SUBS  # whole kept sub-tiles, taken two at a time
     b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([ROWS], dtype=tl.float32)
     b_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-    v_unit = tl.full([], 1.0, dtype=tl.float32)
-    for it in range(0, num_full * SUBS):
-        kv_block = tl.load(p_index + it // SUBS)
-        b_acc, b_m, b_l, v_unit = _int8_tile(
-            b_acc, b_m, b_l, v_unit, b_q8, b_rs * tl.load(p_kscale + kv_block), tl.load(p_vscale + kv_block),
-            k_src, v_src, kv_block * BLOCK_N + (it % SUBS) * SUB_N, stride_kn, stride_vd, o_d, M, i_b, i_h,
-            HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA)
+    for it in range(0, num_subs // 2):
+        block_a = tl.load(p_index + (2 * it) // SUBS)
+        block_b = tl.load(p_index + (2 * it + 1) // SUBS)
+        b_acc, b_m, b_l = _int8_pair(
+            b_acc, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + block_a), b_rs * tl.load(p_kscale + block_b), k_src,
+            v_src, block_a * BLOCK_N + ((2 * it) % SUBS) * SUB_N, block_b * BLOCK_N + ((2 * it + 1) % SUBS) * SUB_N,
+            stride_kn, stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, USE_TMA)
+    if num_subs % 2 == 1:
+        block = tl.load(p_index + (num_subs - 1) // SUBS)
+        b_acc, b_m, b_l = _int8_single(b_acc, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + block), k_src, v_src,
+                                       block * BLOCK_N + ((num_subs - 1) % SUBS) * SUB_N, stride_kn, stride_vd, o_d,
+                                       M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA)
     if ragged_tail:
         b_tile_rs = b_rs * tl.load(p_kscale + last_block)
-        v_scale = tl.load(p_vscale + last_block)
         for sub in range(0, SUBS):
             start_n = last_block * BLOCK_N + sub * SUB_N
             if start_n < M:
-                b_acc, b_m, b_l, v_unit = _int8_tile(b_acc, b_m, b_l, v_unit, b_q8, b_tile_rs, v_scale, k_src, v_src,
-                                                     start_n, stride_kn, stride_vd, o_d, M, i_b, i_h, HEAD_DIM,
-                                                     BLOCK_D, SUB_N, True, USE_TMA)
+                b_acc, b_m, b_l = _int8_single(b_acc, b_m, b_l, b_q8, b_tile_rs, k_src, v_src, start_n, stride_kn,
+                                               stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, True, USE_TMA)
 
     p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :] * stride_od
-    # v_unit is a power of two: scaling by it first is exact
-    _store_rows(p_o, Lse + p_rows, b_acc * v_unit, b_m, b_l, b_shift, m_tile, m_rows)
+    # VScale is a power of two: scaling by it first is exact
+    _store_rows(p_o, Lse + p_rows, b_acc * tl.load(VScale + pid_bh), b_m, b_l, b_shift, m_tile, m_rows)
 
 
 def int8_forward(qx: Int8Queries, x: Int8Inputs, kv_count: torch.Tensor, kv_index: torch.Tensor, block_q: int,
@@ -307,7 +371,7 @@ def int8_forward(qx: Int8Queries, x: Int8Inputs, kv_count: torch.Tensor, kv_inde
                     if use_tma else (x.k8, vt))
     launch_tuned(
         _bsa_int8_fwd_kernel, lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h), (n, m, like.dtype, like.device),
-        qx.q8, qx.q_scale.contiguous(), qx.q_shift.contiguous(), k_src, v_src, x.k_scale, x.v_scale, out, lse,
+        qx.q8, qx.q_scale.contiguous(), qx.q_shift.contiguous(), k_src, v_src, x.k_scale, x.v_scale.contiguous(), out, lse,
         kv_count, kv_index, *qx.q8.stride()[:3], *x.k8.stride()[:3], *vt.stride()[:3], *out.stride(),
         *bf16._table_strides(kv_count, kv_index, b, h),
         h, n, m, triton.cdiv(n, block_q), x.k_scale.shape[2], scale * LOG2E,
