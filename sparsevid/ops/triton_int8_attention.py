@@ -246,13 +246,17 @@ def _int8_logits(b_q8, k_src, start_n, stride_kn, o_d, M, i_b, i_h, HEAD_DIM: tl
 
 
 @triton.jit
-def _int8_pair(b_acc, b_m, b_l, b_q8, rs_a, rs_b, k_src, v_src, start_a, start_b, stride_kn, stride_vd, o_d, M,
-               i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, USE_TMA: tl.constexpr):
+def _int8_pair(b_acc, b_pv, b_fold, b_m, b_l, b_q8, rs_a, rs_b, k_src, v_src, start_a, start_b, stride_kn,
+               stride_vd, o_d, M, i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
+               USE_TMA: tl.constexpr):
     """Two whole kept sub-tiles (keys from start_a and from start_b) in one step. rs_a, rs_b (float32 [ROWS]): q's
     row scale times each tile's k scale, the softmax scale and log2(e), applied inside the exponential's FMA. b_m is
-    the running max minus log2(P_SCALE), so exp2 gives P * P_SCALE, cast to fp8 as it is. One row max per pair; the
-    tensor cores sum both P V products from zero (128 keys: short enough for their reduced-precision accumulation),
-    and one FMA rescales b_acc and adds them. Returns b_acc, b_m and b_l."""
+    the running max minus log2(P_SCALE), so exp2 gives P * P_SCALE, cast to fp8 as it is. One row max per pair.
+
+    The output so far is b_acc * b_fold + b_pv: b_pv (float32 [ROWS, D]) is the last step's P V product, which the
+    tensor cores summed from zero (128 keys: short enough for their reduced-precision accumulation), and b_fold
+    (float32 [ROWS]) the rescale it came with. It is folded into b_acc by one FMA after this step's logits, so its
+    MMA runs while they are computed. Returns b_acc, b_pv, b_fold, b_m and b_l in those terms."""
     b_fa = _int8_logits(b_q8, k_src, start_a, stride_kn, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA)
     b_fb = _int8_logits(b_q8, k_src, start_b, stride_kn, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA)
     b_va = _load_v(v_src, start_a, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA, i_b, i_h)
@@ -262,14 +266,15 @@ def _int8_pair(b_acc, b_m, b_l, b_q8, rs_a, rs_b, k_src, v_src, start_a, start_b
     b_pb = tl.math.exp2(tl.fma(b_fb, rs_b[:, None], -b_m_new[:, None]))
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_pa, 1) + tl.sum(b_pb, 1)
+    b_acc = tl.fma(b_acc, b_fold[:, None], b_pv)
     b_pv = tl.dot(b_pb.to(tl.float8e4nv), b_vb, tl.dot(b_pa.to(tl.float8e4nv), b_va))
-    return tl.fma(b_acc, b_alpha[:, None], b_pv), b_m_new, b_l
+    return b_acc, b_pv, b_alpha, b_m_new, b_l
 
 
 @triton.jit
-def _int8_single(b_acc, b_m, b_l, b_q8, b_rs, k_src, v_src, start_n, stride_kn, stride_vd, o_d, M, i_b, i_h,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr,
-                 USE_TMA: tl.constexpr):
+def _int8_single(b_acc, b_pv, b_fold, b_m, b_l, b_q8, b_rs, k_src, v_src, start_n, stride_kn, stride_vd, o_d, M,
+                 i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
+                 MASK_COLS: tl.constexpr, USE_TMA: tl.constexpr):
     """One kept sub-tile (the odd one of a row's pairs, or a sub-tile of the sequence's short last block; keys past
     M weigh 0 where MASK_COLS), as :func:`_int8_pair` does two."""
     b_f = _int8_logits(b_q8, k_src, start_n, stride_kn, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, MASK_COLS,
@@ -281,7 +286,8 @@ def _int8_single(b_acc, b_m, b_l, b_q8, b_rs, k_src, v_src, start_n, stride_kn, 
         b_p = tl.where((start_n + tl.arange(0, SUB_N) < M)[None, :], b_p, 0.0)
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
-    return tl.fma(b_acc, b_alpha[:, None], tl.dot(b_p.to(tl.float8e4nv), b_v)), b_m_new, b_l
+    b_acc = tl.fma(b_acc, b_fold[:, None], b_pv)
+    return b_acc, tl.dot(b_p.to(tl.float8e4nv), b_v), b_alpha, b_m_new, b_l
 
 
 # Two kept sub-tiles per step (benchmarks/int8_kernel_limits.py, "pairs"): 64-row programs of 4 warps, 3 stages won;
@@ -327,29 +333,34 @@ def _bsa_int8_fwd_kernel(Q8, QScale, QShift, K, V, KScale, VScale, Out, Lse, KvC
     b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([ROWS], dtype=tl.float32)
     b_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    b_pv = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)  # the output is b_acc * b_fold + b_pv (see _int8_pair)
+    b_fold = tl.full([ROWS], 1.0, dtype=tl.float32)
     for it in range(0, num_subs // 2):
         block_a = tl.load(p_index + (2 * it) // SUBS)
         block_b = tl.load(p_index + (2 * it + 1) // SUBS)
-        b_acc, b_m, b_l = _int8_pair(
-            b_acc, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + block_a), b_rs * tl.load(p_kscale + block_b), k_src,
+        b_acc, b_pv, b_fold, b_m, b_l = _int8_pair(
+            b_acc, b_pv, b_fold, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + block_a), b_rs * tl.load(p_kscale + block_b), k_src,
             v_src, block_a * BLOCK_N + ((2 * it) % SUBS) * SUB_N, block_b * BLOCK_N + ((2 * it + 1) % SUBS) * SUB_N,
             stride_kn, stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, USE_TMA)
     if num_subs % 2 == 1:
         block = tl.load(p_index + (num_subs - 1) // SUBS)
-        b_acc, b_m, b_l = _int8_single(b_acc, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + block), k_src, v_src,
-                                       block * BLOCK_N + ((num_subs - 1) % SUBS) * SUB_N, stride_kn, stride_vd, o_d,
-                                       M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA)
+        b_acc, b_pv, b_fold, b_m, b_l = _int8_single(
+            b_acc, b_pv, b_fold, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + block), k_src, v_src,
+            block * BLOCK_N + ((num_subs - 1) % SUBS) * SUB_N, stride_kn, stride_vd, o_d, M, i_b, i_h, HEAD_DIM,
+            BLOCK_D, SUB_N, False, USE_TMA)
     if ragged_tail:
         b_tile_rs = b_rs * tl.load(p_kscale + last_block)
         for sub in range(0, SUBS):
             start_n = last_block * BLOCK_N + sub * SUB_N
             if start_n < M:
-                b_acc, b_m, b_l = _int8_single(b_acc, b_m, b_l, b_q8, b_tile_rs, k_src, v_src, start_n, stride_kn,
-                                               stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, True, USE_TMA)
+                b_acc, b_pv, b_fold, b_m, b_l = _int8_single(
+                    b_acc, b_pv, b_fold, b_m, b_l, b_q8, b_tile_rs, k_src, v_src, start_n, stride_kn, stride_vd, o_d,
+                    M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, True, USE_TMA)
 
     p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :] * stride_od
     # VScale is a power of two: scaling by it first is exact
-    _store_rows(p_o, Lse + p_rows, b_acc * tl.load(VScale + pid_bh), b_m, b_l, b_shift, m_tile, m_rows)
+    b_out = tl.fma(b_acc, b_fold[:, None], b_pv) * tl.load(VScale + pid_bh)
+    _store_rows(p_o, Lse + p_rows, b_out, b_m, b_l, b_shift, m_tile, m_rows)
 
 
 def int8_forward(qx: Int8Queries, x: Int8Inputs, kv_count: torch.Tensor, kv_index: torch.Tensor, block_q: int,
