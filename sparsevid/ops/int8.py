@@ -24,7 +24,7 @@ for, without a pass over all of K before K can be quantized.
 V's scale per head: e4m3 is floating point, so one scale costs a value nothing as long as it stays above the
 subnormals (2^-6 of the top, 448 / 2^-6 = 2^14.8 of range: a channel or a token 30x wider than the others costs
 them nothing), and every tile of a head shares V's unit, so the kernel takes two tiles per step with one rescale of
-its accumulator and lets the tensor cores accumulate both products. It is the power of two from the amax of V's
+its accumulator and lets the tensor cores sum both products. It is the power of two from the amax of V's
 finite values (computed per chunk of tokens by the launch that computes K's smoothing vector); NaN and inf in V
 become NaN, so that the rows that keep their tile are NaN, as for K.
 """
