@@ -70,7 +70,7 @@
 #               (at most 1.10x bf16 sparse's); OUT/quantized_quality/results.{json,md}
 #   quantizer   benchmark quantizer_limits (the int8 K/V quantizer's kernel taken apart: what its time is made of)
 #   int8_limits benchmark int8_kernel_limits (the int8 forward's loop taken apart: Q, conversion, promotion, configs;
-#               the same forward pipelined by hand in Gluon)
+#               the same forward pipelined by hand in Gluon); arguments go to it, e.g. `int8_limits --variants pairs`
 #   peers       benchmark attention_peers (SageAttention, FlashInfer, SpargeAttn where they are installed, beside the
 #               bf16 and int8 forwards on the same masks; a peer that does not import or run is listed with its error)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
@@ -169,7 +169,7 @@ quantizer)
     bench quantizer_limits 150
     ;;
 int8_limits)
-    bench int8_kernel_limits 300
+    bench int8_kernel_limits 300 "$@"
     ;;
 quantized_quality)
     step quantized_quality 560 "$PYTHON" -m sparsevid_lab.studies.quantized_quality --out "$OUT/quantized_quality" "$@"
