@@ -15,13 +15,15 @@ the library's forward (autotuned) and a copy of its kernel with switches, each t
   but [ROWS, D] more registers), or accumulated in the MMA across all tiles (no promotion: Hopper's fp8 MMA
   accumulates in reduced precision).
 
-And the two-tile step without a fresh product (``--variants pairs``): the library's loop takes two kept tiles per
-iteration (two Q K^T products, one joint row max, one rescale of the accumulator; V scaled per head, so the tiles
-of an iteration share its unit) and adds each pair's P V product, made from zero, into the fp32 accumulator by the
-rescale's FMA; this variant instead accumulates both products in the MMA across all tiles (no promotion: faster by
-nothing in registers, but Hopper's fp8 MMA accumulates in reduced precision, which shows over the full mask's long
-rows). The single-tile variants and the Gluon forward keep the design they were written for, V scaled per key
-block: they run on the library's quantized inputs with V's head scale repeated per block (the same values).
+And the library's two-tile step rewritten with a switch (``--variants pairs``): the loop takes two kept tiles per
+iteration (two Q K^T products, one joint row max, one rescale; V scaled per head, so the tiles of an iteration
+share its unit), and the MMA accumulates P V over every step (no promotion: Hopper's fp8 MMA accumulates in reduced
+precision, which shows over the full mask's long rows) or over FOLD steps, after which an FMA adds the product
+into an fp32 accumulator and the MMA starts again from zero (the library folds every step; the fold is done by
+the next step, after its logits, so that the MMA is not waited for at once). Each row also reports how far its
+output is from the library's. The single-tile variants and the Gluon forward keep the design they were written
+for, V scaled per key block: they run on the library's quantized inputs with V's head scale repeated per block
+(the same values).
 
 Beside them, the same forward written in Gluon with every MMA waited for explicitly
 (``benchmarks/gluon_int8_forward.py``: nothing serialised, the accumulator's update beside Q K^T; 64 rows, 4
@@ -33,7 +35,7 @@ with the full mask, where the reduced-precision accumulation has the most tiles 
 
     python -m benchmarks int8_kernel_limits                       # CUDA only; every variant
     python -m benchmarks int8_kernel_limits --variants current    # the conversion instruction's rows and Gluon's
-    python -m benchmarks int8_kernel_limits --variants pairs      # the two-tile step without its fresh product
+    python -m benchmarks int8_kernel_limits --variants pairs      # the two-tile step, P V accumulated over 0/1/4/8 steps
 """
 from __future__ import annotations
 
@@ -181,8 +183,23 @@ def _tile_logits(b_q8, b_rs, k_src, start_n, o_d, M, i_b, i_h, HEAD_DIM: tl.cons
 
 
 @triton.jit
-def _pair_tile(b_acc, b_m, b_l, b_q8, rs_a, rs_b, k_src, v_src, start_a, start_b, stride_vd, o_d, M, i_b, i_h,
-               HEAD_DIM: tl.constexpr, SUB_N: tl.constexpr):
+def _fold(b_acc, b_pv, b_f, b_alpha, step, FOLD: tl.constexpr):
+    """The accumulators before step ``step``'s P V products, the output so far being b_acc * b_f + b_pv (b_pv
+    float32 [ROWS, D] accumulated by the MMA, b_f float32 [ROWS]): with FOLD > 0 every FOLD-th step first adds b_pv
+    into b_acc by an FMA (after the step's logits: the last MMA had them to finish) and restarts it from zero, so
+    that the MMA's reduced-precision accumulation spans at most FOLD steps; FOLD = 0 never does (b_acc stays zero).
+    Returns b_acc, b_pv rescaled by the step's b_alpha (the MMA accumulates into it) and b_f."""
+    if FOLD > 0:
+        if step % FOLD == 0:
+            b_acc = tl.fma(b_acc, b_f[:, None], b_pv)
+            b_pv = tl.zeros_like(b_pv)
+            b_f = tl.zeros_like(b_f) + 1.0
+    return b_acc, b_pv * b_alpha[:, None], b_f * b_alpha
+
+
+@triton.jit
+def _pair_tile(b_acc, b_pv, b_f, b_m, b_l, b_q8, rs_a, rs_b, k_src, v_src, start_a, start_b, stride_vd, o_d, M,
+               i_b, i_h, step, HEAD_DIM: tl.constexpr, SUB_N: tl.constexpr, FOLD: tl.constexpr):
     """Two full kept tiles (keys from start_a and start_b) in one step: one row max, one rescale."""
     b_fa = _tile_logits(b_q8, rs_a, k_src, start_a, o_d, M, i_b, i_h, HEAD_DIM, SUB_N, False)
     b_fb = _tile_logits(b_q8, rs_b, k_src, start_b, o_d, M, i_b, i_h, HEAD_DIM, SUB_N, False)
@@ -193,33 +210,35 @@ def _pair_tile(b_acc, b_m, b_l, b_q8, rs_a, rs_b, k_src, v_src, start_a, start_b
     b_pb = tl.math.exp2(tl.fma(b_fb, rs_b[:, None], -b_m_new[:, None]))
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_pa, 1) + tl.sum(b_pb, 1)
-    b_acc = tl.dot(b_pa.to(tl.float8e4nv), b_va, b_acc * b_alpha[:, None])
-    b_acc = tl.dot(b_pb.to(tl.float8e4nv), b_vb, b_acc)
-    return b_acc, b_m_new, b_l
+    b_acc, b_pv, b_f = _fold(b_acc, b_pv, b_f, b_alpha, step, FOLD)
+    b_pv = tl.dot(b_pb.to(tl.float8e4nv), b_vb, tl.dot(b_pa.to(tl.float8e4nv), b_va, b_pv))
+    return b_acc, b_pv, b_f, b_m_new, b_l
 
 
 @triton.jit
-def _single_tile(b_acc, b_m, b_l, b_q8, b_rs, k_src, v_src, start_n, stride_vd, o_d, M, i_b, i_h,
-                 HEAD_DIM: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr):
+def _single_tile(b_acc, b_pv, b_f, b_m, b_l, b_q8, b_rs, k_src, v_src, start_n, stride_vd, o_d, M, i_b, i_h, step,
+                 HEAD_DIM: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr, FOLD: tl.constexpr):
     """One kept tile (the odd one out, or the sequence's short last block)."""
-    b_f = _tile_logits(b_q8, b_rs, k_src, start_n, o_d, M, i_b, i_h, HEAD_DIM, SUB_N, MASK_COLS)
+    b_f_tile = _tile_logits(b_q8, b_rs, k_src, start_n, o_d, M, i_b, i_h, HEAD_DIM, SUB_N, MASK_COLS)
     b_v = fp8._load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, HEAD_DIM, SUB_N, MASK_COLS, True, i_b, i_h)
-    b_m_new = tl.maximum(b_m, tl.max(b_f, 1) * b_rs - fp8._LOG2_P_SCALE)
-    b_p = tl.math.exp2(tl.fma(b_f, b_rs[:, None], -b_m_new[:, None]))
+    b_m_new = tl.maximum(b_m, tl.max(b_f_tile, 1) * b_rs - fp8._LOG2_P_SCALE)
+    b_p = tl.math.exp2(tl.fma(b_f_tile, b_rs[:, None], -b_m_new[:, None]))
     if MASK_COLS:
         b_p = tl.where((start_n + tl.arange(0, SUB_N) < M)[None, :], b_p, 0.0)
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
-    b_acc = tl.dot(b_p.to(tl.float8e4nv), b_v, b_acc * b_alpha[:, None])
-    return b_acc, b_m_new, b_l
+    b_acc, b_pv, b_f = _fold(b_acc, b_pv, b_f, b_alpha, step, FOLD)
+    return b_acc, tl.dot(b_p.to(tl.float8e4nv), b_v, b_pv), b_f, b_m_new, b_l
 
 
 @triton.jit
 def _pairs_kernel(Q8, QScale, QShift, K, V, KScale, VHeadScale, Out, Lse, KvCount, KvIndex,
                   stride_q8b, stride_q8h, stride_q8n, stride_vd, stride_ob, stride_oh, stride_on,
                   stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, H, N, M, NUM_KV_BLOCKS, scale_log2,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
-    """The int8 forward over pairs of kept tiles; V [B, H, D, M'] e4m3 in units of VHeadScale [B * H]."""
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                  FOLD: tl.constexpr):
+    """The int8 forward over pairs of kept tiles (P V accumulated by the MMA over FOLD steps, 0: over all);
+    V [B, H, D, M'] e4m3 in units of VHeadScale [B * H]."""
     _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = bf16._program_rows(H, N, HEAD_DIM, HEAD_DIM, BLOCK_M, ROWS)
     m_rows = o_m < N
     p_rows = pid_bh.to(tl.int64) * N + o_m
@@ -234,21 +253,30 @@ def _pairs_kernel(Q8, QScale, QShift, K, V, KScale, VHeadScale, Out, Lse, KvCoun
     b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([ROWS], dtype=tl.float32)
     b_acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    b_pv = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    b_f = tl.full([ROWS], 1.0, dtype=tl.float32)
     for it in range(0, num_full // 2):
         blk_a = tl.load(p_index + 2 * it)
         blk_b = tl.load(p_index + 2 * it + 1)
-        b_acc, b_m, b_l = _pair_tile(b_acc, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + blk_a),
-                                     b_rs * tl.load(p_kscale + blk_b), K, V, blk_a * BLOCK_N, blk_b * BLOCK_N,
-                                     stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_N)
+        b_acc, b_pv, b_f, b_m, b_l = _pair_tile(b_acc, b_pv, b_f, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + blk_a),
+                                                b_rs * tl.load(p_kscale + blk_b), K, V, blk_a * BLOCK_N,
+                                                blk_b * BLOCK_N, stride_vd, o_d, M, i_b, i_h, it, HEAD_DIM, BLOCK_N,
+                                                FOLD)
+    step = num_full // 2
     if num_full % 2 == 1:
         blk = tl.load(p_index + num_full - 1)
-        b_acc, b_m, b_l = _single_tile(b_acc, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + blk), K, V, blk * BLOCK_N,
-                                       stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_N, False)
+        b_acc, b_pv, b_f, b_m, b_l = _single_tile(b_acc, b_pv, b_f, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + blk),
+                                                  K, V, blk * BLOCK_N, stride_vd, o_d, M, i_b, i_h, step, HEAD_DIM,
+                                                  BLOCK_N, False, FOLD)
+        step += 1
     if ragged_tail:
-        b_acc, b_m, b_l = _single_tile(b_acc, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + last_block), K, V,
-                                       last_block * BLOCK_N, stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_N, True)
+        b_acc, b_pv, b_f, b_m, b_l = _single_tile(b_acc, b_pv, b_f, b_m, b_l, b_q8,
+                                                  b_rs * tl.load(p_kscale + last_block), K, V, last_block * BLOCK_N,
+                                                  stride_vd, o_d, M, i_b, i_h, step, HEAD_DIM, BLOCK_N, True, FOLD)
+    if FOLD > 0:
+        b_pv = tl.fma(b_acc, b_f[:, None], b_pv)
     p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :]
-    bf16._store_rows(p_o, Lse + p_rows, b_acc * tl.load(VHeadScale + pid_bh), b_m, b_l, b_shift, m_tile, m_rows)
+    bf16._store_rows(p_o, Lse + p_rows, b_pv * tl.load(VHeadScale + pid_bh), b_m, b_l, b_shift, m_tile, m_rows)
 
 
 def per_block_v_scale(x: int8.Int8Inputs) -> int8.Int8Inputs:
@@ -257,9 +285,9 @@ def per_block_v_scale(x: int8.Int8Inputs) -> int8.Int8Inputs:
     return x._replace(v_scale=x.v_scale[..., None].expand(-1, -1, x.k_scale.shape[2]).contiguous())
 
 
-def run_pairs(q, qx, x, mask, rows: int, warps: int, stages: int, maxnreg: int | None = None):
-    """A launcher of the pairs forward without a fresh product over q and its quantized inputs (qx, x from
-    ``int8.quantize``: V scaled per head), see run_variant: (launch, out, lse)."""
+def run_pairs(q, qx, x, mask, rows: int, warps: int, stages: int, fold: int = 0, maxnreg: int | None = None):
+    """A launcher of the pairs forward over q and its quantized inputs (qx, x from ``int8.quantize``: V scaled per
+    head), P V accumulated by the MMA over ``fold`` steps (0: over all), see run_variant: (launch, out, lse)."""
     b, h, n, d = q.shape
     m = x.k8.shape[2]
     out, lse = torch.empty_like(q), q.new_empty((b, h, n), dtype=torch.float32)
@@ -274,7 +302,7 @@ def run_pairs(q, qx, x, mask, rows: int, warps: int, stages: int, maxnreg: int |
             *qx.q8.stride()[:3], vt.stride(2), *out.stride()[:3],
             *bf16._table_strides(mask.kv_count, mask.kv_index, b, h), h, n, m, x.k_scale.shape[2],
             (d ** -0.5) * bf16.LOG2E, HEAD_DIM=d, BLOCK_M=mask.block_q, BLOCK_N=mask.block_k, ROWS=rows,
-            num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+            FOLD=fold, num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch, out, lse
 
 
@@ -329,10 +357,16 @@ CURRENT_FULL_MASK_VARIANTS = ((CONVERT, FMA, CONFIGS[4]), (CONVERT, TRITON_PROMO
 GLUON_STAGES = (2, 3)
 
 
-# The configs (rows, warps, stages) of the two-tile step without a fresh product: the library's (autotuned) beside
-PAIR_CONFIGS = ((64, 4, 3), (64, 4, 2), (128, 8, 2))
+# The two-tile step's configs (rows, warps, stages) and the steps over which its MMA accumulates P V (0: all; the
+# library's forward is 1, with the fold deferred to the next step as here)
+PAIR_CONFIGS = ((64, 4, 3), (64, 4, 2))
 PAIR_FULL_CONFIGS = ((64, 4, 3),)
-PAIRS = "pairs of tiles, V per head, none"
+PAIR_FOLDS = (0, 1, 4, 8)
+
+
+def pairs_label(fold: int) -> str:
+    """The promotion column of a two-tile row: over how many steps the MMA accumulates P V."""
+    return "pairs of tiles, V per head, " + ("none" if fold == 0 else f"fresh product every {fold} step(s) + FMA")
 
 
 def measure(q, k, v, mask, full, bench, variants: str = "all") -> dict:
@@ -362,12 +396,16 @@ def measure(q, k, v, mask, full, bench, variants: str = "all") -> dict:
                      rows=rows, warps=warps, stages=stages, maxnreg=maxnreg, **label)
 
     if variants == "pairs":
-        def pairs_row(m, ref, rows, warps, stages, maxnreg=None, **label):
-            return timed(run_pairs(q, qx, x, m, rows, warps, stages, maxnreg), ref, q="read",
-                         conv=CONVERSIONS[CONVERT], promo=PAIRS, rows=rows, warps=warps, stages=stages,
-                         maxnreg=maxnreg, **label)
-        result["rows"] += [pairs_row(mask, native, *config) for config in PAIR_CONFIGS]
-        result["rows"] += [pairs_row(full, native_full, *config, mask="full") for config in PAIR_FULL_CONFIGS]
+        def pairs_row(m, ref, rows, warps, stages, fold, **label):
+            launcher = run_pairs(q, qx, x, m, rows, warps, stages, fold)
+            row = timed(launcher, ref, q="read", conv=CONVERSIONS[CONVERT], promo=pairs_label(fold), rows=rows,
+                        warps=warps, stages=stages, **label)
+            # how far the MMA's accumulation moves the output from the library's (a fresh product every step)
+            row["rel_l1_vs_library"] = rel_l1(launcher[1], library(m)[0])
+            return row
+        result["rows"] += [pairs_row(mask, native, *config, fold) for fold in PAIR_FOLDS for config in PAIR_CONFIGS]
+        result["rows"] += [pairs_row(full, native_full, *config, fold, mask="full") for fold in PAIR_FOLDS
+                           for config in PAIR_FULL_CONFIGS]
         return result
     single, full_variants = ((CURRENT_VARIANTS, CURRENT_FULL_MASK_VARIANTS) if variants == "current"
                              else (VARIANTS, FULL_MASK_VARIANTS))
@@ -395,11 +433,14 @@ def markdown(result: dict) -> str:
              f"ms, library forward (autotuned) {result['library_ms']:.3f} ms, rel L1 vs bf16 "
              f"{result['library_rel_l1']:.4f}; full mask {result['library_full_ms']:.3f} ms, rel L1 vs bf16 "
              f"{result['library_full_rel_l1']:.4f}", "",
-             "| mask | Q | logits to floats | P V promotion | rows | warps | stages | register cap | ms | rel L1 vs bf16 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| mask | Q | logits to floats | P V promotion | rows | warps | stages | register cap | ms | rel L1 vs bf16 "
+             "| rel L1 vs library |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
+        vs_library = "" if r.get("rel_l1_vs_library") is None else f"{r['rel_l1_vs_library']:.4f}"
         lines.append(f"| {r.get('mask', '95%')} | {r['q']} | {r['conv']} | {r['promo']} | {r['rows']} | "
-                     f"{r['warps']} | {r['stages']} | {r.get('maxnreg') or '-'} | {r['ms']:.3f} | {r['rel_l1']:.4f} |")
+                     f"{r['warps']} | {r['stages']} | {r.get('maxnreg') or '-'} | {r['ms']:.3f} | {r['rel_l1']:.4f} "
+                     f"| {vs_library} |")
     return "\n".join(lines) + "\n"
 
 
@@ -408,7 +449,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--variants", choices=("all", "current", "pairs"), default="all",
                         help="all: every switch; current: the conversion instruction's rows (and Gluon's) only; "
-                             "pairs: the library's two-tile step without its fresh product")
+                             "pairs: the library's two-tile step with P V accumulated by the MMA over all, 1, 4 or 8 steps")
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         print("int8_kernel_limits needs a Hopper or newer GPU (tensor descriptors, fp8)", file=sys.stderr)

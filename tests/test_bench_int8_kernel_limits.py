@@ -37,12 +37,14 @@ def test_switches_agree_under_the_interpreter(nan_poisoned_outputs):
             assert limits.rel_l1(out, ref) < 0.1 * _fp8_eps(v) and limits.rel_l1(lse, ref_lse) < 1e-6
         else:  # float32 roundings apart: the rescale with or without the FMA
             assert limits.rel_l1(out, ref) < 1e-6 and limits.rel_l1(lse, ref_lse) < 1e-6, (q_prologue, conv, promo)
-    # the two-tile step without a fresh product, against the library's with one: float32 roundings apart
+    # the two-tile step accumulating over every step, or with a fresh product every 1 or 2 steps, against the
+    # library's (a fresh product every step): float32 roundings apart
     library, library_lse = triton_int8_attention.int8_forward(qx, x, mask.kv_count, mask.kv_index, 128, 64,
                                                               64 ** -0.5, q)
-    launch, out, lse = limits.run_pairs(q, qx, x, mask, 64, 4, 3)
-    launch()
-    assert limits.rel_l1(out, library) < 1e-6 and limits.rel_l1(lse, library_lse) < 1e-6
+    for fold in (0, 1, 2):
+        launch, out, lse = limits.run_pairs(q, qx, x, mask, 64, 4, 3, fold)
+        launch()
+        assert limits.rel_l1(out, library) < 1e-6 and limits.rel_l1(lse, library_lse) < 1e-6, fold
 
 
 def test_table_names_each_variant():
@@ -53,7 +55,10 @@ def test_table_names_each_variant():
     table = limits.markdown({**summary, "rows": [row, {**row, "mask": "full", "promo": "none"}]})
     assert "bf16 sparse kernel 0.690 ms; int8: quantize (Q, K and V) 0.200 ms" in table
     assert "full mask 8.900 ms, rel L1 vs bf16 0.0201" in table
-    assert "| 95% | read | cvt (I2FP) | max_num_imprecise_acc | 128 | 4 | 2 | - | 0.500 | 0.0123 |" in table
-    assert "| full | read | cvt (I2FP) | none | 128 | 4 | 2 | - | 0.500 | 0.0123 |" in table
+    assert "| 95% | read | cvt (I2FP) | max_num_imprecise_acc | 128 | 4 | 2 | - | 0.500 | 0.0123 |  |" in table
+    assert "| full | read | cvt (I2FP) | none | 128 | 4 | 2 | - | 0.500 | 0.0123 |  |" in table
+    pairs = limits.markdown({**summary, "rows": [{**row, "promo": limits.pairs_label(4), "rel_l1_vs_library": 0.0012}]})
+    assert ("| pairs of tiles, V per head, fresh product every 4 step(s) + FMA | 128 | 4 | 2 | - | 0.500 | 0.0123 "
+            "| 0.0012 |") in pairs
     capped = limits.markdown({**summary, "rows": [{**row, "rows": 64, "maxnreg": 168}]})
-    assert "| 95% | read | cvt (I2FP) | max_num_imprecise_acc | 64 | 4 | 2 | 168 | 0.500 | 0.0123 |" in capped
+    assert "| 95% | read | cvt (I2FP) | max_num_imprecise_acc | 64 | 4 | 2 | 168 | 0.500 | 0.0123 |  |" in capped
