@@ -8,12 +8,12 @@ layout an FP8 tensor-core product needs for its right operand, through a TMA sto
 rows (int8 with one scale per row, and the row's smoothing shift). :func:`int8_forward` runs the bf16 forward's
 online softmax over the kept tiles on the quantized inputs, two tiles per step: one row max and one rescale of the
 accumulator per pair (V's scale is the head's, so the tiles of a step share its unit), the pair's two P V products
-summed from zero by the tensor cores and added into the fp32 accumulator by the rescale's FMA (Hopper's fp8 MMA
-accumulates in reduced precision: accumulated there across all of a long row's tiles, the output lost a factor of
-two in accuracy with a full mask; see benchmarks/NOTES.md). Q comes quantized from memory rather than from the attention kernel's prologue:
-quantized there, the int8 tile was kept in shared memory and re-read byte by byte on every iteration of the loop
-(a fifth of its instructions; see benchmarks/NOTES.md). The rules are in :mod:`sparsevid.ops.int8`, the PyTorch
-oracle in :mod:`sparsevid.ops.int8_reference`. Forward only (inference).
+summed from zero by the tensor cores and added into the fp32 accumulator by the next step's FMA (Hopper's fp8 MMA
+accumulates in reduced precision: accumulated there across all of a long row's tiles, the output's error doubled
+with a full mask; see benchmarks/NOTES.md). Q comes quantized from memory rather than from the attention kernel's
+prologue: quantized there, the int8 tile was kept in shared memory and re-read byte by byte on every iteration of
+the loop (a fifth of its instructions; see benchmarks/NOTES.md). The rules are in :mod:`sparsevid.ops.int8`, the
+PyTorch oracle in :mod:`sparsevid.ops.int8_reference`. Forward only (inference).
 """
 from __future__ import annotations
 
@@ -341,9 +341,10 @@ def _bsa_int8_fwd_kernel(Q8, QScale, QShift, K, V, KScale, VScale, Out, Lse, KvC
         block_a = tl.load(p_index + (2 * it) // SUBS)
         block_b = tl.load(p_index + (2 * it + 1) // SUBS)
         b_acc, b_pv, b_fold, b_m, b_l = _int8_pair(
-            b_acc, b_pv, b_fold, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + block_a), b_rs * tl.load(p_kscale + block_b), k_src,
-            v_src, block_a * BLOCK_N + ((2 * it) % SUBS) * SUB_N, block_b * BLOCK_N + ((2 * it + 1) % SUBS) * SUB_N,
-            stride_kn, stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, USE_TMA)
+            b_acc, b_pv, b_fold, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + block_a),
+            b_rs * tl.load(p_kscale + block_b), k_src, v_src, block_a * BLOCK_N + ((2 * it) % SUBS) * SUB_N,
+            block_b * BLOCK_N + ((2 * it + 1) % SUBS) * SUB_N, stride_kn, stride_vd, o_d, M, i_b, i_h, HEAD_DIM,
+            BLOCK_D, SUB_N, USE_TMA)
     if num_subs % 2 == 1:
         block = tl.load(p_index + (num_subs - 1) // SUBS)
         b_acc, b_pv, b_fold, b_m, b_l = _int8_single(
@@ -384,8 +385,8 @@ def int8_forward(qx: Int8Queries, x: Int8Inputs, kv_count: torch.Tensor, kv_inde
                     if use_tma else (x.k8, vt))
     launch_tuned(
         _bsa_int8_fwd_kernel, lambda meta: (triton.cdiv(n, meta["ROWS"]), b * h), (n, m, like.dtype, like.device),
-        qx.q8, qx.q_scale.contiguous(), qx.q_shift.contiguous(), k_src, v_src, x.k_scale, x.v_scale.contiguous(), out, lse,
-        kv_count, kv_index, *qx.q8.stride()[:3], *x.k8.stride()[:3], *vt.stride()[:3], *out.stride(),
+        qx.q8, qx.q_scale.contiguous(), qx.q_shift.contiguous(), k_src, v_src, x.k_scale, x.v_scale.contiguous(), out,
+        lse, kv_count, kv_index, *qx.q8.stride()[:3], *x.k8.stride()[:3], *vt.stride()[:3], *out.stride(),
         *bf16._table_strides(kv_count, kv_index, b, h),
         h, n, m, triton.cdiv(n, block_q), x.k_scale.shape[2], scale * LOG2E,
         HEAD_DIM=d, BLOCK_D=bf16.padded_pow2(d), BLOCK_M=block_q, BLOCK_N=block_k, USE_TMA=use_tma,
