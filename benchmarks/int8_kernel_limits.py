@@ -1,8 +1,9 @@
 """What bounds the int8 block-sparse forward (``triton_int8_attention.int8_forward``): its loop taken apart.
 
 At the Wan 1.3B shape (Q, K, V [1, 12, 32,760, 128] bf16, one 128x64 top-k mask at 95% from ``predict_mask``)
-the library's forward (autotuned) and a copy of its kernel with switches, each timed alone
-(``triton.testing.do_bench``) at fixed configs (query rows per program, warps, pipeline stages):
+the library's forward (autotuned) and a copy of its single-tile kernel (the library's until c13c13d: one kept tile
+per step, V scaled per key block) with switches, each timed alone (``triton.testing.do_bench``) at fixed configs
+(query rows per program, warps, pipeline stages):
 
 * Q: read quantized (the library) or quantized in the kernel's prologue from bf16 Q (the design before: Triton then
   kept the int8 tile in shared memory and re-read it byte by byte in every iteration);
@@ -10,10 +11,10 @@ the library's forward (autotuned) and a copy of its kernel with switches, each t
   R's subtraction folded into the exponential's FMA) by two logical operations or by an integer addition in
   inline PTX (written as a Triton addition it becomes the product's initial accumulator, whose set-up between the
   MMAs makes ptxas serialise every wgmma of the kernel);
-* the P V product: promoted by Triton (``max_num_imprecise_acc``, the library; it reads the MMA's registers early,
-  so ptxas serialises every wgmma), from zero and added to the accumulator by the rescale's FMA (not serialised,
-  but [ROWS, D] more registers), or accumulated in the MMA across all tiles (no promotion: Hopper's fp8 MMA
-  accumulates in reduced precision).
+* the P V product: promoted by Triton (``max_num_imprecise_acc``, the single-tile library's; it reads the MMA's
+  registers early, so ptxas serialises every wgmma), from zero and added to the accumulator by the rescale's FMA
+  (not serialised, but [ROWS, D] more registers), or accumulated in the MMA across all tiles (no promotion:
+  Hopper's fp8 MMA accumulates in reduced precision).
 
 And the library's two-tile step rewritten with a switch (``--variants pairs``): the loop takes two kept tiles per
 iteration (two Q K^T products, one joint row max, one rescale; V scaled per head, so the tiles of an iteration
