@@ -125,6 +125,19 @@ def _quantized_rows(Q8, QScale, QShift, stride_q8b, stride_q8h, stride_q8n, i_b,
 
 
 @triton.jit
+def _row_schedule(KScale, KvCount, KvIndex, pid_bh, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih,
+                  stride_ir, NUM_KV_BLOCKS, M, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """A program's kept-tile schedule (``bf16._tile_schedule``), its head's K block scales and the online softmax's
+    starting state: (p_kscale, p_index, num_full, ragged_tail, last_block, b_m, b_l, b_acc)."""
+    _, p_index, num_full, ragged_tail, last_block = bf16._tile_schedule(
+        KvCount, KvIndex, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, NUM_KV_BLOCKS, M,
+        BLOCK_N)
+    return (KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS, p_index, num_full, ragged_tail, last_block,
+            tl.full([ROWS], float("-inf"), dtype=tl.float32), tl.zeros([ROWS], dtype=tl.float32),
+            tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32))
+
+
+@triton.jit
 def _variant_kernel(Q, Q8, QScale, QShift, KMean, K, V, KScale, VScale, Out, Lse, KvCount, KvIndex,
                     stride_qb, stride_qh, stride_qn, stride_q8b, stride_q8h, stride_q8n, stride_vd,
                     stride_ob, stride_oh, stride_on, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
@@ -149,14 +162,10 @@ def _variant_kernel(Q, Q8, QScale, QShift, KMean, K, V, KScale, VScale, Out, Lse
         b_shift = b_shift * scale_log2
     q_scale = tl.where((tl.max(tl.abs(b_q8), 1) == 0) & (q_scale == q_scale), 0.0, q_scale)
     b_rs = q_scale * scale_log2
-    p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
     p_vscale = VScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
-    _, p_index, num_full, ragged_tail, last_block = bf16._tile_schedule(
-        KvCount, KvIndex, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, NUM_KV_BLOCKS, M,
-        BLOCK_N)
-    b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    b_l = tl.zeros([ROWS], dtype=tl.float32)
-    b_acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    p_kscale, p_index, num_full, ragged_tail, last_block, b_m, b_l, b_acc = _row_schedule(
+        KScale, KvCount, KvIndex, pid_bh, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
+        NUM_KV_BLOCKS, M, BLOCK_N, ROWS, HEAD_DIM)
     v_unit = tl.full([], 1.0, dtype=tl.float32)
     for it in range(0, num_full):
         kv_block = tl.load(p_index + it)
@@ -247,13 +256,9 @@ def _pairs_kernel(Q8, QScale, QShift, K, V, KScale, VHeadScale, Out, Lse, KvCoun
                                              o_d, m_tile, p_rows, m_rows)
     b_rs = q_scale * scale_log2
     b_shift = b_shift * scale_log2
-    p_kscale = KScale + pid_bh.to(tl.int64) * NUM_KV_BLOCKS
-    _, p_index, num_full, ragged_tail, last_block = bf16._tile_schedule(
-        KvCount, KvIndex, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, NUM_KV_BLOCKS, M,
-        BLOCK_N)
-    b_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    b_l = tl.zeros([ROWS], dtype=tl.float32)
-    b_acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    p_kscale, p_index, num_full, ragged_tail, last_block, b_m, b_l, b_acc = _row_schedule(
+        KScale, KvCount, KvIndex, pid_bh, i_b, i_h, q_block, stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
+        NUM_KV_BLOCKS, M, BLOCK_N, ROWS, HEAD_DIM)
     b_pv = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
     b_f = tl.full([ROWS], 1.0, dtype=tl.float32)
     for it in range(0, num_full // 2):
@@ -286,7 +291,7 @@ def per_block_v_scale(x: int8.Int8Inputs) -> int8.Int8Inputs:
     return x._replace(v_scale=x.v_scale[..., None].expand(-1, -1, x.k_scale.shape[2]).contiguous())
 
 
-def run_pairs(q, qx, x, mask, rows: int, warps: int, stages: int, fold: int = 0, maxnreg: int | None = None):
+def run_pairs(q, qx, x, mask, rows: int, warps: int, stages: int, fold: int = 0):
     """A launcher of the pairs forward over q and its quantized inputs (qx, x from ``int8.quantize``: V scaled per
     head), P V accumulated by the MMA over ``fold`` steps (0: over all), see run_variant: (launch, out, lse)."""
     b, h, n, d = q.shape
@@ -303,7 +308,7 @@ def run_pairs(q, qx, x, mask, rows: int, warps: int, stages: int, fold: int = 0,
             *qx.q8.stride()[:3], vt.stride(2), *out.stride()[:3],
             *bf16._table_strides(mask.kv_count, mask.kv_index, b, h), h, n, m, x.k_scale.shape[2],
             (d ** -0.5) * bf16.LOG2E, HEAD_DIM=d, BLOCK_M=mask.block_q, BLOCK_N=mask.block_k, ROWS=rows,
-            FOLD=fold, num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+            FOLD=fold, num_warps=warps, num_stages=stages)
     return launch, out, lse
 
 
