@@ -12,6 +12,9 @@ Measured:
 * the floor of the clip bar: the native setting sampled again on ``--floor-backend`` (default "gather": the same
   sparse attention computed in float32 by other code), whose clips differ from the native ones by rounding alone.
   A quantized setting cannot be expected closer to the native clips than this.
+* with ``--replay-masks``, the same clip comparison with every layer's mask held as the native run predicted it
+  (recorded from a native sampling, replayed in each quantized and floor setting's): what rounding does to the clips
+  apart from flipping tiles near a row's threshold (``sparsevid_lab.eval.mask_replay``).
 
 On a GPU the Triton kernels run (``backend="auto"``); on the CPU the PyTorch emulation of the same quantization
 (``backend="reference"``, the native setting too). Writes results.json and results.md under --out.
@@ -33,8 +36,9 @@ from sparsevid.eval import HELDOUT_SEED
 from sparsevid.eval.video_metrics import psnr
 
 from ..cli.args import add_study_model_options, parse_study_args
-from ..eval.harness import DEFAULT_CAPTIONS, run_harness
+from ..eval.harness import DEFAULT_CAPTIONS, run_harness, sample_with_stats
 from ..eval.heldout import heldout_set, sparse_velocity_errors
+from ..eval.mask_replay import recording_masks, replaying_masks
 
 PRECISIONS = ("int8", "fp8")
 PSNR_BAR, VELOCITY_BAR = 30.0, 1.10  # issue 37: quantized vs native sparse clip; velocity error ratio
@@ -83,6 +87,31 @@ def compare(results: dict, clips: dict, sparsities, precisions, floor_backend: s
     return rows
 
 
+def replayed_masks_comparison(model, configs: dict, jobs, steps, guidance, sparsities, precisions,
+                              floor_backend: str | None = None) -> list[dict]:
+    """Per sparsity: the native setting sampled while its masks are recorded, then each quantized precision (and
+    the floor setting where there is one) sampled with those masks replayed. One row per setting: its clips' PSNR
+    against the recording run's (mean, min) and the verdict against the clip bar."""
+    rows = []
+    for s in sparsities:
+        names = {precision: label(precision, s) for precision in precisions}
+        if floor_backend is not None:
+            names[f"native ({floor_backend})"] = floor_label(s, floor_backend)
+        with recording_masks([]) as masks:
+            native, _, _ = sample_with_stats(model, configs[label("native", s)], jobs, steps, guidance,
+                                             progress=f"native {s:.0%}, recording masks")
+        for precision, name in names.items():
+            with replaying_masks(masks):
+                clips, _, _ = sample_with_stats(model, configs[name], jobs, steps, guidance,
+                                                progress=f"{name}, native masks")
+            against_native = psnr(clips, native)
+            rows.append({"sparsity": s, "precision": precision, "masks": "native, replayed",
+                         "psnr_vs_native": float(against_native.mean()),
+                         "psnr_vs_native_min": float(against_native.min()),
+                         "psnr_bar_met": bool(against_native.min() >= PSNR_BAR)})
+    return rows
+
+
 def table(report: dict) -> str:
     lines = [f"# Quantized sparse forwards end to end ({report['meta']['gpu']}, commit {report['meta']['commit']})", "",
              f"Clip {report['clip']}, {report['steps']} steps, {report['clips']} clips; velocity error on "
@@ -99,6 +128,12 @@ def table(report: dict) -> str:
         met = "yes" if r["psnr_bar_met"] and r["velocity_bar_met"] else "no"
         lines.append(f"| {r['sparsity']:.0%} | {r['precision']} | {r['psnr_vs_native']:.2f} / "
                      f"{r['psnr_vs_native_min']:.2f} | {r['velocity_ratio']:.3f} | {met} |")
+    if report.get("replayed_masks"):
+        lines += ["", "With the native run's masks replayed in every layer (no tile flips; clip bar only):", "",
+                  "| sparsity | precision | PSNR vs native dB (mean / min) | clip bar met |", "|---|---|---|---|"]
+        for r in report["replayed_masks"]:
+            lines.append(f"| {r['sparsity']:.0%} | {r['precision']} | {r['psnr_vs_native']:.2f} / "
+                         f"{r['psnr_vs_native_min']:.2f} | {'yes' if r['psnr_bar_met'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -117,6 +152,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--floor-backend", default="gather", choices=("gather", "reference", "flex", "none"),
                         help="the native setting again on this backend: the rounding floor of the clip bar "
                              "(none: skip)")
+    parser.add_argument("--replay-masks", action="store_true",
+                        help="also sample each quantized and floor setting with the native run's masks replayed")
     add_study_model_options(parser)
     return parse_study_args(parser, argv)
 
@@ -141,6 +178,9 @@ def main(argv=None) -> dict:
               "clips": len(captions) * len(args.seeds), "heldout": len(heldout), "settings": results,
               "comparison": compare(results, sampled["clips"], args.sparsities, args.precisions, floor),
               "configs": {name: config.to_dict() for name, config in configs.items()},
+              "replayed_masks": replayed_masks_comparison(
+                  model, configs, [(c, s) for c in captions for s in args.seeds], steps, args.guidance,
+                  args.sparsities, args.precisions, floor) if args.replay_masks else [],
               "args": recorded_args(args)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
