@@ -67,7 +67,9 @@
 #               95%/full: kernel, quantization, public call and prediction + call ms, accuracy)
 #   quantized_quality  issue 37's end-to-end bar on the built-in model at its long clip: top-k 95% and 63% at bf16,
 #               int8 and fp8, sampled clips (quantized vs bf16 sparse: PSNR >= 30 dB) and held-out velocity error
-#               (at most 1.10x bf16 sparse's); OUT/quantized_quality/results.{json,md}
+#               (at most 1.10x bf16 sparse's); OUT/quantized_quality/results.{json,md}; arguments go to the study,
+#               e.g. `quantized_quality --captions 4 --replay-masks` (each quantized setting also sampled with the
+#               native run's masks replayed: the clip bar without tile flips)
 #   quantizer   benchmark quantizer_limits (the int8 K/V quantizer's kernel taken apart: what its time is made of)
 #   int8_limits benchmark int8_kernel_limits (the int8 forward's loop taken apart: Q, conversion, promotion, configs;
 #               the same forward pipelined by hand in Gluon); arguments go to it, e.g. `int8_limits --variants pairs`
