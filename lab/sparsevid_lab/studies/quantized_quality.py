@@ -65,6 +65,15 @@ def settings(sparsities, precisions, blocks: dict, backend: str, floor_backend: 
     return configs
 
 
+def compared_settings(sparsity: float, precisions, floor_backend: str | None = None) -> dict:
+    """{row name: setting label} of the settings compared with the native one at ``sparsity``: each quantized
+    precision, then the floor setting where there is one."""
+    names = {precision: label(precision, sparsity) for precision in precisions}
+    if floor_backend is not None:
+        names[f"native ({floor_backend})"] = floor_label(sparsity, floor_backend)
+    return names
+
+
 def compare(results: dict, clips: dict, sparsities, precisions, floor_backend: str | None = None) -> list[dict]:
     """One row per (sparsity, quantized precision, and the floor setting where there is one): its clips' PSNR
     against the native sparse clips, and the velocity-error ratio to the native setting's, with the verdicts
@@ -72,10 +81,7 @@ def compare(results: dict, clips: dict, sparsities, precisions, floor_backend: s
     rows = []
     for s in sparsities:
         native = label("native", s)
-        names = {precision: label(precision, s) for precision in precisions}
-        if floor_backend is not None:
-            names[f"native ({floor_backend})"] = floor_label(s, floor_backend)
-        for precision, name in names.items():
+        for precision, name in compared_settings(s, precisions, floor_backend).items():
             against_native = psnr(clips[name], clips[native])
             ratio = results[name]["velocity_error"] / results[native]["velocity_error"]
             rows.append({"sparsity": s, "precision": precision,
@@ -94,13 +100,10 @@ def replayed_masks_comparison(model, configs: dict, jobs, steps, guidance, spars
     against the recording run's (mean, min) and the verdict against the clip bar."""
     rows = []
     for s in sparsities:
-        names = {precision: label(precision, s) for precision in precisions}
-        if floor_backend is not None:
-            names[f"native ({floor_backend})"] = floor_label(s, floor_backend)
         with recording_masks([]) as masks:
             native, _, _ = sample_with_stats(model, configs[label("native", s)], jobs, steps, guidance,
                                              progress=f"native {s:.0%}, recording masks")
-        for precision, name in names.items():
+        for precision, name in compared_settings(s, precisions, floor_backend).items():
             with replaying_masks(masks):
                 clips, _, _ = sample_with_stats(model, configs[name], jobs, steps, guidance,
                                                 progress=f"{name}, native masks")
