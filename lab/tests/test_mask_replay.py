@@ -22,7 +22,7 @@ def topk(keep: float) -> sv.SparseConfig:
 def test_replayed_masks_replace_the_predicted_ones(model):
     """A run under another budget with the recorded masks replayed samples the recording run's clip exactly (the
     masks alone set the sparse attention); without them it samples another one."""
-    with recording_masks([]) as masks:
+    with recording_masks() as masks:
         recorded, _, _ = sample_with_stats(model, topk(0.5), JOBS, steps=2, guidance=None)
     assert masks and all(isinstance(m, sv.SparseMask) for m in masks)
     with replaying_masks(masks):
@@ -33,7 +33,7 @@ def test_replayed_masks_replace_the_predicted_ones(model):
 
 
 def test_a_replay_that_does_not_match_its_recording_is_refused(model):
-    with recording_masks([]) as masks:
+    with recording_masks() as masks:
         sample_with_stats(model, topk(0.5), JOBS, steps=2, guidance=None)
     with pytest.raises(ValueError, match="no recorded mask"):
         with replaying_masks(masks[:-1]):

@@ -12,10 +12,11 @@ from sparsevid.plan.runtime import LayerRuntime
 
 
 @contextlib.contextmanager
-def recording_masks(masks: list) -> Iterator[list]:
-    """While active, every sparse self-attention call's mask (a :class:`~sparsevid.SparseMask`) is appended to
-    ``masks``, in call order."""
+def recording_masks() -> Iterator[list]:
+    """Yields a list to which, while active, every sparse self-attention call's mask (a
+    :class:`~sparsevid.SparseMask`) is appended, in call order."""
     predict = LayerRuntime.mask
+    masks = []
 
     def mask(runtime, q, k, scale, heads=None):
         masks.append(predict(runtime, q, k, scale, heads))

@@ -100,7 +100,7 @@ def replayed_masks_comparison(model, configs: dict, jobs, steps, guidance, spars
     against the recording run's (mean, min) and the verdict against the clip bar."""
     rows = []
     for s in sparsities:
-        with recording_masks([]) as masks:
+        with recording_masks() as masks:
             native, _, _ = sample_with_stats(model, configs[label("native", s)], jobs, steps, guidance,
                                              progress=f"native {s:.0%}, recording masks")
         for precision, name in compared_settings(s, precisions, floor_backend).items():
