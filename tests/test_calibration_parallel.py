@@ -7,6 +7,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import sparsevid as sv
+from sparsevid.training import teardown
 
 pytest.importorskip("diffusers")
 from diffusers import ContextParallelConfig, ParallelConfig  # noqa: E402
@@ -26,21 +27,25 @@ def _model():
     return build("wan", num_attention_heads=4)
 
 
+def _predict_under_ulysses(rank, out_dir):
+    """The tiny model's output and stats on this rank of the Ulysses group, saved for the parent."""
+    model, inputs = _model()
+    model.enable_parallelism(config=ParallelConfig(context_parallel_config=ContextParallelConfig(
+        ulysses_degree=WORLD)))
+    sv.apply_sparse_attention(model, CONFIG, collect_stats=True)
+    with torch.no_grad():
+        out = model(**inputs, return_dict=False)[0]
+    torch.save((out, sv.attention_stats(model)), f"{out_dir}/rank{rank}.pt")
+
+
 def _worker(rank, rendezvous, out_dir):
     torch.set_num_threads(1)
     torch.accelerator.device_count = lambda: 1  # diffusers picks device rank % count; a CPU host counts 0
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
     try:
-        model, inputs = _model()
-        model.enable_parallelism(config=ParallelConfig(context_parallel_config=ContextParallelConfig(
-            ulysses_degree=WORLD)))
-        sv.apply_sparse_attention(model, CONFIG, collect_stats=True)
-        with torch.no_grad():
-            out = model(**inputs, return_dict=False)[0]
-        torch.save((out, sv.attention_stats(model)), f"{out_dir}/rank{rank}.pt")
+        _predict_under_ulysses(rank, out_dir)  # the model is gone with its frame: teardown frees the group
     finally:
-        dist.barrier()
-        dist.destroy_process_group()
+        teardown()
 
 
 def test_each_rank_predicts_its_heads_with_their_own_budgets(tmp_path):

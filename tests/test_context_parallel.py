@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import sparsevid as sv
+from sparsevid.training import teardown
 from sparsevid.integration.adapters import ADAPTERS, adapter_for
 from sparsevid.integration.context_parallel import JOINT_FAMILIES, PARALLEL_FAMILIES, check_parallel_config, head_range
 
@@ -129,8 +130,7 @@ def _worker(rank, rendezvous, out_dir):
         }
         torch.save(results, f"{out_dir}/rank{rank}.pt")
     finally:
-        dist.barrier()
-        dist.destroy_process_group()
+        teardown()
 
 
 @pytest.fixture(scope="module")

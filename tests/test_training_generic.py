@@ -361,13 +361,8 @@ def test_held_out_velocity_error_is_logged_during_training_and_falls(tmp_path):
 
 
 @pytest.mark.parametrize("trainable", ["attention", "lora"])
-def test_two_sharded_processes_match_one(tmp_path, trainable):
+def test_two_sharded_processes_match_one(tmp_path, trainable, torchrun):
     """FSDP2 over two CPU processes (gloo): the same losses, training state and student as one process."""
-    import os
-    import socket
-    import subprocess
-    import sys
-
     from safetensors.torch import load_file
 
     if trainable == "lora":
@@ -383,14 +378,10 @@ def test_two_sharded_processes_match_one(tmp_path, trainable):
     from sparsevid.cli import main
 
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
-    with socket.socket() as probe:  # a free port for the rendezvous
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-               "-m", "sparsevid", *args, "--parallel", "fsdp", "--out", str(tmp_path / "two")]
-    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
+    sharded = ["-m", "sparsevid", *args, "--parallel", "fsdp", "--out", str(tmp_path / "two")]
+    done = torchrun(sharded, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("student in") == 1  # the main process alone reports
     rows = [[json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()]
             for run in ("one", "two")]
     assert [r["loss"] for r in rows[1]] == pytest.approx([r["loss"] for r in rows[0]], rel=1e-5)
@@ -402,8 +393,7 @@ def test_two_sharded_processes_match_one(tmp_path, trainable):
             if not key.startswith("rng."):
                 assert torch.allclose(value.float(), two[key].float(), rtol=1e-4, atol=1e-6), (name, key)
     # Resuming the finished sharded run loads its whole state back onto the shards and has nothing left to do.
-    again = subprocess.run([*command, "--resume"], env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path,
-                           capture_output=True, text=True, timeout=300)
+    again = torchrun([*sharded, "--resume"], cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout and len((tmp_path / "two" / "log.jsonl").read_text().splitlines()) == 3
 

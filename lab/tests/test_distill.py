@@ -2,10 +2,6 @@
 data parallel, the lab's CLI."""
 import copy
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -185,19 +181,13 @@ def test_diffusion_baseline_cli_writes_a_loadable_student(tmp_path):
         main(["compare", "--tiny", "--student", str(out)])
 
 
-def test_two_processes_match_one(tmp_path):
+def test_two_processes_match_one(tmp_path, torchrun):
     args = ["distill", "--tiny", "--max-steps", "3", "--batch-size", "4", "--lr", "1e-3", "--warmup", "1",
             "--config", "rule=hybrid,topk=0.25,topp=0.5,block_q=64,block_k=64", "--no-progress", "--data-seed", "4"]
     from sparsevid_lab.cli import main
 
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with socket.socket() as probe:  # a free port for the rendezvous
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-               "-m", "sparsevid_lab", *args, "--out", str(tmp_path / "two")]
-    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = torchrun(["-m", "sparsevid_lab", *args, "--out", str(tmp_path / "two")], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "over 2 process(es)" in done.stdout
     one, two = _rows(tmp_path / "one"), _rows(tmp_path / "two")

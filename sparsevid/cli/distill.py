@@ -95,10 +95,8 @@ def memory_advice(args) -> str:
 def run(args) -> int:
     import torch
 
-    from ..eval import velocity_tracker
-    from ..integration import load_transformer
     from ..plan import SparseConfig, parse_config
-    from ..training import DistillConfig, LatentDirectory, LoopConfig, distill, is_main_process, setup, teardown
+    from ..training import DistillConfig, LatentDirectory, LoopConfig, is_main_process, setup, teardown
 
     try:
         data = LatentDirectory(args.data, seed=args.data_seed)
@@ -119,22 +117,34 @@ def run(args) -> int:
     except (FileNotFoundError, ValueError, TypeError) as error:
         raise CommandError(str(error)) from None
     job = setup(args.device)
+    main = is_main_process()
     try:
-        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if job.device.type == "cuda"
-                                                                                 else "fp32")]
-        transformer = load_transformer(args.model, dtype=dtype, device=job.device)
-        evaluate = None if heldout is None else velocity_tracker(transformer, heldout)
-        result = distill(transformer, data, config, loop, out=args.out, resume=args.resume, device=job.device,
-                         extra={"model": str(args.model)}, evaluate=evaluate, parallel=args.parallel)
+        result = _train(args, job.device, data, config, loop, heldout)
     except (FileNotFoundError, TypeError, ValueError) as error:
         raise CommandError(str(error)) from None
     except torch.cuda.OutOfMemoryError:
         raise CommandError(f"out of GPU memory: try {memory_advice(args)}") from None
     finally:
-        teardown()
-    if is_main_process() and not result.history:
+        teardown()  # the transformer is gone with _train's frame: the process group can be freed
+    if main and not result.history:
         print(f"nothing to train: the state in {args.out} is already at step {result.steps}")
-    elif is_main_process():
+    elif main:
         print(f"{result.steps} steps in {result.seconds:.0f} s, final loss {result.history[-1]['loss']:.4g}; "
               f"student in {Path(args.out)}")
     return 0
+
+
+def _train(args, device, data, config, loop, heldout):
+    """Load the transformer named by ``args.model`` onto ``device`` and distill it; returns the DistillResult."""
+    import torch
+
+    from ..eval import velocity_tracker
+    from ..integration import load_transformer
+    from ..training import distill
+
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if device.type == "cuda"
+                                                                             else "fp32")]
+    transformer = load_transformer(args.model, dtype=dtype, device=device)
+    evaluate = None if heldout is None else velocity_tracker(transformer, heldout)
+    return distill(transformer, data, config, loop, out=args.out, resume=args.resume, device=device,
+                   extra={"model": str(args.model)}, evaluate=evaluate, parallel=args.parallel)

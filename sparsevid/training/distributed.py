@@ -38,12 +38,30 @@ def setup(device: str | torch.device) -> Distributed:
 
 def teardown() -> None:
     """Leave the process group, if any, once every rank is done with it (a rank that leaves while another still
-    has gloo work in flight can abort the job at exit)."""
+    has gloo work in flight can abort the job at exit), and free it now, ending its communication threads.
+
+    Call it once the model is dropped: a DDP or FSDP module holds the group, and a group that outlives this call
+    is freed while the interpreter shuts down, where a gloo thread still releasing a finished collective's
+    tensors needs the GIL and aborts the process (or hangs it)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+        _release_mesh_groups()
+
+
+def _release_mesh_groups() -> None:
+    """Empty the process-group registries of the live ``DeviceMesh`` objects (FSDP2's meshes outlive the model in
+    DTensor's caches, and their registries keep destroyed groups alive), then collect the groups."""
+    import gc
+
+    from torch.distributed.device_mesh import DeviceMesh
+
+    for obj in gc.get_objects():
+        if isinstance(obj, DeviceMesh):
+            getattr(obj, "_pg_registry", {}).clear()
+    gc.collect()
 
 
 def _active() -> bool:

@@ -97,12 +97,9 @@ def _source(args, model, job):
 
 
 def run(args) -> int:
-    from ..data import SLICE_FIELDS
-    from sparsevid.plan import SparseConfig, parse_config
-    from sparsevid.training import DistillConfig, LoopConfig, distill, is_main_process, setup, teardown
+    from sparsevid.training import setup, teardown
 
-    from ..model.builtin import CaptionedClips, pretraining_noise
-    from .demo import load_model
+    from ..data import SLICE_FIELDS
 
     if args.minutes is None and args.max_steps is None:
         raise CommandError("give --minutes, --max-steps or both: how long to train")
@@ -116,30 +113,41 @@ def run(args) -> int:
         raise CommandError("--data dir needs --data-dir, the directory of clip files")
     job = setup(args.device)
     try:
-        args.device = str(job.device)
-        model = load_model(args).float()
-        shift, null_prob = pretraining_noise(model, args.train_shift, args.null_prob)
-        config = DistillConfig(
-            objective=args.objective, sparse=SparseConfig() if args.config is None else parse_config(args.config),
-            trainable=args.trainable,
-            batch_size=args.batch_size, seed=args.seed,
-            shift=shift, null_prob=null_prob,
-            gradient_checkpointing=args.gradient_checkpointing)
-        loop = LoopConfig(lr=args.lr, warmup_steps=args.warmup, grad_clip=args.grad_clip,
-                          weight_decay=args.weight_decay, ema_decay=args.ema, max_steps=args.max_steps,
-                          max_seconds=None if args.minutes is None else args.minutes * 60, bf16=not args.no_bf16,
-                          log_every=args.log_every, checkpoint_every=args.checkpoint_every,
-                          progress=not args.no_progress)
-        source = CaptionedClips(model, _source(args, model, job))
-        result = distill(model.transformer, source, config, loop, out=args.out, resume=args.resume,
-                         device=job.device)
-        if is_main_process():
-            if not result.history:
-                print(f"nothing to train: the state in {args.out} is already at step {result.steps}")
-            else:
-                print(f"trained to step {result.steps} in {result.seconds:.0f}s, final loss "
-                      f"{result.history[-1]['loss']:.3g}; wrote the student to {args.out} (student.safetensors, "
-                      f"student.json), log.jsonl and loss.png")
+        _distill(args, job)  # the model is gone with _distill's frame: the process group can be freed
     finally:
         teardown()
     return 0
+
+
+def _distill(args, job) -> None:
+    """Distill the built-in model of ``args`` on ``job``'s device and report it on the main process."""
+    from sparsevid.plan import SparseConfig, parse_config
+    from sparsevid.training import DistillConfig, LoopConfig, distill, is_main_process
+
+    from ..model.builtin import CaptionedClips, pretraining_noise
+    from .demo import load_model
+
+    args.device = str(job.device)
+    model = load_model(args).float()
+    shift, null_prob = pretraining_noise(model, args.train_shift, args.null_prob)
+    config = DistillConfig(
+        objective=args.objective, sparse=SparseConfig() if args.config is None else parse_config(args.config),
+        trainable=args.trainable,
+        batch_size=args.batch_size, seed=args.seed,
+        shift=shift, null_prob=null_prob,
+        gradient_checkpointing=args.gradient_checkpointing)
+    loop = LoopConfig(lr=args.lr, warmup_steps=args.warmup, grad_clip=args.grad_clip,
+                      weight_decay=args.weight_decay, ema_decay=args.ema, max_steps=args.max_steps,
+                      max_seconds=None if args.minutes is None else args.minutes * 60, bf16=not args.no_bf16,
+                      log_every=args.log_every, checkpoint_every=args.checkpoint_every,
+                      progress=not args.no_progress)
+    source = CaptionedClips(model, _source(args, model, job))
+    result = distill(model.transformer, source, config, loop, out=args.out, resume=args.resume,
+                     device=job.device)
+    if is_main_process():
+        if not result.history:
+            print(f"nothing to train: the state in {args.out} is already at step {result.steps}")
+        else:
+            print(f"trained to step {result.steps} in {result.seconds:.0f}s, final loss "
+                  f"{result.history[-1]['loss']:.3g}; wrote the student to {args.out} (student.safetensors, "
+                  f"student.json), log.jsonl and loss.png")
