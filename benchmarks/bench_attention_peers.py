@@ -5,14 +5,17 @@ Peers (each optional: a failed import or call is recorded with its reason and th
 
 - SageAttention (``sageattention``, Triton: dense attention with INT8 Q K^T per block and K smoothing): its dense
   time, and that time times the kept share, what a block-sparse kernel at SageAttention's speed per tile would take.
-- FlashInfer's block-sparse attention (``flashinfer``, kernels compiled at first use with a CUDA compiler), on
-  sparsevid's per-head mask as block rows (BSR).
+- FlashInfer's Hopper block-sparse attention (``flashinfer``: ``VariableBlockSparseAttentionWrapper`` with its
+  "cake" kernels, compiled at first use with a CUDA compiler; 64-token blocks, head dim 128), bf16 and its Sage FP8
+  route (quantization timed with it), on sparsevid's per-head mask (a 128-row block as two 64-row blocks).
 - SpargeAttn (``spas_sage_attn``, built from source: block-sparse SageAttention2), on the same mask.
 
 sparsevid's bf16 and int8 forwards and dense cuDNN SDPA run in the same process on the same Gaussian inputs; the
 mask is ``predict_mask``'s top-k at 1 - sparsity, 128x64 tiles. Accuracy: cosine similarity and relative L1 of each
-output against sparsevid's bf16 output on the same mask (SageAttention, dense: against cuDNN's).
+output against sparsevid's bf16 output on the same mask (SageAttention, dense: against cuDNN's). The default shape is
+Wan 1.3B at 480p padded to 32,768 tokens, a multiple of FlashInfer's 64-token blocks (32,760 is not).
 
+    python -m benchmarks.peer_wheels --out .whl/peers     # the peers' wheels, for a machine without an index
     python -m benchmarks attention_peers
 """
 from __future__ import annotations
@@ -31,17 +34,6 @@ from .report import write_result
 from .run_info import run_metadata
 
 
-def bsr_rows(mask: sv.SparseMask) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mask's kept key blocks as block rows: (indptr int32 [B, H, QB + 1], offsets into one indices table;
-    indices int32 [kept tiles]), rows in (batch, head, query block) order, each row's key blocks in the mask's
-    order."""
-    count, index = mask.kv_count.long(), mask.kv_index.long()
-    ends = count.flatten().cumsum(0).view(count.shape)
-    indptr = torch.cat([ends - count, ends[..., -1:]], dim=-1)
-    kept = torch.arange(index.shape[-1], device=index.device) < count[..., None]
-    return indptr.int(), index[kept].int()
-
-
 def sage_dense(q, k, v, mask):
     """SageAttention's dense call (the mask is not used: SageAttention has no block-sparse form)."""
     from sageattention import sageattn
@@ -49,13 +41,47 @@ def sage_dense(q, k, v, mask):
     return lambda: sageattn(q, k, v, tensor_layout="HND", is_causal=False)
 
 
-def flashinfer_sparse(q, k, v, mask):
-    """FlashInfer's one-shot block-sparse attention over [B, N, H, D] with the mask's block rows."""
-    from flashinfer.attention.prims_ts import block_sparse_attention
+FLASHINFER_BLOCK = 64  # the token block of FlashInfer's Hopper block-sparse kernels, query and key
 
-    indptr, indices = bsr_rows(mask)
-    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-    return lambda: block_sparse_attention(qt, kt, vt, indptr, indices, mask.block_q, mask.block_k).transpose(1, 2)
+
+def flashinfer_blocks(mask: sv.SparseMask) -> torch.Tensor:
+    """The mask of batch 1 as FlashInfer's Hopper block map: bool [H, N / 64, M / 64], each query block of
+    ``mask.block_q`` rows repeated as block_q / 64 rows of 64."""
+    if mask.keep.shape[0] != 1 or mask.block_k != FLASHINFER_BLOCK or mask.block_q % FLASHINFER_BLOCK or \
+            mask.q_len % FLASHINFER_BLOCK or mask.kv_len % FLASHINFER_BLOCK:
+        raise ValueError(f"FlashInfer's Hopper block-sparse kernels take batch 1, {FLASHINFER_BLOCK}-token key blocks "
+                         f"and lengths that are multiples of {FLASHINFER_BLOCK}; got batch {mask.keep.shape[0]}, "
+                         f"blocks {mask.block_q}x{mask.block_k}, lengths {mask.q_len} x {mask.kv_len}")
+    rows = mask.keep[0].repeat_interleave(mask.block_q // FLASHINFER_BLOCK, dim=1)
+    return rows[:, :mask.q_len // FLASHINFER_BLOCK].contiguous()
+
+
+def flashinfer_sparse(q, k, v, mask, fp8: bool = False):
+    """FlashInfer's Hopper block-sparse attention ("cake" kernels) on the mask; with ``fp8`` its Sage FP8 route,
+    each call quantizing q, k, v (``sage_fp8_quantize_sm90``) before the kernel, as sparsevid's int8 call does."""
+    import flashinfer
+    from flashinfer.cake_vsa_sm90 import sage_fp8_quantize_sm90
+
+    blocks = flashinfer_blocks(mask)
+    heads, d = q.shape[1], q.shape[3]
+    sizes = [torch.full((heads, n), FLASHINFER_BLOCK, dtype=torch.int32, device=q.device) for n in blocks.shape[1:]]
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=q.device)
+    wrapper = flashinfer.VariableBlockSparseAttentionWrapper(workspace, backend="cake")
+    q3, k3, v3 = (t[0].contiguous() for t in (q, k, v))  # [H, T, D], the kernels' HND layout
+    if not fp8:
+        wrapper.plan(blocks, *sizes, heads, heads, d, q_data_type=torch.bfloat16)
+        return lambda: wrapper.run(q3, k3, v3)[None]
+    _, _, _, q_scale, k_scale, v_scale = sage_fp8_quantize_sm90(q3, k3, v3)
+    wrapper.plan(blocks, *sizes, heads, heads, d, q_data_type=torch.float8_e4m3fn, q_scale=q_scale, k_scale=k_scale,
+                 v_scale=v_scale)
+
+    def quantize_and_run():
+        q8, k8, v8, *scales = sage_fp8_quantize_sm90(q3, k3, v3)
+        for bound, fresh in zip((q_scale, k_scale, v_scale), scales):  # the plan holds the scale tensors
+            bound.copy_(fresh)
+        return wrapper.run(q8, k8, v8)[None]
+
+    return quantize_and_run
 
 
 def sparge_sparse(q, k, v, mask):
@@ -66,8 +92,10 @@ def sparge_sparse(q, k, v, mask):
     return lambda: block_sparse_sage2_attn_cuda(q, k, v, mask_id=blocks)
 
 
-PEERS = {"sageattention (dense)": sage_dense, "flashinfer block-sparse": flashinfer_sparse,
+PEERS = {"sageattention (dense)": sage_dense, "flashinfer block-sparse bf16": flashinfer_sparse,
+         "flashinfer block-sparse sage fp8": lambda q, k, v, mask: flashinfer_sparse(q, k, v, mask, fp8=True),
          "spargeattn block-sparse": sparge_sparse}
+PEER_SHAPES = {**SHAPES, "wan1.3b-480p-64": (1, 12, 32768, 128)}  # 32,760 tokens padded to FlashInfer's blocks
 
 
 def peer_row(name: str, q, k, v, mask, reference: torch.Tensor) -> dict:
@@ -84,7 +112,7 @@ def peer_row(name: str, q, k, v, mask, reference: torch.Tensor) -> dict:
 
 def rows_for(shape: str, sparsity: float, block_q: int, block_k: int, generator) -> list[dict]:
     """sparsevid's forwards, cuDNN and every peer at one shape and sparsity."""
-    b, h, n, d = SHAPES[shape]
+    b, h, n, d = PEER_SHAPES[shape]
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=generator) for _ in range(3))
     mask = sv.predict_mask(q, k, rule="topk", topk=1.0 - sparsity, block_q=block_q, block_k=block_k)[0]
     with torch.no_grad():
@@ -125,7 +153,7 @@ def markdown(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder of the result (<gpu>.json/.md)")
-    parser.add_argument("--shapes", default="wan1.3b-480p")
+    parser.add_argument("--shapes", default="wan1.3b-480p-64", help=f"comma-separated, of {list(PEER_SHAPES)}")
     parser.add_argument("--sparsities", default="0.95,0.9")
     parser.add_argument("--block", default="128x64", help="block_q x block_k of the mask")
     args = parser.parse_args()

@@ -73,8 +73,10 @@
 #   quantizer   benchmark quantizer_limits (the int8 K/V quantizer's kernel taken apart: what its time is made of)
 #   int8_limits benchmark int8_kernel_limits (the int8 forward's loop taken apart: Q, conversion, promotion, configs;
 #               the same forward pipelined by hand in Gluon); arguments go to it, e.g. `int8_limits --variants pairs`
-#   peers       benchmark attention_peers (SageAttention, FlashInfer, SpargeAttn where they are installed, beside the
-#               bf16 and int8 forwards on the same masks; a peer that does not import or run is listed with its error)
+#   peers       benchmark attention_peers (SageAttention, FlashInfer's Hopper block-sparse bf16 and Sage FP8, SpargeAttn
+#               where they are installed, beside the bf16 and int8 forwards on the same masks; a peer that does not
+#               import or run is listed with its error); installs the wheels of .whl/peers first (made by
+#               `python -m benchmarks.peer_wheels --out .whl/peers`)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
 #   parallel    (two GPUs) benchmark context_parallel (Wan 14B forward, one vs two GPUs); distillation under DDP
 #   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
@@ -220,8 +222,12 @@ demo_student)
         --config rule=topk,topk=0.25 --trainable attention --batch-size 32 --max-steps 500 --minutes 1.9 --lr 1e-4 \
         --warmup 20 --train-shift 2.0 --log-every 25 --no-progress
     ;;
-peers)
-    bench attention_peers 300
+peers)  # the peers' wheels from `python -m benchmarks.peer_wheels --out .whl/peers`, carried in .whl
+    if ls .whl/peers/*.whl > /dev/null 2>&1; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/peers \
+            .whl/peers/*.whl && export PYTHONPATH=/tmp/peers:$PYTHONPATH PATH=/tmp/peers/bin:$PATH
+    fi
+    bench attention_peers 540  # FlashInfer compiles its kernels at first use
     ;;
 fp8)
     SPARSEVID_AUTOTUNE=off step fp8_tests 200 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu \

@@ -46,8 +46,9 @@ BENCHMARKS = {
         "conversion, the promotion of P V, configs; errors against the bf16 kernel at 95% and with the full mask"),
     "attention_peers": Benchmark(
         "benchmarks.bench_attention_peers",
-        "quantized and block-sparse peers (SageAttention, FlashInfer, SpargeAttn) beside sparsevid's bf16 and int8 "
-        "forwards on the same masks, Wan 1.3B at 95/90%: what ran, ms, accuracy, why the others did not"),
+        "quantized and block-sparse peers (SageAttention, FlashInfer's Hopper block-sparse bf16 and Sage FP8, "
+        "SpargeAttn) beside sparsevid's bf16 and int8 forwards on the same masks, Wan 1.3B padded to 32,768 tokens at "
+        "95/90%: what ran, ms, accuracy, why the others did not"),
     "attention_cpu": Benchmark(
         "benchmarks.bench_attention_cpu",
         "CPU attention at the built-in demo's shape: the gather backend vs dense SDPA and the reference backend"),
