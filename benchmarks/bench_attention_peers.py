@@ -15,7 +15,7 @@ mask is ``predict_mask``'s top-k at 1 - sparsity, 128x64 tiles. Accuracy: cosine
 output against sparsevid's bf16 output on the same mask (SageAttention, dense: against cuDNN's). The default shape is
 Wan 1.3B at 480p padded to 32,768 tokens, a multiple of FlashInfer's 64-token blocks (32,760 is not).
 
-    python -m benchmarks.peer_wheels --out .whl/peers     # the peers' wheels, for a machine without an index
+    python scripts/peer_wheels.py --out .whl/peers     # the peers' wheels, for a machine without an index
     python -m benchmarks attention_peers
 """
 from __future__ import annotations

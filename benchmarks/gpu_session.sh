@@ -76,7 +76,7 @@
 #   peers       benchmark attention_peers (SageAttention, FlashInfer's Hopper block-sparse bf16 and Sage FP8, SpargeAttn
 #               where they are installed, beside the bf16 and int8 forwards on the same masks; a peer that does not
 #               import or run is listed with its error); installs the wheels of .whl/peers first (made by
-#               `python -m benchmarks.peer_wheels --out .whl/peers`)
+#               `python scripts/peer_wheels.py --out .whl/peers`)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
 #   parallel    (two GPUs) benchmark context_parallel (Wan 14B forward, one vs two GPUs); distillation under DDP
 #   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
@@ -222,7 +222,7 @@ demo_student)
         --config rule=topk,topk=0.25 --trainable attention --batch-size 32 --max-steps 500 --minutes 1.9 --lr 1e-4 \
         --warmup 20 --train-shift 2.0 --log-every 25 --no-progress
     ;;
-peers)  # the peers' wheels from `python -m benchmarks.peer_wheels --out .whl/peers`, carried in .whl
+peers)  # the peers' wheels from `python scripts/peer_wheels.py --out .whl/peers`, carried in .whl
     if ls .whl/peers/*.whl > /dev/null 2>&1; then
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/peers \
             .whl/peers/*.whl && export PYTHONPATH=/tmp/peers:$PYTHONPATH PATH=/tmp/peers/bin:$PATH

@@ -6,7 +6,7 @@ GEMM, the experimental and Blackwell attention packages). The slim copy keeps ev
 the sources of the one kernel family the benchmark runs (the Hopper block-sparse "cake" kernels,
 ``flashinfer/cake_vsa_sm90_backend``), and drops the other kernel sources; its RECORD lists what it holds.
 
-    python -m benchmarks.peer_wheels --out .whl/peers        # then carry .whl; gpu_session.sh peers installs them
+    python scripts/peer_wheels.py --out .whl/peers        # then carry .whl; gpu_session.sh peers installs them
 """
 from __future__ import annotations
 
