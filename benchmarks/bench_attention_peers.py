@@ -84,12 +84,23 @@ def flashinfer_sparse(q, k, v, mask, fp8: bool = False):
     return quantize_and_run
 
 
+def sparge_tile(capability: tuple[int, int]) -> tuple[int, int]:
+    """Query rows x keys of SpargeAttn's block-sparse tile on a GPU of ``capability``: 64 x 128 on Hopper (its
+    sm90 kernel), 128 x 64 on the others."""
+    return (64, 128) if capability == (9, 0) else (128, 64)
+
+
 def sparge_sparse(q, k, v, mask):
-    """SpargeAttn's block-sparse SageAttention2 with the mask as a dense [B, H, QB, KB] block map."""
+    """SpargeAttn's block-sparse SageAttention2 with the mask as a dense [B, H, QB, KB] block map, which must be of
+    SpargeAttn's tiles on this GPU; its own skipping of small P V products is off (the mask's tiles, all of them)."""
     from spas_sage_attn import block_sparse_sage2_attn_cuda
 
+    tile = sparge_tile(torch.cuda.get_device_capability(q.device))
+    if (mask.block_q, mask.block_k) != tile:
+        raise ValueError(f"SpargeAttn's kernel on this GPU takes {tile[0]}x{tile[1]} tiles; the mask has "
+                         f"{mask.block_q}x{mask.block_k} (run with --block {tile[0]}x{tile[1]})")
     blocks = mask.to_dense().to(torch.int8)
-    return lambda: block_sparse_sage2_attn_cuda(q, k, v, mask_id=blocks)
+    return lambda: block_sparse_sage2_attn_cuda(q, k, v, mask_id=blocks, pvthreshd=1e9)
 
 
 PEERS = {"sageattention (dense)": sage_dense, "flashinfer block-sparse bf16": flashinfer_sparse,

@@ -76,7 +76,9 @@
 #   peers       benchmark attention_peers (SageAttention, FlashInfer's Hopper block-sparse bf16 and Sage FP8, SpargeAttn
 #               where they are installed, beside the bf16 and int8 forwards on the same masks; a peer that does not
 #               import or run is listed with its error); installs the wheels of .whl/peers first (made by
-#               `python scripts/peer_wheels.py --out .whl/peers`)
+#               `python scripts/peer_wheels.py --out .whl/peers`) and SpargeAttn where peers_build compiled it
+#   peers_build compile SpargeAttn for sm90 from the sources peer_wheels.py packed (--spargeattn-git) into .peers,
+#               which `peers` then uses (a separate call on the same warm machine: the build takes minutes)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
 #   parallel    (two GPUs) benchmark context_parallel (Wan 14B forward, one vs two GPUs); distillation under DDP
 #   ddp         (two GPUs) distillation under DDP alone: one vs two GPUs at the same global batch
@@ -107,7 +109,7 @@ OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
 PARTS="kernels|fp8|quantizer|int8_limits|quantized_quality|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|per_head_study|calibrate|training|training_full|training_shift|training_seeds|synthetic|calibrated_students|motion|\
-demo_student|peers|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_quantized|e2e13b_modes|e2e14b|e2e14b_compiled|\
+demo_student|peers|peers_build|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_quantized|e2e13b_modes|e2e14b|e2e14b_compiled|\
 families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_mochi|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
@@ -125,6 +127,12 @@ bench() {  # bench NAME SECONDS [OPTIONS...]: the registered benchmark NAME, its
 }
 family_bench() {  # family_bench NAME: a families benchmark; expandable segments keep a freed family's memory reusable
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True bench "$1" 540  # (HunyuanVideo 1.5's dense mask is 24 GiB)
+}
+install_peer_wheels() {  # the wheels of .whl/peers (scripts/peer_wheels.py) into /tmp/peers, on the paths
+    if ls .whl/peers/*.whl > /dev/null 2>&1; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/peers \
+            .whl/peers/*.whl && export PYTHONPATH=/tmp/peers:$PYTHONPATH PATH=/tmp/peers/bin:$PATH
+    fi
 }
 claims_variant() {  # claims_variant NAME MINUTES GRID_ARGS...: a variant of the claims grid in OUT/claims_NAME,
     local name=$1 minutes=$2; shift 2  # calibrated as the slice grid was (its masks do not depend on the students)
@@ -222,11 +230,18 @@ demo_student)
         --config rule=topk,topk=0.25 --trainable attention --batch-size 32 --max-steps 500 --minutes 1.9 --lr 1e-4 \
         --warmup 20 --train-shift 2.0 --log-every 25 --no-progress
     ;;
+peers_build)  # SpargeAttn compiled (sm90 only) from .whl/peers/spargeattn-src.tar.gz into .peers, which later
+    install_peer_wheels  # calls on the same machine keep (an ignored folder the carry does not replace)
+    rm -rf /tmp/spargeattn && mkdir -p /tmp/spargeattn /tmp/peers/bin .peers
+    tar -xzf .whl/peers/spargeattn-src.tar.gz -C /tmp/spargeattn
+    ln -sf "$(command -v "$PYTHON")" /tmp/peers/bin/python  # its setup.py generates kernels with `python`
+    export PATH=/tmp/peers/bin:$PATH
+    step spargeattn_build 560 env TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 "$PYTHON" -m pip install --no-build-isolation \
+        --no-deps --no-index --target .peers /tmp/spargeattn/SpargeAttn
+    ;;
 peers)  # the peers' wheels from `python scripts/peer_wheels.py --out .whl/peers`, carried in .whl
-    if ls .whl/peers/*.whl > /dev/null 2>&1; then
-        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/peers \
-            .whl/peers/*.whl && export PYTHONPATH=/tmp/peers:$PYTHONPATH PATH=/tmp/peers/bin:$PATH
-    fi
+    install_peer_wheels
+    [ -d .peers ] && export PYTHONPATH=$PWD/.peers:$PYTHONPATH  # SpargeAttn, where peers_build compiled it
     bench attention_peers 540  # FlashInfer compiles its kernels at first use
     ;;
 fp8)

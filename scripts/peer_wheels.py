@@ -1,12 +1,14 @@
 """The wheels the peers benchmark (``attention_peers``) carries to a GPU machine that has no package index: FlashInfer,
-slimmed to fit the carry limit, and what it imports that a PyTorch install lacks; SageAttention.
+slimmed to fit the carry limit, and what it imports that a PyTorch install lacks; SageAttention; and, from a local
+clone, SpargeAttn's sources (it has no wheel: ``gpu_session.sh peers_build`` compiles it there).
 
 FlashInfer's wheel (about 100 MB) is mostly CUDA sources of kernels it compiles at first use (MoE, sampling,
 GEMM, the experimental and Blackwell attention packages). The slim copy keeps every Python file, the headers, and
 the sources of the one kernel family the benchmark runs (the Hopper block-sparse "cake" kernels,
 ``flashinfer/cake_vsa_sm90_backend``), and drops the other kernel sources; its RECORD lists what it holds.
 
-    python scripts/peer_wheels.py --out .whl/peers        # then carry .whl; gpu_session.sh peers installs them
+    python scripts/peer_wheels.py --out .whl/peers [--spargeattn-git SpargeAttn/.git]
+    # then carry .whl: gpu_session.sh peers_build compiles SpargeAttn, gpu_session.sh peers installs the rest and runs
 """
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ PEER_PACKAGES = ("flashinfer-python", "apache-tvm-ffi<0.2,>=0.1.11", "nvidia-ml-
                  "sageattention")
 KEPT_KERNEL_SOURCES = "flashinfer/cake_vsa_sm90_backend/"
 DROPPED_SOURCE_DIRS = ("/csrc/", "/kernel_src/", "flashinfer/experimental/")
+# What SpargeAttn's setup.py builds from (its examples, assets and evaluation videos left out).
+SPARGEATTN_PATHS = ("setup.py", "LICENSE", "README.md", "requirements.txt", "csrc", "spas_sage_attn", "tools")
+SPARGEATTN_ARCHIVE = "spargeattn-src.tar.gz"
 
 
 def dropped(member: str) -> bool:
@@ -68,10 +73,20 @@ def download(packages: tuple[str, ...], out: Path, python_version: str) -> None:
                    check=True)
 
 
+def pack_spargeattn(git_dir: Path, out: Path) -> Path:
+    """SpargeAttn's build sources at the HEAD of the clone whose git directory is ``git_dir``, as
+    ``out/spargeattn-src.tar.gz`` (one top folder, ``SpargeAttn/``)."""
+    archive = out / SPARGEATTN_ARCHIVE
+    subprocess.run(["git", "--git-dir", str(git_dir), "archive", "--format=tar.gz", "--prefix=SpargeAttn/", "-o",
+                    str(archive), "HEAD", *SPARGEATTN_PATHS], check=True)
+    return archive
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder of the wheels (e.g. .whl/peers)")
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python")
+    parser.add_argument("--spargeattn-git", type=Path, help="git directory of a SpargeAttn clone to pack")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     download(PEER_PACKAGES, args.out, args.python_version)
@@ -81,8 +96,10 @@ def main() -> int:
         slim.replace(wheel)  # the same file name: pip checks it against the wheel's metadata
         print(f"{wheel.name} slimmed: {kept} files kept, {left_out} kernel sources left out, "
               f"{wheel.stat().st_size / 2**20:.1f} MiB")
-    total = sum(p.stat().st_size for p in args.out.glob("*.whl"))
-    print(f"{args.out}: {total / 2**20:.1f} MiB of wheels")
+    if args.spargeattn_git is not None:
+        print(f"{pack_spargeattn(args.spargeattn_git, args.out)}: SpargeAttn's sources")
+    total = sum(p.stat().st_size for p in args.out.iterdir())
+    print(f"{args.out}: {total / 2**20:.1f} MiB to carry")
     return 0
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import sparsevid as sv
-from benchmarks.bench_attention_peers import flashinfer_blocks, markdown
+from benchmarks.bench_attention_peers import flashinfer_blocks, markdown, sparge_tile
 
 
 def test_flashinfer_blocks_repeat_each_query_block_as_64_row_blocks_per_head():
@@ -35,3 +35,8 @@ def test_the_table_gives_times_for_peers_that_ran_and_the_reason_for_the_others(
     assert "| 0.690 | 16.8x | - | - | |" in lines[2]
     assert "| 9.000 | 1.3x | 0.450 | 0.99910 / 0.0310 | |" in lines[3]
     assert lines[4].endswith("| - | - | - | - | ModuleNotFoundError: No module named 'flashinfer' |")
+
+
+def test_sparge_tiles_are_64_by_128_on_hopper_and_128_by_64_elsewhere():
+    assert sparge_tile((9, 0)) == (64, 128)
+    assert sparge_tile((8, 9)) == sparge_tile((8, 0)) == (128, 64)

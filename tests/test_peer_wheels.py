@@ -43,3 +43,23 @@ def test_the_slim_wheel_keeps_python_and_the_hopper_kernels_and_records_what_it_
             continue
         expected = base64.urlsafe_b64encode(hashlib.sha256(payload[name]).digest()).rstrip(b"=").decode()
         assert digest == f"sha256={expected}" and int(size) == len(payload[name])
+
+
+def test_spargeattn_sources_are_packed_without_its_examples(tmp_path):
+    import subprocess
+    import tarfile
+
+    clone = tmp_path / "SpargeAttn"
+    files = ["setup.py", "LICENSE", "README.md", "requirements.txt", "csrc/qattn/kernel.cu", "spas_sage_attn/core.py",
+             "tools/gpu_process.py", "assets/overview.png", "evaluate/wan_example.py"]
+    for name in files:
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        (clone / name).write_text(name)
+    git = ["git", "-C", str(clone), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "sources"], check=True)
+    archive = peer_wheels.pack_spargeattn(clone / ".git", tmp_path)
+    with tarfile.open(archive) as packed:
+        members = {m.name for m in packed.getmembers() if m.isfile()}
+    assert members == {f"SpargeAttn/{name}" for name in files[:7]}
