@@ -22,7 +22,9 @@ share its unit), and the MMA accumulates P V over every step (no promotion: Hopp
 precision, which shows over the full mask's long rows) or over FOLD steps, after which an FMA adds the product
 into an fp32 accumulator and the MMA starts again from zero (the library folds every step; the fold is done by
 the next step, after its logits, so that the MMA is not waited for at once). Each row also reports how far its
-output is from the library's. The single-tile variants and the Gluon forward keep the design they were written
+output is from the library's. The same step with V as two e4m3 terms (its rounded value and the rounded residual,
+a second fp8 P V product per tile: the rounding that keeps the Gaussian inputs over issue 37's 0.03 bar,
+``scripts/pv_rounding.py``) times what that product costs. The single-tile variants and the Gluon forward keep the design they were written
 for, V scaled per key block: they run on the library's quantized inputs with V's head scale repeated per block
 (the same values).
 
@@ -36,7 +38,7 @@ with the full mask, where the reduced-precision accumulation has the most tiles 
 
     python -m benchmarks int8_kernel_limits                       # CUDA only; every variant
     python -m benchmarks int8_kernel_limits --variants current    # the conversion instruction's rows and Gluon's
-    python -m benchmarks int8_kernel_limits --variants pairs      # the two-tile step, P V accumulated over 0/1/4/8 steps
+    python -m benchmarks int8_kernel_limits --variants pairs      # the two-tile step: P V over 0/1/4/8 steps, V's terms
 """
 from __future__ import annotations
 
@@ -208,29 +210,44 @@ def _fold(b_acc, b_pv, b_f, b_alpha, step, FOLD: tl.constexpr):
 
 
 @triton.jit
-def _pair_tile(b_acc, b_pv, b_f, b_m, b_l, b_q8, rs_a, rs_b, k_src, v_src, start_a, start_b, stride_vd, o_d, M,
-               i_b, i_h, step, HEAD_DIM: tl.constexpr, SUB_N: tl.constexpr, FOLD: tl.constexpr):
+def _pv(b_pv, b_p8, v_src, vlo_src, start_n, stride_vd, o_d, M, i_b, i_h, HEAD_DIM: tl.constexpr,
+        SUB_N: tl.constexpr, MASK_COLS: tl.constexpr, V_LO: tl.constexpr):
+    """b_pv + P V for the keys from start_n, P in e4m3 (b_p8 [ROWS, SUB_N]); with V_LO V is two e4m3 terms, its
+    rounded value and the rounded residual (vlo_src, same units and layout), one more product."""
+    b_v = fp8._load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, HEAD_DIM, SUB_N, MASK_COLS, True, i_b, i_h)
+    b_pv = tl.dot(b_p8, b_v, b_pv)
+    if V_LO:
+        b_vlo = fp8._load_v(vlo_src, start_n, stride_vd, o_d, M, HEAD_DIM, HEAD_DIM, SUB_N, MASK_COLS, True, i_b, i_h)
+        b_pv = tl.dot(b_p8, b_vlo, b_pv)
+    return b_pv
+
+
+@triton.jit
+def _pair_tile(b_acc, b_pv, b_f, b_m, b_l, b_q8, rs_a, rs_b, k_src, v_src, vlo_src, start_a, start_b, stride_vd,
+               o_d, M, i_b, i_h, step, HEAD_DIM: tl.constexpr, SUB_N: tl.constexpr, FOLD: tl.constexpr,
+               V_LO: tl.constexpr):
     """Two full kept tiles (keys from start_a and start_b) in one step: one row max, one rescale."""
     b_fa = _tile_logits(b_q8, rs_a, k_src, start_a, o_d, M, i_b, i_h, HEAD_DIM, SUB_N, False)
     b_fb = _tile_logits(b_q8, rs_b, k_src, start_b, o_d, M, i_b, i_h, HEAD_DIM, SUB_N, False)
-    b_va = fp8._load_v(v_src, start_a, stride_vd, o_d, M, HEAD_DIM, HEAD_DIM, SUB_N, False, True, i_b, i_h)
-    b_vb = fp8._load_v(v_src, start_b, stride_vd, o_d, M, HEAD_DIM, HEAD_DIM, SUB_N, False, True, i_b, i_h)
     b_m_new = tl.maximum(b_m, tl.maximum(tl.max(b_fa, 1) * rs_a, tl.max(b_fb, 1) * rs_b) - fp8._LOG2_P_SCALE)
     b_pa = tl.math.exp2(tl.fma(b_fa, rs_a[:, None], -b_m_new[:, None]))
     b_pb = tl.math.exp2(tl.fma(b_fb, rs_b[:, None], -b_m_new[:, None]))
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_pa, 1) + tl.sum(b_pb, 1)
     b_acc, b_pv, b_f = _fold(b_acc, b_pv, b_f, b_alpha, step, FOLD)
-    b_pv = tl.dot(b_pb.to(tl.float8e4nv), b_vb, tl.dot(b_pa.to(tl.float8e4nv), b_va, b_pv))
+    b_pv = _pv(b_pv, b_pa.to(tl.float8e4nv), v_src, vlo_src, start_a, stride_vd, o_d, M, i_b, i_h, HEAD_DIM, SUB_N,
+               False, V_LO)
+    b_pv = _pv(b_pv, b_pb.to(tl.float8e4nv), v_src, vlo_src, start_b, stride_vd, o_d, M, i_b, i_h, HEAD_DIM, SUB_N,
+               False, V_LO)
     return b_acc, b_pv, b_f, b_m_new, b_l
 
 
 @triton.jit
-def _single_tile(b_acc, b_pv, b_f, b_m, b_l, b_q8, b_rs, k_src, v_src, start_n, stride_vd, o_d, M, i_b, i_h, step,
-                 HEAD_DIM: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr, FOLD: tl.constexpr):
+def _single_tile(b_acc, b_pv, b_f, b_m, b_l, b_q8, b_rs, k_src, v_src, vlo_src, start_n, stride_vd, o_d, M, i_b, i_h,
+                 step, HEAD_DIM: tl.constexpr, SUB_N: tl.constexpr, MASK_COLS: tl.constexpr, FOLD: tl.constexpr,
+                 V_LO: tl.constexpr):
     """One kept tile (the odd one out, or the sequence's short last block)."""
     b_f_tile = _tile_logits(b_q8, b_rs, k_src, start_n, o_d, M, i_b, i_h, HEAD_DIM, SUB_N, MASK_COLS)
-    b_v = fp8._load_v(v_src, start_n, stride_vd, o_d, M, HEAD_DIM, HEAD_DIM, SUB_N, MASK_COLS, True, i_b, i_h)
     b_m_new = tl.maximum(b_m, tl.max(b_f_tile, 1) * b_rs - fp8._LOG2_P_SCALE)
     b_p = tl.math.exp2(tl.fma(b_f_tile, b_rs[:, None], -b_m_new[:, None]))
     if MASK_COLS:
@@ -238,17 +255,20 @@ def _single_tile(b_acc, b_pv, b_f, b_m, b_l, b_q8, b_rs, k_src, v_src, start_n, 
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
     b_acc, b_pv, b_f = _fold(b_acc, b_pv, b_f, b_alpha, step, FOLD)
-    return b_acc, tl.dot(b_p.to(tl.float8e4nv), b_v, b_pv), b_f, b_m_new, b_l
+    b_pv = _pv(b_pv, b_p.to(tl.float8e4nv), v_src, vlo_src, start_n, stride_vd, o_d, M, i_b, i_h, HEAD_DIM, SUB_N,
+               MASK_COLS, V_LO)
+    return b_acc, b_pv, b_f, b_m_new, b_l
 
 
 @triton.jit
-def _pairs_kernel(Q8, QScale, QShift, K, V, KScale, VHeadScale, Out, Lse, KvCount, KvIndex,
+def _pairs_kernel(Q8, QScale, QShift, K, V, VLo, KScale, VHeadScale, Out, Lse, KvCount, KvIndex,
                   stride_q8b, stride_q8h, stride_q8n, stride_vd, stride_ob, stride_oh, stride_on,
                   stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, H, N, M, NUM_KV_BLOCKS, scale_log2,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                  FOLD: tl.constexpr):
+                  FOLD: tl.constexpr, V_LO: tl.constexpr):
     """The int8 forward over pairs of kept tiles (P V accumulated by the MMA over FOLD steps, 0: over all);
-    V [B, H, D, M'] e4m3 in units of VHeadScale [B * H]."""
+    V [B, H, D, M'] e4m3 in units of VHeadScale [B * H]; with V_LO also V's rounding residual VLo (same units and
+    layout), a second P V product per tile."""
     _, pid_bh, i_b, i_h, q_block, o_m, o_d, m_tile = bf16._program_rows(H, N, HEAD_DIM, HEAD_DIM, BLOCK_M, ROWS)
     m_rows = o_m < N
     p_rows = pid_bh.to(tl.int64) * N + o_m
@@ -265,20 +285,21 @@ def _pairs_kernel(Q8, QScale, QShift, K, V, KScale, VHeadScale, Out, Lse, KvCoun
         blk_a = tl.load(p_index + 2 * it)
         blk_b = tl.load(p_index + 2 * it + 1)
         b_acc, b_pv, b_f, b_m, b_l = _pair_tile(b_acc, b_pv, b_f, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + blk_a),
-                                                b_rs * tl.load(p_kscale + blk_b), K, V, blk_a * BLOCK_N,
+                                                b_rs * tl.load(p_kscale + blk_b), K, V, VLo, blk_a * BLOCK_N,
                                                 blk_b * BLOCK_N, stride_vd, o_d, M, i_b, i_h, it, HEAD_DIM, BLOCK_N,
-                                                FOLD)
+                                                FOLD, V_LO)
     step = num_full // 2
     if num_full % 2 == 1:
         blk = tl.load(p_index + num_full - 1)
         b_acc, b_pv, b_f, b_m, b_l = _single_tile(b_acc, b_pv, b_f, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + blk),
-                                                  K, V, blk * BLOCK_N, stride_vd, o_d, M, i_b, i_h, step, HEAD_DIM,
-                                                  BLOCK_N, False, FOLD)
+                                                  K, V, VLo, blk * BLOCK_N, stride_vd, o_d, M, i_b, i_h, step,
+                                                  HEAD_DIM, BLOCK_N, False, FOLD, V_LO)
         step += 1
     if ragged_tail:
         b_acc, b_pv, b_f, b_m, b_l = _single_tile(b_acc, b_pv, b_f, b_m, b_l, b_q8,
-                                                  b_rs * tl.load(p_kscale + last_block), K, V, last_block * BLOCK_N,
-                                                  stride_vd, o_d, M, i_b, i_h, step, HEAD_DIM, BLOCK_N, True, FOLD)
+                                                  b_rs * tl.load(p_kscale + last_block), K, V, VLo,
+                                                  last_block * BLOCK_N, stride_vd, o_d, M, i_b, i_h, step, HEAD_DIM,
+                                                  BLOCK_N, True, FOLD, V_LO)
     if FOLD > 0:
         b_pv = tl.fma(b_acc, b_f[:, None], b_pv)
     p_o = Out + i_b * stride_ob + i_h * stride_oh + o_m[:, None].to(tl.int64) * stride_on + o_d[None, :]
@@ -291,24 +312,37 @@ def per_block_v_scale(x: int8.Int8Inputs) -> int8.Int8Inputs:
     return x._replace(v_scale=x.v_scale[..., None].expand(-1, -1, x.k_scale.shape[2]).contiguous())
 
 
-def run_pairs(q, qx, x, mask, rows: int, warps: int, stages: int, fold: int = 0):
+def v_residual(v: torch.Tensor, x: int8.Int8Inputs) -> torch.Tensor:
+    """V's rounding residual v / v_scale - v8 in e4m3, a second term of V (v ~ (v8 + residual) * v_scale, the
+    residual at most half of v8's step, within e4m3's range at the same scale), laid out as x.v8's buffer: a
+    [B, H, D, M] view of [B, H, D, M'] with tokens contiguous."""
+    vt = x.v8.transpose(-1, -2)
+    residual = v.float() / x.v_scale[..., None, None] - x.v8.float()
+    buffer = torch.zeros(*vt.shape[:3], vt.stride(2), dtype=x.v8.dtype, device=v.device)
+    buffer[..., :vt.shape[3]] = residual.transpose(-1, -2).clamp(-fp8.FP8_MAX, fp8.FP8_MAX).to(x.v8.dtype)
+    return buffer[..., :vt.shape[3]]
+
+
+def run_pairs(q, qx, x, mask, rows: int, warps: int, stages: int, fold: int = 0, v_lo: torch.Tensor | None = None):
     """A launcher of the pairs forward over q and its quantized inputs (qx, x from ``int8.quantize``: V scaled per
-    head), P V accumulated by the MMA over ``fold`` steps (0: over all), see run_variant: (launch, out, lse)."""
+    head), P V accumulated by the MMA over ``fold`` steps (0: over all), with V as two e4m3 terms where ``v_lo``
+    (:func:`v_residual`) is given; see run_variant: (launch, out, lse)."""
     b, h, n, d = q.shape
     m = x.k8.shape[2]
     out, lse = torch.empty_like(q), q.new_empty((b, h, n), dtype=torch.float32)
     vt, v_scale = x.v8.transpose(-1, -2), x.v_scale.reshape(-1).contiguous()
     k_src = TensorDescriptor.from_tensor(x.k8, [1, 1, mask.block_k, d])
     v_src = TensorDescriptor.from_tensor(vt, [1, 1, d, mask.block_k])
+    vlo_src = v_src if v_lo is None else TensorDescriptor.from_tensor(v_lo, [1, 1, d, mask.block_k])
     grid = (triton.cdiv(n, rows), b * h)
 
     def launch():
         _pairs_kernel[grid](
-            qx.q8, qx.q_scale, qx.q_shift, k_src, v_src, x.k_scale, v_scale, out, lse, mask.kv_count, mask.kv_index,
-            *qx.q8.stride()[:3], vt.stride(2), *out.stride()[:3],
+            qx.q8, qx.q_scale, qx.q_shift, k_src, v_src, vlo_src, x.k_scale, v_scale, out, lse, mask.kv_count,
+            mask.kv_index, *qx.q8.stride()[:3], vt.stride(2), *out.stride()[:3],
             *bf16._table_strides(mask.kv_count, mask.kv_index, b, h), h, n, m, x.k_scale.shape[2],
             (d ** -0.5) * bf16.LOG2E, HEAD_DIM=d, BLOCK_M=mask.block_q, BLOCK_N=mask.block_k, ROWS=rows,
-            FOLD=fold, num_warps=warps, num_stages=stages)
+            FOLD=fold, V_LO=v_lo is not None, num_warps=warps, num_stages=stages)
     return launch, out, lse
 
 
@@ -368,11 +402,13 @@ GLUON_STAGES = (2, 3)
 PAIR_CONFIGS = ((64, 4, 3), (64, 4, 2))
 PAIR_FULL_CONFIGS = ((64, 4, 3),)
 PAIR_FOLDS = (0, 1, 4, 8)
+TWO_TERM_FOLDS = (0, 1)
 
 
-def pairs_label(fold: int) -> str:
-    """The promotion column of a two-tile row: over how many steps the MMA accumulates P V."""
-    return "pairs of tiles, V per head, " + ("none" if fold == 0 else f"fresh product every {fold} step(s) + FMA")
+def pairs_label(fold: int, two_term_v: bool = False) -> str:
+    """The promotion column of a two-tile row: over how many steps the MMA accumulates P V, and V's terms."""
+    return (f"pairs of tiles, V per head{' (two e4m3 terms)' if two_term_v else ''}, "
+            + ("none" if fold == 0 else f"fresh product every {fold} step(s) + FMA"))
 
 
 def measure(q, k, v, mask, full, bench, variants: str = "all") -> dict:
@@ -402,16 +438,24 @@ def measure(q, k, v, mask, full, bench, variants: str = "all") -> dict:
                      rows=rows, warps=warps, stages=stages, maxnreg=maxnreg, **label)
 
     if variants == "pairs":
-        def pairs_row(m, ref, rows, warps, stages, fold, **label):
-            launcher = run_pairs(q, qx, x, m, rows, warps, stages, fold)
-            row = timed(launcher, ref, q="read", conv=CONVERSIONS[CONVERT], promo=pairs_label(fold), rows=rows,
-                        warps=warps, stages=stages, **label)
+        v_lo = v_residual(v, x)
+
+        def pairs_row(m, ref, rows, warps, stages, fold, two_term_v=False, **label):
+            launcher = run_pairs(q, qx, x, m, rows, warps, stages, fold, v_lo if two_term_v else None)
+            row = timed(launcher, ref, q="read", conv=CONVERSIONS[CONVERT], promo=pairs_label(fold, two_term_v),
+                        rows=rows, warps=warps, stages=stages, **label)
             # how far the MMA's accumulation moves the output from the library's (a fresh product every step)
             row["rel_l1_vs_library"] = rel_l1(launcher[1], library(m)[0])
             return row
         result["rows"] += [pairs_row(mask, native, *config, fold) for fold in PAIR_FOLDS for config in PAIR_CONFIGS]
         result["rows"] += [pairs_row(full, native_full, *config, fold, mask="full") for fold in PAIR_FOLDS
                            for config in PAIR_FULL_CONFIGS]
+        # V as two e4m3 terms (issue 37's Gaussian accuracy bar; scripts/pv_rounding.py): what its second product
+        # per tile costs, accumulating in the MMA and with the library's fold
+        result["rows"] += [pairs_row(mask, native, *config, fold, two_term_v=True) for fold in TWO_TERM_FOLDS
+                           for config in PAIR_CONFIGS]
+        result["rows"] += [pairs_row(full, native_full, *PAIR_FULL_CONFIGS[0], fold, two_term_v=True, mask="full")
+                           for fold in TWO_TERM_FOLDS]
         return result
     single, full_variants = ((CURRENT_VARIANTS, CURRENT_FULL_MASK_VARIANTS) if variants == "current"
                              else (VARIANTS, FULL_MASK_VARIANTS))
@@ -455,7 +499,8 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--variants", choices=("all", "current", "pairs"), default="all",
                         help="all: every switch; current: the conversion instruction's rows (and Gluon's) only; "
-                             "pairs: the library's two-tile step with P V accumulated by the MMA over all, 1, 4 or 8 steps")
+                             "pairs: the library's two-tile step with P V accumulated by the MMA over all, 1, 4 or 8 "
+                             "steps, and with V as two e4m3 terms")
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         print("int8_kernel_limits needs a Hopper or newer GPU (tensor descriptors, fp8)", file=sys.stderr)

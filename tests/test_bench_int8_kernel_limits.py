@@ -45,6 +45,14 @@ def test_switches_agree_under_the_interpreter(nan_poisoned_outputs):
         launch, out, lse = limits.run_pairs(q, qx, x, mask, 64, 4, 3, fold)
         launch()
         assert limits.rel_l1(out, library) < 1e-6 and limits.rel_l1(lse, library_lse) < 1e-6, fold
+    # V as two e4m3 terms: only P's rounding left, closer to the exact (float64) attention; the same row sums
+    v_lo = limits.v_residual(v, x)
+    assert v_lo.shape == (1, 2, 64, 150) and v_lo.stride() == x.v8.transpose(-1, -2).stride()
+    exact = sv.block_sparse_attention(q.double(), k.double(), v.double(), mask, backend="reference")
+    launch, two_term, two_term_lse = limits.run_pairs(q, qx, x, mask, 64, 4, 3, 0, v_lo)
+    launch()
+    assert limits.rel_l1(two_term_lse, library_lse) < 1e-6
+    assert limits.rel_l1(two_term, exact) < 0.8 * limits.rel_l1(library, exact)
 
 
 def test_table_names_each_variant():
