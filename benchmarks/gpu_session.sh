@@ -131,7 +131,7 @@ family_bench() {  # family_bench NAME: a families benchmark; expandable segments
 install_peer_wheels() {  # the wheels of .whl/peers (scripts/peer_wheels.py) into /tmp/peers, on the paths
     if ls .whl/peers/*.whl > /dev/null 2>&1; then
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/peers \
-            .whl/peers/*.whl && export PYTHONPATH=/tmp/peers:$PYTHONPATH PATH=/tmp/peers/bin:$PATH
+            .whl/peers/*.whl && export PYTHONPATH=/tmp/peers:${PYTHONPATH:-} PATH=/tmp/peers/bin:$PATH
     fi
 }
 claims_variant() {  # claims_variant NAME MINUTES GRID_ARGS...: a variant of the claims grid in OUT/claims_NAME,
@@ -241,7 +241,7 @@ peers_build)  # SpargeAttn compiled (sm90 only) from .whl/peers/spargeattn-src.t
     ;;
 peers)  # the peers' wheels from `python scripts/peer_wheels.py --out .whl/peers`, carried in .whl
     install_peer_wheels
-    [ -d .peers ] && export PYTHONPATH=$PWD/.peers:$PYTHONPATH  # SpargeAttn, where peers_build compiled it
+    [ -d .peers ] && export PYTHONPATH=$PWD/.peers:${PYTHONPATH:-}  # SpargeAttn, where peers_build compiled it
     bench attention_peers 540  # FlashInfer compiles its kernels at first use
     ;;
 fp8)
