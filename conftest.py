@@ -20,22 +20,28 @@ def nan_poisoned_outputs(monkeypatch):
 
 
 @pytest.fixture
-def torchrun():
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free at the time of asking, for a process group's rendezvous."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def torchrun(free_port):
     """``torchrun(args, cwd, timeout=300)``: ``python -m torch.distributed.run --nproc-per-node 2`` on a free
     port with ``args`` (one thread per process), as a CompletedProcess with text output. Past ``timeout`` seconds
     the launcher is stopped with its workers (SIGTERM, which it forwards to them; SIGKILL if it lingers), so that
     no orphaned worker slows the tests after, and the test fails with the end of what they printed."""
     import signal
-    import socket
     import subprocess
     import sys
 
     def run(args: list[str], cwd, timeout: float = 300) -> subprocess.CompletedProcess:
-        with socket.socket() as probe:  # a free port for the rendezvous
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-                   *args]
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                   str(free_port), *args]
         launcher = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=cwd, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:

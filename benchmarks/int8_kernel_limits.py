@@ -22,11 +22,11 @@ share its unit), and the MMA accumulates P V over every step (no promotion: Hopp
 precision, which shows over the full mask's long rows) or over FOLD steps, after which an FMA adds the product
 into an fp32 accumulator and the MMA starts again from zero (the library folds every step; the fold is done by
 the next step, after its logits, so that the MMA is not waited for at once). Each row also reports how far its
-output is from the library's. The same step with V as two e4m3 terms (its rounded value and the rounded residual,
-a second fp8 P V product per tile: the rounding that keeps the Gaussian inputs over issue 37's 0.03 bar,
-``scripts/pv_rounding.py``) times what that product costs. The single-tile variants and the Gluon forward keep the design they were written
-for, V scaled per key block: they run on the library's quantized inputs with V's head scale repeated per block
-(the same values).
+output is from the library's. The same step with V as two e4m3 terms (its rounded value and the rounded residual, a
+second fp8 P V product per tile: the rounding that keeps the Gaussian inputs over issue 37's 0.03 bar,
+``scripts/pv_rounding.py``) times what that product costs. The single-tile variants and the Gluon forward keep the
+design they were written for, V scaled per key block: they run on the library's quantized inputs with V's head scale
+repeated per block (the same values).
 
 Beside them, the same forward written in Gluon with every MMA waited for explicitly
 (``benchmarks/gluon_int8_forward.py``: nothing serialised, the accumulator's update beside Q K^T; 64 rows, 4

@@ -44,11 +44,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         report.write("freed" if group() is None else "alive")
 
 
-def test_teardown_frees_the_process_group_after_fsdp(tmp_path):
-    import socket
-
-    with socket.socket() as probe:  # a free port for the rendezvous
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(tmp_path)), nprocs=WORLD)
+def test_teardown_frees_the_process_group_after_fsdp(tmp_path, free_port):
+    mp.spawn(_worker, args=(free_port, str(tmp_path)), nprocs=WORLD)
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in range(WORLD)] == ["freed"] * WORLD
