@@ -232,8 +232,14 @@ demo_student)
     ;;
 peers_build)  # SpargeAttn compiled (sm90 only) from .whl/peers/spargeattn-src.tar.gz into .peers, which later
     install_peer_wheels  # calls on the same machine keep (an ignored folder the carry does not replace)
-    rm -rf /tmp/spargeattn && mkdir -p /tmp/spargeattn /tmp/peers/bin .peers
-    tar -xzf .whl/peers/spargeattn-src.tar.gz -C /tmp/spargeattn
+    mkdir -p /tmp/peers/bin .peers
+    if [ ! -d /tmp/spargeattn/SpargeAttn ]; then  # kept, with its build folder, so that a call after a timeout resumes
+        mkdir -p /tmp/spargeattn && tar -xzf .whl/peers/spargeattn-src.tar.gz -C /tmp/spargeattn
+        # Its nvcc flag `-Xcompiler -include,cassert` makes gcc 13 under CUDA 13 define std::__terminate twice; the
+        # one header that uses assert includes <cassert> itself instead
+        sed -i '/-include,cassert/d' /tmp/spargeattn/SpargeAttn/setup.py
+        sed -i '1i #include <cassert>' /tmp/spargeattn/SpargeAttn/csrc/numeric_conversion.cuh
+    fi
     ln -sf "$(command -v "$PYTHON")" /tmp/peers/bin/python  # its setup.py generates kernels with `python`
     export PATH=/tmp/peers/bin:$PATH
     step spargeattn_build 560 env TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 "$PYTHON" -m pip install --no-build-isolation \
