@@ -147,48 +147,29 @@ def test_triton_kernel_interpreted_against_emulation(shape, tma, nan_poisoned_ou
     assert torch.equal(out[empty], torch.zeros_like(out[empty])) and (lse[empty] == float("-inf")).all()
 
 
-def _mean_of_kept_v_error(m: int, block_k: int, kept: list[list[int]]) -> float:
-    """The interpreted kernel's relative error from the emulation with q = 0, so that every kept key weighs 1
-    (P * P_SCALE = 448, exact in e4m3) and the output is the mean of the dequantized V over the kept keys: one set
-    of kept key blocks per query block of 128 rows, d = 64."""
+@pytest.mark.skipif(not INTERPRET, reason="the interpreted Triton kernel")
+@pytest.mark.parametrize("block_k", [64, 128])
+def test_pairs_odd_tiles_and_the_short_last_block(block_k, nan_poisoned_outputs):
+    """The kernel takes a row's kept sub-tiles two at a time, the odd one alone, and the sequence's short last block
+    alone (the interpreter's config has 64-key sub-tiles: one per 64-key block, two per 128-key block). With q = 0
+    every kept key weighs 1 (P * P_SCALE = 448, exact in e4m3): the output is the mean of the dequantized V over
+    the kept keys, for rows keeping 1 to 5 blocks, with and without the last block: float32 rounding from the
+    emulation's."""
     from sparsevid.ops import triton_int8_attention
 
-    b, h, n, d = 1, 2, 128 * len(kept), 64
+    b, h, n, m, d = 1, 2, 640, 600, 64
     q, k, v = _inputs(b, h, n, m, d)
     q.zero_()
-    keep = torch.zeros(b, h, len(kept), -(-m // block_k), dtype=torch.bool)
+    blocks = -(-m // block_k)  # the last one short: 600 = 9 * 64 + 24 = 4 * 128 + 88
+    kept = ([0], [1, 2], [0, 3, blocks - 1], [blocks - 1], [0, 1, 2, 3, blocks - 1])  # one set per query block
+    keep = torch.zeros(b, h, len(kept), blocks, dtype=torch.bool)
     for row, columns in enumerate(kept):
         keep[:, :, row, columns] = True
     mask = sv.SparseMask.from_dense(keep, n, m, 128, block_k)
     qx, x = _kernel_inputs(q, k, v, block_k)
     out, _ = triton_int8_attention.int8_forward(qx, x, mask.kv_count, mask.kv_index, 128, block_k, d ** -0.5, q)
     emu, _ = int8_reference.emulate_int8_attention(q, x, mask, d ** -0.5)
-    return rel_err(out, emu)
-
-
-@pytest.mark.skipif(not INTERPRET, reason="the interpreted Triton kernel")
-@pytest.mark.parametrize("block_k", [64, 128])
-def test_pairs_odd_tiles_and_the_short_last_block(block_k, nan_poisoned_outputs):
-    """The kernel takes a row's kept sub-tiles two at a time, the odd one alone, and the sequence's short last block
-    alone (the interpreter's config has 64-key sub-tiles: one per 64-key block, two per 128-key block): rows
-    keeping 1 to 5 blocks, with and without the last block, within float32 rounding of the emulation."""
-    m = 600  # the last block short: 600 = 9 * 64 + 24 = 4 * 128 + 88
-    last = -(-m // block_k) - 1
-    kept = [[0], [1, 2], [0, 3, last], [last], [0, 1, 2, 3, last]]
-    assert _mean_of_kept_v_error(m, block_k, kept) < 1e-6
-
-
-@pytest.mark.skipif(not INTERPRET, reason="the interpreted Triton kernel")
-def test_long_rows_fold_fresh_products(nan_poisoned_outputs):
-    """Rows of up to _MMA_ROW_PAIRS pairs of sub-tiles accumulate P V in the MMA, longer ones fold a fresh product
-    per pair: rows on both sides of the bound (64, 65, 66 and 70 kept 64-key blocks, the last one short) within
-    float32 rounding of the emulation."""
-    from sparsevid.ops import triton_int8_attention
-
-    bound = 2 * triton_int8_attention._MMA_ROW_PAIRS.value
-    m = (bound + 6) * 64 - 24
-    kept = [list(range(bound)), list(range(bound + 1)), list(range(bound + 2)), list(range(bound + 6))]
-    assert _mean_of_kept_v_error(m, 64, kept) < 1e-6
+    assert rel_err(out, emu) < 1e-6
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the interpreted Triton kernel")

@@ -39,11 +39,6 @@ _Q_ROWS = 64  # query rows a quantizing program owns
 # against 0.300 ms with 1024 (1.894 and 1.926 ms at 14B; H100, c13c13d)
 _V_PART, _V_TILE = 256, 64
 _PART_BLOCK = 64  # V's chunk amaxes a quantizing program reduces at once
-# Rows of at most this many pairs of kept sub-tiles (4,096 keys at 64-key sub-tiles) accumulate P V in the MMA: 0.486
-# ms at Wan 1.3B 95% (13 pairs a row) against 0.595 ms for fresh products folded by FMA, whether every step or every
-# 4 or 8 (H100, 6ab5990, int8_kernel_limits --variants pairs), within float32 rounding of them there (relative L1
-# 0.0007); over a full mask's 256 pairs the MMA's reduced-precision accumulation doubles the error (cf1a10b).
-_MMA_ROW_PAIRS = tl.constexpr(32)
 
 
 # --------------------------------------------------------------------------- quantization
@@ -255,7 +250,7 @@ def _int8_logits(b_q8, k_src, start_n, stride_kn, o_d, M, i_b, i_h, HEAD_DIM: tl
 @triton.jit
 def _int8_pair(b_acc, b_pv, b_fold, b_m, b_l, b_q8, rs_a, rs_b, k_src, v_src, start_a, start_b, stride_kn,
                stride_vd, o_d, M, i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
-               USE_TMA: tl.constexpr, IN_MMA: tl.constexpr):
+               USE_TMA: tl.constexpr):
     """Two whole kept sub-tiles (keys from start_a and from start_b) in one step. rs_a, rs_b (float32 [ROWS]): q's
     row scale times each tile's k scale, the softmax scale and log2(e), applied inside the exponential's FMA. b_m is
     the running max minus log2(P_SCALE), so exp2 gives P * P_SCALE, cast to fp8 as it is. One row max per pair.
@@ -263,10 +258,7 @@ def _int8_pair(b_acc, b_pv, b_fold, b_m, b_l, b_q8, rs_a, rs_b, k_src, v_src, st
     The output so far is b_acc * b_fold + b_pv: b_pv (float32 [ROWS, D]) is the last step's P V product, which the
     tensor cores summed from zero (128 keys: short enough for their reduced-precision accumulation), and b_fold
     (float32 [ROWS]) the rescale it came with. It is folded into b_acc by one FMA after this step's logits, so its
-    MMA runs while they are computed. Returns b_acc, b_pv, b_fold, b_m and b_l in those terms.
-
-    IN_MMA (a short row, see _MMA_ROW_PAIRS): the tensor cores accumulate the products into b_acc itself, rescaled
-    first (b_pv and b_fold are passed through unchanged)."""
+    MMA runs while they are computed. Returns b_acc, b_pv, b_fold, b_m and b_l in those terms."""
     b_fa = _int8_logits(b_q8, k_src, start_a, stride_kn, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA)
     b_fb = _int8_logits(b_q8, k_src, start_b, stride_kn, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA)
     b_va = _load_v(v_src, start_a, stride_vd, o_d, M, HEAD_DIM, BLOCK_D, SUB_N, False, USE_TMA, i_b, i_h)
@@ -276,10 +268,6 @@ def _int8_pair(b_acc, b_pv, b_fold, b_m, b_l, b_q8, rs_a, rs_b, k_src, v_src, st
     b_pb = tl.math.exp2(tl.fma(b_fb, rs_b[:, None], -b_m_new[:, None]))
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_pa, 1) + tl.sum(b_pb, 1)
-    if IN_MMA:
-        b_acc = b_acc * b_alpha[:, None]
-        b_acc = tl.dot(b_pb.to(tl.float8e4nv), b_vb, tl.dot(b_pa.to(tl.float8e4nv), b_va, b_acc))
-        return b_acc, b_pv, b_fold, b_m_new, b_l
     b_acc = tl.fma(b_acc, b_fold[:, None], b_pv)
     b_pv = tl.dot(b_pb.to(tl.float8e4nv), b_vb, tl.dot(b_pa.to(tl.float8e4nv), b_va))
     return b_acc, b_pv, b_alpha, b_m_new, b_l
@@ -302,24 +290,6 @@ def _int8_single(b_acc, b_pv, b_fold, b_m, b_l, b_q8, b_rs, k_src, v_src, start_
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
     b_acc = tl.fma(b_acc, b_fold[:, None], b_pv)
     return b_acc, tl.dot(b_p.to(tl.float8e4nv), b_v), b_alpha, b_m_new, b_l
-
-
-@triton.jit
-def _int8_pairs(b_acc, b_pv, b_fold, b_m, b_l, b_q8, b_rs, p_kscale, p_index, num_pairs, k_src, v_src, stride_kn,
-                stride_vd, o_d, M, i_b, i_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                SUB_N: tl.constexpr, USE_TMA: tl.constexpr, IN_MMA: tl.constexpr):
-    """The first 2 * num_pairs kept sub-tiles of a row (index table p_index, key-block scales p_kscale), two per
-    step by :func:`_int8_pair`."""
-    SUBS: tl.constexpr = BLOCK_N // SUB_N
-    for it in range(0, num_pairs):
-        block_a = tl.load(p_index + (2 * it) // SUBS)
-        block_b = tl.load(p_index + (2 * it + 1) // SUBS)
-        b_acc, b_pv, b_fold, b_m, b_l = _int8_pair(
-            b_acc, b_pv, b_fold, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + block_a),
-            b_rs * tl.load(p_kscale + block_b), k_src, v_src, block_a * BLOCK_N + ((2 * it) % SUBS) * SUB_N,
-            block_b * BLOCK_N + ((2 * it + 1) % SUBS) * SUB_N, stride_kn, stride_vd, o_d, M, i_b, i_h, HEAD_DIM,
-            BLOCK_D, SUB_N, USE_TMA, IN_MMA)
-    return b_acc, b_pv, b_fold, b_m, b_l
 
 
 # Two kept sub-tiles per step (benchmarks/int8_kernel_limits.py, "pairs"): 64-row programs of 4 warps, 3 stages won;
@@ -367,16 +337,14 @@ def _bsa_int8_fwd_kernel(Q8, QScale, QShift, K, V, KScale, VScale, Out, Lse, KvC
     b_acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     b_pv = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)  # the output is b_acc * b_fold + b_pv (see _int8_pair)
     b_fold = tl.full([ROWS], 1.0, dtype=tl.float32)
-    # A short row's pairs accumulate in the MMA (no second accumulator to fold: the step's MMAs run on across the
-    # loop's back edge), a long row's as fresh products folded by FMA (see _MMA_ROW_PAIRS)
-    if num_subs // 2 <= _MMA_ROW_PAIRS:
-        b_acc, b_pv, b_fold, b_m, b_l = _int8_pairs(
-            b_acc, b_pv, b_fold, b_m, b_l, b_q8, b_rs, p_kscale, p_index, num_subs // 2, k_src, v_src, stride_kn,
-            stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, USE_TMA, True)
-    else:
-        b_acc, b_pv, b_fold, b_m, b_l = _int8_pairs(
-            b_acc, b_pv, b_fold, b_m, b_l, b_q8, b_rs, p_kscale, p_index, num_subs // 2, k_src, v_src, stride_kn,
-            stride_vd, o_d, M, i_b, i_h, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, USE_TMA, False)
+    for it in range(0, num_subs // 2):
+        block_a = tl.load(p_index + (2 * it) // SUBS)
+        block_b = tl.load(p_index + (2 * it + 1) // SUBS)
+        b_acc, b_pv, b_fold, b_m, b_l = _int8_pair(
+            b_acc, b_pv, b_fold, b_m, b_l, b_q8, b_rs * tl.load(p_kscale + block_a),
+            b_rs * tl.load(p_kscale + block_b), k_src, v_src, block_a * BLOCK_N + ((2 * it) % SUBS) * SUB_N,
+            block_b * BLOCK_N + ((2 * it + 1) % SUBS) * SUB_N, stride_kn, stride_vd, o_d, M, i_b, i_h, HEAD_DIM,
+            BLOCK_D, SUB_N, USE_TMA)
     if num_subs % 2 == 1:
         block = tl.load(p_index + (num_subs - 1) // SUBS)
         b_acc, b_pv, b_fold, b_m, b_l = _int8_single(
