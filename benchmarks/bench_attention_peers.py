@@ -7,7 +7,8 @@ Peers (each optional: a failed import or call is recorded with its reason and th
   time, and that time times the kept share, what a block-sparse kernel at SageAttention's speed per tile would take.
 - FlashInfer's Hopper block-sparse attention (``flashinfer``: ``VariableBlockSparseAttentionWrapper`` with its
   "cake" kernels, compiled at first use with a CUDA compiler; 64-token blocks, head dim 128), bf16 and its Sage FP8
-  route (quantization timed with it), on sparsevid's per-head mask (a 128-row block as two 64-row blocks).
+  route (quantization timed with it), on sparsevid's per-head mask (a 128-row block as two 64-row blocks); bf16
+  also with the mask planned in every call, as a mask predicted every step would be.
 - SpargeAttn (``spas_sage_attn``, built from source: block-sparse SageAttention2), on the same mask.
 
 sparsevid's bf16 and int8 forwards and dense cuDNN SDPA run in the same process on the same Gaussian inputs; the
@@ -56,9 +57,11 @@ def flashinfer_blocks(mask: sv.SparseMask) -> torch.Tensor:
     return rows[:, :mask.q_len // FLASHINFER_BLOCK].contiguous()
 
 
-def flashinfer_sparse(q, k, v, mask, fp8: bool = False):
+def flashinfer_sparse(q, k, v, mask, fp8: bool = False, plan_per_call: bool = False):
     """FlashInfer's Hopper block-sparse attention ("cake" kernels) on the mask; with ``fp8`` its Sage FP8 route,
-    each call quantizing q, k, v (``sage_fp8_quantize_sm90``) before the kernel, as sparsevid's int8 call does."""
+    each call quantizing q, k, v (``sage_fp8_quantize_sm90``) before the kernel, as sparsevid's int8 call does.
+    With ``plan_per_call`` (bf16) each call also plans the mask (its host-side schedule, built from a copy of the
+    block map), what a mask that changes every step (a predicted one) costs; otherwise the plan is made once."""
     import flashinfer
     from flashinfer.cake_vsa_sm90 import sage_fp8_quantize_sm90
 
@@ -69,8 +72,15 @@ def flashinfer_sparse(q, k, v, mask, fp8: bool = False):
     wrapper = flashinfer.VariableBlockSparseAttentionWrapper(workspace, backend="cake")
     q3, k3, v3 = (t[0].contiguous() for t in (q, k, v))  # [H, T, D], the kernels' HND layout
     if not fp8:
-        wrapper.plan(blocks, *sizes, heads, heads, d, q_data_type=torch.bfloat16)
-        return lambda: wrapper.run(q3, k3, v3)[None]
+        def plan():
+            wrapper.plan(blocks, *sizes, heads, heads, d, q_data_type=torch.bfloat16)
+
+        def plan_and_run():
+            plan()
+            return wrapper.run(q3, k3, v3)[None]
+
+        plan()
+        return plan_and_run if plan_per_call else (lambda: wrapper.run(q3, k3, v3)[None])
     _, _, _, q_scale, k_scale, v_scale = sage_fp8_quantize_sm90(q3, k3, v3)
     wrapper.plan(blocks, *sizes, heads, heads, d, q_data_type=torch.float8_e4m3fn, q_scale=q_scale, k_scale=k_scale,
                  v_scale=v_scale)
@@ -98,12 +108,14 @@ def sparge_sparse(q, k, v, mask):
     tile = sparge_tile(torch.cuda.get_device_capability(q.device))
     if (mask.block_q, mask.block_k) != tile:
         raise ValueError(f"SpargeAttn's kernel on this GPU takes {tile[0]}x{tile[1]} tiles; the mask has "
-                         f"{mask.block_q}x{mask.block_k} (run with --block {tile[0]}x{tile[1]})")
+                         f"{mask.block_q}x{mask.block_k} (run with --blocks {tile[0]}x{tile[1]})")
     blocks = mask.to_dense().to(torch.int8)
     return lambda: block_sparse_sage2_attn_cuda(q, k, v, mask_id=blocks, pvthreshd=1e9)
 
 
 PEERS = {"sageattention (dense)": sage_dense, "flashinfer block-sparse bf16": flashinfer_sparse,
+         "flashinfer block-sparse bf16, planned per call":
+             lambda q, k, v, mask: flashinfer_sparse(q, k, v, mask, plan_per_call=True),
          "flashinfer block-sparse sage fp8": lambda q, k, v, mask: flashinfer_sparse(q, k, v, mask, fp8=True),
          "spargeattn block-sparse": sparge_sparse}
 PEER_SHAPES = {**SHAPES, "wan1.3b-480p-64": (1, 12, 32768, 128)}  # 32,760 tokens padded to FlashInfer's blocks
@@ -131,7 +143,7 @@ def rows_for(shape: str, sparsity: float, block_q: int, block_k: int, generator)
             dense = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
             dense_out, cudnn_ms = dense(), bench(dense)
         ours = sv.block_sparse_attention(q, k, v, mask)
-        common = {"shape": shape, "sparsity": mask.sparsity, "cudnn_ms": cudnn_ms}
+        common = {"shape": shape, "block": f"{block_q}x{block_k}", "sparsity": mask.sparsity, "cudnn_ms": cudnn_ms}
         rows = [{**common, "peer": "sparsevid bf16", "ran": True,
                  "ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask))},
                 {**common, "peer": "sparsevid int8", "ran": True,
@@ -150,14 +162,14 @@ def rows_for(shape: str, sparsity: float, block_q: int, block_k: int, generator)
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| shape | sparsity | peer | ms | x cuDNN | dense ms x kept share | cosine / rel L1 | why not |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | tile | sparsity | peer | ms | x cuDNN | dense ms x kept share | cosine / rel L1 | why not |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ran = r["ran"]
         accuracy = f"{r['cosine']:.5f} / {r['rel_l1']:.4f}" if "cosine" in r else "-"
-        lines.append(f"| {r['shape']} | {r['sparsity']:.3f} | {r['peer']} | {r['ms']:.3f} | {r['x_cudnn']:.1f}x | "
-                     f"{r.get('ms_at_kept_share', float('nan')):.3f} | {accuracy} | |" if ran else
-                     f"| {r['shape']} | {r['sparsity']:.3f} | {r['peer']} | - | - | - | - | {r['why']} |")
+        head = f"| {r['shape']} | {r['block']} | {r['sparsity']:.3f} | {r['peer']} |"
+        lines.append(f"{head} {r['ms']:.3f} | {r['x_cudnn']:.1f}x | {r.get('ms_at_kept_share', float('nan')):.3f} | "
+                     f"{accuracy} | |" if ran else f"{head} - | - | - | - | {r['why']} |")
     return "\n".join(lines).replace("| nan |", "| - |")
 
 
@@ -166,16 +178,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder of the result (<gpu>.json/.md)")
     parser.add_argument("--shapes", default="wan1.3b-480p-64", help=f"comma-separated, of {list(PEER_SHAPES)}")
     parser.add_argument("--sparsities", default="0.95,0.9")
-    parser.add_argument("--block", default="128x64", help="block_q x block_k of the mask")
+    parser.add_argument("--blocks", default="128x64,64x128",
+                        help="comma-separated block_q x block_k of the masks (FlashInfer takes 64-key blocks, "
+                             "SpargeAttn 64x128 on Hopper)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention_peers.py needs a CUDA GPU")
-    block_q, block_k = (int(s) for s in args.block.split("x"))
-    meta = run_metadata("cuda", dtype="bfloat16 inputs", block=args.block)
+    blocks = [tuple(int(s) for s in block.split("x")) for block in args.blocks.split(",")]
+    meta = run_metadata("cuda", dtype="bfloat16 inputs", blocks=args.blocks)
     generator = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for shape in args.shapes.split(","):
-        for sparsity in (float(s) for s in args.sparsities.split(",")):
+        for (block_q, block_k), sparsity in ((b, float(s)) for b in blocks for s in args.sparsities.split(",")):
             rows += rows_for(shape, sparsity, block_q, block_k, generator)
             write_result(args.out, meta, {"rows": rows}, markdown(rows))
     print(json.dumps(meta))

@@ -25,13 +25,14 @@ def test_flashinfer_blocks_refuse_what_the_kernels_do_not_take(batch, block_k, l
 
 
 def test_the_table_gives_times_for_peers_that_ran_and_the_reason_for_the_others():
-    common = {"shape": "wan1.3b-480p", "sparsity": 0.95}
+    common = {"shape": "wan1.3b-480p", "block": "128x64", "sparsity": 0.95}
     table = markdown([{**common, "peer": "sparsevid bf16", "ran": True, "ms": 0.69, "x_cudnn": 16.8},
                       {**common, "peer": "sageattention (dense)", "ran": True, "ms": 9.0, "x_cudnn": 1.3,
                        "ms_at_kept_share": 0.45, "cosine": 0.9991, "rel_l1": 0.031},
                       {**common, "peer": "flashinfer block-sparse bf16", "ran": False,
                        "why": "ModuleNotFoundError: No module named 'flashinfer'"}])
     lines = table.splitlines()
+    assert lines[2].startswith("| wan1.3b-480p | 128x64 | 0.950 | sparsevid bf16 |")
     assert "| 0.690 | 16.8x | - | - | |" in lines[2]
     assert "| 9.000 | 1.3x | 0.450 | 0.99910 / 0.0310 | |" in lines[3]
     assert lines[4].endswith("| - | - | - | - | ModuleNotFoundError: No module named 'flashinfer' |")
