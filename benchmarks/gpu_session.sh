@@ -231,7 +231,8 @@ demo_student)
         --warmup 20 --train-shift 2.0 --log-every 25 --no-progress
     ;;
 peers_build)  # SpargeAttn compiled (sm90 only) from .whl/peers/spargeattn-src.tar.gz into .peers, which later
-    install_peer_wheels  # calls on the same machine keep (an ignored folder the carry does not replace)
+    install_peer_wheels  # calls on the same machine keep (an ignored folder the carry does not replace); env
+    # BUILD_SECONDS (560) bounds the build, which a later call on the same machine resumes
     mkdir -p /tmp/peers/bin .peers
     if [ ! -d /tmp/spargeattn/SpargeAttn ]; then  # kept, with its build folder, so that a call after a timeout resumes
         mkdir -p /tmp/spargeattn && tar -xzf .whl/peers/spargeattn-src.tar.gz -C /tmp/spargeattn
@@ -242,8 +243,8 @@ peers_build)  # SpargeAttn compiled (sm90 only) from .whl/peers/spargeattn-src.t
     fi
     ln -sf "$(command -v "$PYTHON")" /tmp/peers/bin/python  # its setup.py generates kernels with `python`
     export PATH=/tmp/peers/bin:$PATH
-    step spargeattn_build 560 env TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 "$PYTHON" -m pip install --no-build-isolation \
-        --no-deps --no-index --target .peers /tmp/spargeattn/SpargeAttn
+    step spargeattn_build "${BUILD_SECONDS:-560}" env TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 "$PYTHON" -m pip install \
+        --no-build-isolation --no-deps --no-index --target .peers /tmp/spargeattn/SpargeAttn
     ;;
 peers)  # the peers' wheels from `python scripts/peer_wheels.py --out .whl/peers`, carried in .whl
     install_peer_wheels
