@@ -173,9 +173,36 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines).replace("| nan |", "| - |")
 
 
+def figure(rows: list[dict], meta: dict):
+    """Forward ms of every competitor that ran, one horizontal bar per competitor in one panel per shape, tile and
+    sparsity (log scale: FlashInfer planned per call is three orders slower). A matplotlib Figure outside pyplot,
+    so that the redraw after every group of rows holds no global state."""
+    from matplotlib.figure import Figure
+
+    groups = list(dict.fromkeys((r["shape"], r["block"], r["sparsity"]) for r in rows))
+    fig = Figure(figsize=(8, 1.2 + 1.6 * len(groups)))
+    axes = fig.subplots(len(groups), 1, squeeze=False, sharex=True)  # one scale: bars comparable across panels
+    for ax, (shape, block, sparsity) in zip(axes[:, 0], groups):
+        ran = [r for r in rows if (r["shape"], r["block"], r["sparsity"]) == (shape, block, sparsity) and r["ran"]]
+        colors = ["tab:blue" if r["peer"].startswith("sparsevid") else "tab:gray" for r in ran]
+        ax.barh([r["peer"] for r in ran], [r["ms"] for r in ran], color=colors)
+        for y, r in enumerate(ran):
+            ax.text(r["ms"], y, f" {r['ms']:.3f}", va="center", fontsize=7)
+        ax.set_xscale("log")
+        ax.invert_yaxis()
+        ax.tick_params(labelsize=7)
+        ax.set_title(f"{shape}, {block} tiles, {sparsity:.1%} sparse", fontsize=8)
+    times = [r["ms"] for r in rows if r["ran"]]
+    axes[-1, 0].set_xlim(min(times) / 2, max(times) * 4)
+    axes[-1, 0].set_xlabel("forward ms (log scale; sparsevid in blue)")
+    fig.suptitle(f"Block-sparse attention peers, {meta['gpu']}, {meta['commit']}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder of the result (<gpu>.json/.md)")
+    parser.add_argument("--out", type=Path, required=True, help="folder of the result (<gpu>.json/.md/.png)")
     parser.add_argument("--shapes", default="wan1.3b-480p-64", help=f"comma-separated, of {list(PEER_SHAPES)}")
     parser.add_argument("--sparsities", default="0.95,0.9")
     parser.add_argument("--blocks", default="128x64,64x128",
@@ -191,7 +218,7 @@ def main() -> int:
     for shape in args.shapes.split(","):
         for (block_q, block_k), sparsity in ((b, float(s)) for b in blocks for s in args.sparsities.split(",")):
             rows += rows_for(shape, sparsity, block_q, block_k, generator)
-            write_result(args.out, meta, {"rows": rows}, markdown(rows))
+            write_result(args.out, meta, {"rows": rows}, markdown(rows), figure(rows, meta))
     print(json.dumps(meta))
     print(markdown(rows))
     return 0

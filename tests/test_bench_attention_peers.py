@@ -1,10 +1,10 @@
 """The peers benchmark's CPU parts: sparsevid's mask as FlashInfer's Hopper block map and the table of what ran
-and why the rest did not."""
+and why the rest did not, and its figure."""
 import pytest
 import torch
 
 import sparsevid as sv
-from benchmarks.bench_attention_peers import flashinfer_blocks, markdown, sparge_tile
+from benchmarks.bench_attention_peers import figure, flashinfer_blocks, markdown, sparge_tile
 
 
 def test_flashinfer_blocks_repeat_each_query_block_as_64_row_blocks_per_head():
@@ -41,3 +41,16 @@ def test_the_table_gives_times_for_peers_that_ran_and_the_reason_for_the_others(
 def test_sparge_tiles_are_64_by_128_on_hopper_and_128_by_64_elsewhere():
     assert sparge_tile((9, 0)) == (64, 128)
     assert sparge_tile((8, 9)) == sparge_tile((8, 0)) == (128, 64)
+
+
+def test_the_figure_has_one_panel_per_shape_tile_and_sparsity_with_a_bar_per_peer_that_ran():
+    common = {"shape": "wan1.3b-480p-64", "sparsity": 0.95}
+    rows = [{**common, "block": "128x64", "peer": "sparsevid bf16", "ran": True, "ms": 0.69},
+            {**common, "block": "128x64", "peer": "flashinfer block-sparse bf16", "ran": True, "ms": 0.57},
+            {**common, "block": "64x128", "peer": "sparsevid bf16", "ran": True, "ms": 0.86},
+            {**common, "block": "64x128", "peer": "flashinfer block-sparse bf16", "ran": False, "why": "tiles"}]
+    fig = figure(rows, {"gpu": "NVIDIA H100", "commit": "abc1234"})
+    panels = fig.axes
+    assert [ax.get_title() for ax in panels] == ["wan1.3b-480p-64, 128x64 tiles, 95.0% sparse",
+                                                 "wan1.3b-480p-64, 64x128 tiles, 95.0% sparse"]
+    assert [[bar.get_width() for bar in ax.patches] for ax in panels] == [[0.69, 0.57], [0.86]]
