@@ -10,6 +10,8 @@ Peers (each optional: a failed import or call is recorded with its reason and th
   route (quantization timed with it), on sparsevid's per-head mask (a 128-row block as two 64-row blocks); bf16
   also with the mask planned in every call, as a mask predicted every step would be.
 - SpargeAttn (``spas_sage_attn``, built from source: block-sparse SageAttention2), on the same mask.
+- flash-attn-4 (``flash_attn.cute``, FlashAttention's CuTe DSL kernels: FlashAttention-3's schedule on Hopper) with
+  its block sparsity, on sparsevid's own count and index tables.
 
 sparsevid's bf16 and int8 forwards and dense cuDNN SDPA run in the same process on the same Gaussian inputs; the
 mask is ``predict_mask``'s top-k at 1 - sparsity, 128x64 tiles. Accuracy: cosine similarity and relative L1 of each
@@ -94,6 +96,28 @@ def flashinfer_sparse(q, k, v, mask, fp8: bool = False, plan_per_call: bool = Fa
     return quantize_and_run
 
 
+def flash_attn4_tables(mask: sv.SparseMask) -> dict[str, torch.Tensor]:
+    """The mask as flash-attn-4's block-sparsity tensors: every kept tile a "full" block (attended without a mask
+    function), int32 counts [B', H', QB] and indices [B', H', QB, KB] as sparsevid's table holds them (its padding
+    past each count is not read); no partial ("mask") blocks, so their counts are zero and their index table one
+    column wide (compact tables are allowed)."""
+    count, index = mask.kv_count.to(torch.int32), mask.kv_index.to(torch.int32)
+    return {"mask_block_cnt": torch.zeros_like(count), "mask_block_idx": torch.zeros_like(index[..., :1]),
+            "full_block_cnt": count, "full_block_idx": index}
+
+
+def flash_attn4_sparse(q, k, v, mask):
+    """flash-attn-4's CuTe DSL forward (``flash_attn.cute``: FlashAttention-3's warp-specialised schedule on
+    Hopper, compiled at first use) with its block sparsity, on the mask's own table (device tensors, no host
+    planning); q, k, v given as [B, T, H, D] views of sparsevid's [B, H, T, D]."""
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+    from flash_attn.cute.interface import flash_attn_func
+
+    tensors = BlockSparseTensorsTorch(**flash_attn4_tables(mask), block_size=(mask.block_q, mask.block_k))
+    q4, k4, v4 = (t.transpose(1, 2) for t in (q, k, v))
+    return lambda: flash_attn_func(q4, k4, v4, block_sparse_tensors=tensors)[0].transpose(1, 2)
+
+
 def sparge_tile(capability: tuple[int, int]) -> tuple[int, int]:
     """Query rows x keys of SpargeAttn's block-sparse tile on a GPU of ``capability``: 64 x 128 on Hopper (its
     sm90 kernel), 128 x 64 on the others."""
@@ -117,7 +141,7 @@ PEERS = {"sageattention (dense)": sage_dense, "flashinfer block-sparse bf16": fl
          "flashinfer block-sparse bf16, planned per call":
              lambda q, k, v, mask: flashinfer_sparse(q, k, v, mask, plan_per_call=True),
          "flashinfer block-sparse sage fp8": lambda q, k, v, mask: flashinfer_sparse(q, k, v, mask, fp8=True),
-         "spargeattn block-sparse": sparge_sparse}
+         "spargeattn block-sparse": sparge_sparse, "flash-attn-4 block-sparse bf16": flash_attn4_sparse}
 PEER_SHAPES = {**SHAPES, "wan1.3b-480p-64": (1, 12, 32768, 128)}  # 32,760 tokens padded to FlashInfer's blocks
 
 

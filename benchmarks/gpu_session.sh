@@ -73,10 +73,12 @@
 #   quantizer   benchmark quantizer_limits (the int8 K/V quantizer's kernel taken apart: what its time is made of)
 #   int8_limits benchmark int8_kernel_limits (the int8 forward's loop taken apart: Q, conversion, promotion, configs;
 #               the same forward pipelined by hand in Gluon); arguments go to it, e.g. `int8_limits --variants pairs`
-#   peers       benchmark attention_peers (SageAttention, FlashInfer's Hopper block-sparse bf16 and Sage FP8, SpargeAttn
-#               where they are installed, beside the bf16 and int8 forwards on the same masks; a peer that does not
-#               import or run is listed with its error); installs the wheels of .whl/peers first (made by
-#               `python scripts/peer_wheels.py --out .whl/peers`) and SpargeAttn where peers_build compiled it
+#   peers       benchmark attention_peers (SageAttention, FlashInfer's Hopper block-sparse bf16 and Sage FP8,
+#               SpargeAttn, flash-attn-4 where they are installed, beside the bf16 and int8 forwards on the same
+#               masks; a peer that does not import or run is listed with its error); installs the wheels of .whl/peers
+#               first (made by `python scripts/peer_wheels.py --out .whl/peers`) and flash-attn-4's, joined from
+#               .whl/fa4 (made by `--flash-attn-4 .whl/fa4`: two folders, carried by two calls on the same machine,
+#               as neither fits one carry beside .whl/peers), and uses SpargeAttn where peers_build compiled it
 #   peers_build compile SpargeAttn for sm90 from the sources peer_wheels.py packed (--spargeattn-git) into .peers,
 #               which `peers` then uses (a separate call on the same warm machine: the build takes minutes)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
@@ -128,11 +130,20 @@ bench() {  # bench NAME SECONDS [OPTIONS...]: the registered benchmark NAME, its
 family_bench() {  # family_bench NAME: a families benchmark; expandable segments keep a freed family's memory reusable
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True bench "$1" 540  # (HunyuanVideo 1.5's dense mask is 24 GiB)
 }
-install_peer_wheels() {  # the wheels of .whl/peers (scripts/peer_wheels.py) into /tmp/peers, on the paths
-    if ls .whl/peers/*.whl > /dev/null 2>&1; then
-        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/peers \
-            .whl/peers/*.whl && export PYTHONPATH=/tmp/peers:${PYTHONPATH:-} PATH=/tmp/peers/bin:$PATH
+install_peer_wheels() {  # the wheels of .whl/peers and flash-attn-4's (joined from the folders of .whl/fa4 that
+    # the calls so far carried; scripts/peer_wheels.py) into .peers, an ignored folder that later calls on the same
+    # machine keep, on the paths
+    local wheels=()
+    ls .whl/peers/*.whl > /dev/null 2>&1 && wheels+=(.whl/peers/*.whl)
+    if ls .whl/fa4/*/*.part* > /dev/null 2>&1; then
+        rm -rf /tmp/fa4 && "$PYTHON" scripts/peer_wheels.py --join .whl/fa4 --into /tmp/fa4 && wheels+=(/tmp/fa4/*.whl)
     fi
+    mkdir -p .peers/bin
+    if [ ${#wheels[@]} -gt 0 ]; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .peers \
+            "${wheels[@]}"
+    fi
+    export PYTHONPATH=$PWD/.peers:${PYTHONPATH:-} PATH=$PWD/.peers/bin:$PATH
 }
 claims_variant() {  # claims_variant NAME MINUTES GRID_ARGS...: a variant of the claims grid in OUT/claims_NAME,
     local name=$1 minutes=$2; shift 2  # calibrated as the slice grid was (its masks do not depend on the students)
@@ -233,7 +244,6 @@ demo_student)
 peers_build)  # SpargeAttn compiled (sm90 only) from .whl/peers/spargeattn-src.tar.gz into .peers, which later
     install_peer_wheels  # calls on the same machine keep (an ignored folder the carry does not replace); env
     # BUILD_SECONDS (560) bounds the build, which a later call on the same machine resumes
-    mkdir -p /tmp/peers/bin .peers
     if [ ! -d /tmp/spargeattn/SpargeAttn ]; then  # kept, with its build folder, so that a call after a timeout resumes
         mkdir -p /tmp/spargeattn && tar -xzf .whl/peers/spargeattn-src.tar.gz -C /tmp/spargeattn
         # Its nvcc flag `-Xcompiler -include,cassert` makes gcc 13 under CUDA 13 define std::__terminate twice; the
@@ -241,14 +251,12 @@ peers_build)  # SpargeAttn compiled (sm90 only) from .whl/peers/spargeattn-src.t
         sed -i '/-include,cassert/d' /tmp/spargeattn/SpargeAttn/setup.py
         sed -i '1i #include <cassert>' /tmp/spargeattn/SpargeAttn/csrc/numeric_conversion.cuh
     fi
-    ln -sf "$(command -v "$PYTHON")" /tmp/peers/bin/python  # its setup.py generates kernels with `python`
-    export PATH=/tmp/peers/bin:$PATH
+    ln -sf "$(command -v "$PYTHON")" .peers/bin/python  # its setup.py generates kernels with `python`
     step spargeattn_build "${BUILD_SECONDS:-560}" env TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 "$PYTHON" -m pip install \
         --no-build-isolation --no-deps --no-index --target .peers /tmp/spargeattn/SpargeAttn
     ;;
 peers)  # the peers' wheels from `python scripts/peer_wheels.py --out .whl/peers`, carried in .whl
-    install_peer_wheels
-    [ -d .peers ] && export PYTHONPATH=$PWD/.peers:${PYTHONPATH:-}  # SpargeAttn, where peers_build compiled it
+    install_peer_wheels  # SpargeAttn is in .peers too, where peers_build compiled it
     bench attention_peers 540  # FlashInfer compiles its kernels at first use
     ;;
 fp8)

@@ -9,6 +9,13 @@ the sources of the one kernel family the benchmark runs (the Hopper block-sparse
 
     python scripts/peer_wheels.py --out .whl/peers [--spargeattn-git SpargeAttn/.git]
     # then carry .whl: gpu_session.sh peers_build compiles SpargeAttn, gpu_session.sh peers installs the rest and runs
+
+flash-attn-4 (FlashAttention's CuTe DSL kernels) needs NVIDIA's CUTLASS DSL, whose compiler library alone is a
+92 MB wheel that no single carry holds. ``--flash-attn-4 DIR`` downloads its wheels and cuts them into pieces laid
+in order into folders DIR/1, DIR/2, ... of at most ``--folder-mib`` each, one folder per call; on the GPU machine
+``--join DIR --into WHEELS`` puts the wheels back together from the folders the calls left there:
+
+    python scripts/peer_wheels.py --flash-attn-4 .whl/fa4    # carry .whl/fa4/1 in one call, .whl/fa4/2 in the next
 """
 from __future__ import annotations
 
@@ -28,6 +35,11 @@ DROPPED_SOURCE_DIRS = ("/csrc/", "/kernel_src/", "flashinfer/experimental/")
 # What SpargeAttn's setup.py builds from (its examples, assets and evaluation videos left out).
 SPARGEATTN_PATHS = ("setup.py", "LICENSE", "README.md", "requirements.txt", "csrc", "spas_sage_attn", "tools")
 SPARGEATTN_ARCHIVE = "spargeattn-src.tar.gz"
+# flash-attn-4 and what it imports beyond PyTorch and FlashInfer's requirements (apache-tvm-ffi, einops); the CUTLASS
+# DSL's CUDA 13 build, as the GPU machine's PyTorch is.
+FLASH_ATTN4_PACKAGES = ("flash-attn-4==4.0.0b40", "nvidia-cutlass-dsl==4.8.1", "nvidia-cutlass-dsl-libs-base==4.8.1",
+                        "nvidia-cutlass-dsl-libs-cu13==4.8.1", "quack-kernels==0.6.5", "torch-c-dlpack-ext==0.1.5")
+PART_SUFFIX = ".part"
 
 
 def dropped(member: str) -> bool:
@@ -82,12 +94,81 @@ def pack_spargeattn(git_dir: Path, out: Path) -> Path:
     return archive
 
 
+def split_into_folders(files: list[Path], out: Path, folder_bytes: int) -> list[Path]:
+    """Cut ``files`` into pieces ``<name>.part<i>`` (i from 000) laid in order into folders out/1, out/2, ...
+    of at most ``folder_bytes`` each. Returns the folders."""
+    if folder_bytes <= 0:
+        raise ValueError(f"folder_bytes must be positive, got {folder_bytes}")
+    folders: list[Path] = []
+    room = 0
+    for file in files:
+        data, part = file.read_bytes(), 0
+        while part == 0 or data:
+            if room == 0:
+                folders.append(out / str(len(folders) + 1))
+                folders[-1].mkdir(parents=True, exist_ok=True)
+                room = folder_bytes
+            piece, data = data[:room], data[room:]
+            (folders[-1] / f"{file.name}{PART_SUFFIX}{part:03d}").write_bytes(piece)
+            room -= len(piece)
+            part += 1
+    return folders
+
+
+def join_parts(folder: Path, into: Path) -> list[Path]:
+    """The files cut by :func:`split_into_folders` under ``folder`` (in its numbered subfolders) put back together
+    in ``into``; a ValueError names a file whose pieces are not all there. Returns the files."""
+    pieces: dict[str, dict[int, Path]] = {}
+    for piece in folder.glob(f"*/*{PART_SUFFIX}*"):
+        name, _, index = piece.name.rpartition(PART_SUFFIX)
+        pieces.setdefault(name, {})[int(index)] = piece
+    into.mkdir(parents=True, exist_ok=True)
+    joined = []
+    for name, parts in sorted(pieces.items()):
+        if sorted(parts) != list(range(len(parts))):
+            raise ValueError(f"{name}: pieces {sorted(parts)} under {folder}, expected 0..{max(parts)}: carry every "
+                             "folder of the split before joining")
+        target = into / name
+        target.write_bytes(b"".join(parts[i].read_bytes() for i in range(len(parts))))
+        joined.append(target)
+    return joined
+
+
+def fetch_flash_attn4(out: Path, python_version: str, folder_bytes: int) -> list[Path]:
+    """flash-attn-4's wheels (:data:`FLASH_ATTN4_PACKAGES`) cut into carry folders under ``out``."""
+    download_dir = out / "download"
+    download(FLASH_ATTN4_PACKAGES, download_dir, python_version)
+    wheels = sorted(download_dir.glob("*.whl"))
+    folders = split_into_folders(wheels, out, folder_bytes)
+    for wheel in wheels:
+        wheel.unlink()
+    download_dir.rmdir()
+    return folders
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder of the wheels (e.g. .whl/peers)")
+    parser.add_argument("--out", type=Path, help="folder of the wheels (e.g. .whl/peers)")
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python")
     parser.add_argument("--spargeattn-git", type=Path, help="git directory of a SpargeAttn clone to pack")
+    parser.add_argument("--flash-attn-4", type=Path, help="folder of flash-attn-4's wheels, cut into carry folders")
+    parser.add_argument("--folder-mib", type=int, default=48, help="size of each carry folder of --flash-attn-4")
+    parser.add_argument("--join", type=Path, help="a --flash-attn-4 folder whose pieces to put back together")
+    parser.add_argument("--into", type=Path, help="where --join writes the wheels")
     args = parser.parse_args()
+    if args.join is not None:
+        if args.into is None:
+            parser.error("--join needs --into")
+        for wheel in join_parts(args.join, args.into):
+            print(f"{wheel}: {wheel.stat().st_size / 2**20:.1f} MiB")
+        return 0
+    if args.flash_attn_4 is not None:
+        for folder in fetch_flash_attn4(args.flash_attn_4, args.python_version, args.folder_mib << 20):
+            print(f"{folder}: {sum(p.stat().st_size for p in folder.iterdir()) / 2**20:.1f} MiB, one call's carry")
+        if args.out is None:
+            return 0
+    if args.out is None:
+        parser.error("--out is needed (or --flash-attn-4, or --join)")
     args.out.mkdir(parents=True, exist_ok=True)
     download(PEER_PACKAGES, args.out, args.python_version)
     for wheel in sorted(args.out.glob("flashinfer_python-*.whl")):

@@ -1,10 +1,13 @@
 """scripts/peer_wheels.py's slim FlashInfer wheel: Python files and the Hopper block-sparse kernels kept, other kernel
-sources left out, a RECORD that lists exactly what the wheel holds."""
+sources left out, a RECORD that lists exactly what the wheel holds; flash-attn-4's wheels cut into carry folders and
+joined again."""
 import base64
 import hashlib
 import importlib.util
 import zipfile
 from pathlib import Path
+
+import pytest
 
 _SPEC = importlib.util.spec_from_file_location("peer_wheels", Path(__file__).parents[1] / "scripts" / "peer_wheels.py")
 peer_wheels = importlib.util.module_from_spec(_SPEC)
@@ -63,3 +66,29 @@ def test_spargeattn_sources_are_packed_without_its_examples(tmp_path):
     with tarfile.open(archive) as packed:
         members = {m.name for m in packed.getmembers() if m.isfile()}
     assert members == {f"SpargeAttn/{name}" for name in files[:7]}
+
+
+def test_files_cut_into_carry_folders_come_back_whole_and_no_folder_exceeds_its_size(tmp_path):
+    sources = tmp_path / "wheels"
+    sources.mkdir()
+    contents = {"big.whl": bytes(range(256)) * 10, "small.whl": b"tiny", "mid.whl": b"m" * 900}
+    for name, data in contents.items():
+        (sources / name).write_bytes(data)
+    files = [sources / name for name in contents]
+    folders = peer_wheels.split_into_folders(files, tmp_path / "carry", folder_bytes=1000)
+    sizes = [sum(p.stat().st_size for p in folder.iterdir()) for folder in folders]
+    assert [f.name for f in folders] == ["1", "2", "3", "4"]
+    assert sizes == [1000, 1000, 1000, 3464 - 3000]  # 2,560 + 4 + 900 bytes, each folder filled before the next
+    joined = peer_wheels.join_parts(tmp_path / "carry", tmp_path / "whole")
+    assert {p.name: p.read_bytes() for p in joined} == contents
+
+
+def test_joining_with_a_folder_missing_names_the_file_whose_pieces_are_incomplete(tmp_path):
+    (tmp_path / "big.whl").write_bytes(b"x" * 2500)
+    peer_wheels.split_into_folders([tmp_path / "big.whl"], tmp_path / "carry", folder_bytes=1000)
+    for piece in (tmp_path / "carry" / "2").iterdir():
+        piece.unlink()
+    with pytest.raises(ValueError, match=r"big.whl: pieces \[0, 2\]"):
+        peer_wheels.join_parts(tmp_path / "carry", tmp_path / "whole")
+    with pytest.raises(ValueError, match="folder_bytes"):
+        peer_wheels.split_into_folders([tmp_path / "big.whl"], tmp_path / "other", folder_bytes=0)
