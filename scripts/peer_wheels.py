@@ -95,23 +95,25 @@ def pack_spargeattn(git_dir: Path, out: Path) -> Path:
 
 
 def split_into_folders(files: list[Path], out: Path, folder_bytes: int) -> list[Path]:
-    """Cut ``files`` into pieces ``<name>.part<i>`` (i from 000) laid in order into folders out/1, out/2, ...
-    of at most ``folder_bytes`` each. Returns the folders."""
+    """Cut ``files`` into pieces ``<name>.part<i>-of-<n>`` (i from 000) laid in order into folders out/1, out/2,
+    ... of at most ``folder_bytes`` each. Returns the folders."""
     if folder_bytes <= 0:
         raise ValueError(f"folder_bytes must be positive, got {folder_bytes}")
     folders: list[Path] = []
     room = 0
     for file in files:
-        data, part = file.read_bytes(), 0
-        while part == 0 or data:
+        data, written = file.read_bytes(), []
+        while not written or data:
             if room == 0:
                 folders.append(out / str(len(folders) + 1))
                 folders[-1].mkdir(parents=True, exist_ok=True)
                 room = folder_bytes
             piece, data = data[:room], data[room:]
-            (folders[-1] / f"{file.name}{PART_SUFFIX}{part:03d}").write_bytes(piece)
+            written.append(folders[-1] / f"{file.name}{PART_SUFFIX}{len(written):03d}")
+            written[-1].write_bytes(piece)
             room -= len(piece)
-            part += 1
+        for path in written:  # the count, known now, in every piece's name: a join can tell a missing last piece
+            path.rename(path.with_name(f"{path.name}-of-{len(written):03d}"))
     return folders
 
 
@@ -119,15 +121,18 @@ def join_parts(folder: Path, into: Path) -> list[Path]:
     """The files cut by :func:`split_into_folders` under ``folder`` (in its numbered subfolders) put back together
     in ``into``; a ValueError names a file whose pieces are not all there. Returns the files."""
     pieces: dict[str, dict[int, Path]] = {}
-    for piece in folder.glob(f"*/*{PART_SUFFIX}*"):
-        name, _, index = piece.name.rpartition(PART_SUFFIX)
+    counts: dict[str, int] = {}
+    for piece in folder.glob(f"*/*{PART_SUFFIX}*-of-*"):
+        name, _, numbers = piece.name.rpartition(PART_SUFFIX)
+        index, _, count = numbers.partition("-of-")
         pieces.setdefault(name, {})[int(index)] = piece
+        counts[name] = int(count)
     into.mkdir(parents=True, exist_ok=True)
     joined = []
     for name, parts in sorted(pieces.items()):
-        if sorted(parts) != list(range(len(parts))):
-            raise ValueError(f"{name}: pieces {sorted(parts)} under {folder}, expected 0..{max(parts)}: carry every "
-                             "folder of the split before joining")
+        if sorted(parts) != list(range(counts[name])):
+            raise ValueError(f"{name}: pieces {sorted(parts)} under {folder} of {counts[name]}: carry every folder of "
+                             "the split before joining")
         target = into / name
         target.write_bytes(b"".join(parts[i].read_bytes() for i in range(len(parts))))
         joined.append(target)

@@ -88,7 +88,11 @@ def test_joining_with_a_folder_missing_names_the_file_whose_pieces_are_incomplet
     peer_wheels.split_into_folders([tmp_path / "big.whl"], tmp_path / "carry", folder_bytes=1000)
     for piece in (tmp_path / "carry" / "2").iterdir():
         piece.unlink()
-    with pytest.raises(ValueError, match=r"big.whl: pieces \[0, 2\]"):
+    with pytest.raises(ValueError, match=r"big.whl: pieces \[0, 2\] under .* of 3"):
+        peer_wheels.join_parts(tmp_path / "carry", tmp_path / "whole")
+    for piece in (tmp_path / "carry" / "3").iterdir():  # the last piece missing too: still not taken for whole
+        piece.unlink()
+    with pytest.raises(ValueError, match=r"big.whl: pieces \[0\] under .* of 3"):
         peer_wheels.join_parts(tmp_path / "carry", tmp_path / "whole")
     with pytest.raises(ValueError, match="folder_bytes"):
         peer_wheels.split_into_folders([tmp_path / "big.whl"], tmp_path / "other", folder_bytes=0)
