@@ -14,7 +14,8 @@ Peers (each optional: a failed import or call is recorded with its reason and th
   its block sparsity, on sparsevid's own count and index tables.
 
 sparsevid's bf16 and int8 forwards and dense cuDNN SDPA run in the same process on the same Gaussian inputs; the
-mask is ``predict_mask``'s top-k at 1 - sparsity, 128x64 tiles. Accuracy: cosine similarity and relative L1 of each
+mask is ``predict_mask``'s top-k at 1 - sparsity, on each tile grid of ``--blocks`` (128x64, the library's default,
+and 64x128, SpargeAttn's Hopper tile). Accuracy: cosine similarity and relative L1 of each
 output against sparsevid's bf16 output on the same mask (SageAttention, dense: against cuDNN's). The default shape is
 Wan 1.3B at 480p padded to 32,768 tokens, a multiple of FlashInfer's 64-token blocks (32,760 is not).
 

@@ -47,8 +47,8 @@ BENCHMARKS = {
     "attention_peers": Benchmark(
         "benchmarks.bench_attention_peers",
         "quantized and block-sparse peers (SageAttention, FlashInfer's Hopper block-sparse bf16 and Sage FP8, "
-        "SpargeAttn) beside sparsevid's bf16 and int8 forwards on the same masks, Wan 1.3B padded to 32,768 tokens at "
-        "95/90%: what ran, ms, accuracy, why the others did not"),
+        "SpargeAttn, flash-attn-4) beside sparsevid's bf16 and int8 forwards on the same masks, Wan 1.3B padded to "
+        "32,768 tokens at 95/90%, 128x64 and 64x128 tiles: what ran, ms, accuracy, why the others did not"),
     "attention_cpu": Benchmark(
         "benchmarks.bench_attention_cpu",
         "CPU attention at the built-in demo's shape: the gather backend vs dense SDPA and the reference backend"),
