@@ -158,8 +158,21 @@ def peer_row(name: str, q, k, v, mask, reference: torch.Tensor) -> dict:
         return {"peer": name, "ran": False, "why": f"{type(error).__name__}: {error}"[:300]}
 
 
-def rows_for(shape: str, sparsity: float, block_q: int, block_k: int, generator) -> list[dict]:
-    """sparsevid's forwards, cuDNN and every peer at one shape and sparsity."""
+def chosen_peers(names: str) -> list[str]:
+    """The peers of ``names`` (comma-separated parts of their names, e.g. "flash-attn-4,spargeattn"; "all": every
+    one) in PEERS' order."""
+    if names == "all":
+        return list(PEERS)
+    parts = [part.strip() for part in names.split(",") if part.strip()]
+    unknown = [part for part in parts if not any(part in name for name in PEERS)]
+    if unknown or not parts:
+        raise ValueError(f"--peers: each part must occur in a peer's name of {list(PEERS)}, got {names!r}")
+    return [name for name in PEERS if any(part in name for part in parts)]
+
+
+def rows_for(shape: str, sparsity: float, block_q: int, block_k: int, generator,
+             peers: tuple[str, ...] = tuple(PEERS)) -> list[dict]:
+    """sparsevid's forwards, cuDNN and ``peers`` at one shape and sparsity."""
     b, h, n, d = PEER_SHAPES[shape]
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=generator) for _ in range(3))
     mask = sv.predict_mask(q, k, rule="topk", topk=1.0 - sparsity, block_q=block_q, block_k=block_k)[0]
@@ -174,7 +187,7 @@ def rows_for(shape: str, sparsity: float, block_q: int, block_k: int, generator)
                 {**common, "peer": "sparsevid int8", "ran": True,
                  "ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask, precision="int8")),
                  **output_metrics(sv.block_sparse_attention(q, k, v, mask, precision="int8"), ours)}]
-    for name in PEERS:
+    for name in peers:
         reference = dense_out if name.endswith("(dense)") else ours
         rows.append({**common, **peer_row(name, q, k, v, mask, reference)})
     kept = 1.0 - mask.sparsity
@@ -230,19 +243,22 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder of the result (<gpu>.json/.md/.png)")
     parser.add_argument("--shapes", default="wan1.3b-480p-64", help=f"comma-separated, of {list(PEER_SHAPES)}")
     parser.add_argument("--sparsities", default="0.95,0.9")
+    parser.add_argument("--peers", default="all", help="comma-separated parts of peer names to run (default all), "
+                        "e.g. flash-attn-4 for a shape the others do not take")
     parser.add_argument("--blocks", default="128x64,64x128",
                         help="comma-separated block_q x block_k of the masks (FlashInfer takes 64-key blocks, "
                              "SpargeAttn 64x128 on Hopper)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention_peers.py needs a CUDA GPU")
+    peers = tuple(chosen_peers(args.peers))
     blocks = [tuple(int(s) for s in block.split("x")) for block in args.blocks.split(",")]
     meta = run_metadata("cuda", dtype="bfloat16 inputs", blocks=args.blocks)
     generator = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for shape in args.shapes.split(","):
         for (block_q, block_k), sparsity in ((b, float(s)) for b in blocks for s in args.sparsities.split(",")):
-            rows += rows_for(shape, sparsity, block_q, block_k, generator)
+            rows += rows_for(shape, sparsity, block_q, block_k, generator, peers)
             write_result(args.out, meta, {"rows": rows}, markdown(rows), figure(rows, meta))
     print(json.dumps(meta))
     print(markdown(rows))

@@ -78,7 +78,8 @@
 #               masks; a peer that does not import or run is listed with its error); installs the wheels of .whl/peers
 #               first (made by `python scripts/peer_wheels.py --out .whl/peers`) and flash-attn-4's, joined from
 #               .whl/fa4 (made by `--flash-attn-4 .whl/fa4`: two folders, carried by two calls on the same machine,
-#               as neither fits one carry beside .whl/peers), and uses SpargeAttn where peers_build compiled it
+#               as neither fits one carry beside .whl/peers), and uses SpargeAttn where peers_build compiled it;
+#               arguments go to the benchmark, e.g. `peers --shapes wan1.3b-480p-64,wan1.3b-480p`
 #   peers_build compile SpargeAttn for sm90 from the sources peer_wheels.py packed (--spargeattn-git) into .peers,
 #               which `peers` then uses (a separate call on the same warm machine: the build takes minutes)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
@@ -257,7 +258,7 @@ peers_build)  # SpargeAttn compiled (sm90 only) from .whl/peers/spargeattn-src.t
     ;;
 peers)  # the peers' wheels from `python scripts/peer_wheels.py --out .whl/peers`, carried in .whl
     install_peer_wheels  # SpargeAttn is in .peers too, where peers_build compiled it
-    bench attention_peers 540  # FlashInfer compiles its kernels at first use
+    bench attention_peers 540 "$@"  # FlashInfer compiles its kernels at first use; arguments go to the benchmark
     ;;
 fp8)
     SPARSEVID_AUTOTUNE=off step fp8_tests 200 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu \

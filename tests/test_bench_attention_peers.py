@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import sparsevid as sv
-from benchmarks.bench_attention_peers import figure, flash_attn4_tables, flashinfer_blocks, markdown, sparge_tile
+from benchmarks.bench_attention_peers import PEERS, chosen_peers, figure, flash_attn4_tables, flashinfer_blocks, markdown, sparge_tile
 
 
 def test_flashinfer_blocks_repeat_each_query_block_as_64_row_blocks_per_head():
@@ -67,3 +67,13 @@ def test_flash_attn4_tables_are_the_masks_kept_tiles_as_full_blocks_and_no_parti
         assert torch.equal(kept.long(), keep[b, h, row].nonzero().flatten())
     assert tables["mask_block_cnt"].shape == (2, 3, 4) and not tables["mask_block_cnt"].any()
     assert tables["mask_block_idx"].shape == (2, 3, 4, 1)
+
+
+def test_peers_are_chosen_by_parts_of_their_names_and_an_unknown_part_is_refused():
+    assert chosen_peers("all") == list(PEERS)
+    assert chosen_peers("flash-attn-4") == ["flash-attn-4 block-sparse bf16"]
+    assert chosen_peers("spargeattn, flashinfer block-sparse sage") == ["flashinfer block-sparse sage fp8",
+                                                                      "spargeattn block-sparse"]
+    for names in ("flash-attn-5", ",", ""):
+        with pytest.raises(ValueError, match="--peers"):
+            chosen_peers(names)
