@@ -11,7 +11,7 @@ Peers (each optional: a failed import or call is recorded with its reason and th
   also with the mask planned in every call, as a mask predicted every step would be.
 - SpargeAttn (``spas_sage_attn``, built from source: block-sparse SageAttention2), on the same mask.
 - flash-attn-4 (``flash_attn.cute``, FlashAttention's CuTe DSL kernels: FlashAttention-3's schedule on Hopper) with
-  its block sparsity, on sparsevid's own count and index tables.
+  its block sparsity, on sparsevid's own count and index tables (sparsevid's ``backend="flash_attn4"``).
 
 sparsevid's bf16 and int8 forwards and dense cuDNN SDPA run in the same process on the same Gaussian inputs; the
 mask is ``predict_mask``'s top-k at 1 - sparsity, on each tile grid of ``--blocks`` (128x64, the library's default,
@@ -97,26 +97,15 @@ def flashinfer_sparse(q, k, v, mask, fp8: bool = False, plan_per_call: bool = Fa
     return quantize_and_run
 
 
-def flash_attn4_tables(mask: sv.SparseMask) -> dict[str, torch.Tensor]:
-    """The mask as flash-attn-4's block-sparsity tensors: every kept tile a "full" block (attended without a mask
-    function), int32 counts [B', H', QB] and indices [B', H', QB, KB] as sparsevid's table holds them (its padding
-    past each count is not read); no partial ("mask") blocks, so their counts are zero and their index table one
-    column wide (compact tables are allowed)."""
-    count, index = mask.kv_count.to(torch.int32), mask.kv_index.to(torch.int32)
-    return {"mask_block_cnt": torch.zeros_like(count), "mask_block_idx": torch.zeros_like(index[..., :1]),
-            "full_block_cnt": count, "full_block_idx": index}
-
-
 def flash_attn4_sparse(q, k, v, mask):
     """flash-attn-4's CuTe DSL forward (``flash_attn.cute``: FlashAttention-3's warp-specialised schedule on
-    Hopper, compiled at first use) with its block sparsity, on the mask's own table (device tensors, no host
-    planning); q, k, v given as [B, T, H, D] views of sparsevid's [B, H, T, D]."""
-    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
-    from flash_attn.cute.interface import flash_attn_func
+    Hopper, compiled at first use) with its block sparsity on the mask's own tables, as sparsevid's
+    ``backend="flash_attn4"`` runs it (without the public call's input checks)."""
+    from sparsevid.ops.flash_attn4 import check_flash_attn4_request, flash_attn4_attention
 
-    tensors = BlockSparseTensorsTorch(**flash_attn4_tables(mask), block_size=(mask.block_q, mask.block_k))
-    q4, k4, v4 = (t.transpose(1, 2) for t in (q, k, v))
-    return lambda: flash_attn_func(q4, k4, v4, block_sparse_tensors=tensors)[0].transpose(1, 2)
+    check_flash_attn4_request(q, k, v)
+    scale = q.shape[-1] ** -0.5
+    return lambda: flash_attn4_attention(q, k, v, mask, scale)[0]
 
 
 def sparge_tile(capability: tuple[int, int]) -> tuple[int, int]:

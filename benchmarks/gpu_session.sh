@@ -80,6 +80,9 @@
 #               .whl/fa4 (made by `--flash-attn-4 .whl/fa4`: two folders, carried by two calls on the same machine,
 #               as neither fits one carry beside .whl/peers), and uses SpargeAttn where peers_build compiled it;
 #               arguments go to the benchmark, e.g. `peers --shapes wan1.3b-480p-64,wan1.3b-480p`
+#   flash_attn4 the GPU tests of backend="flash_attn4" and benchmark attention_flash_attn4 (it beside the Triton
+#               forwards and cuDNN); flash-attn-4's wheels joined from .whl/fa4 as for `peers` (two calls on one
+#               machine: one carrying .whl/fa4/1 with another part, then this one carrying .whl/fa4/2)
 #   peers_build compile SpargeAttn for sm90 from the sources peer_wheels.py packed (--spargeattn-git) into .peers,
 #               which `peers` then uses (a separate call on the same warm machine: the build takes minutes)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
@@ -112,7 +115,7 @@ OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
 PARTS="kernels|fp8|quantizer|int8_limits|quantized_quality|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|per_head_study|calibrate|training|training_full|training_shift|training_seeds|synthetic|calibrated_students|motion|\
-demo_student|peers|peers_build|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_quantized|e2e13b_modes|e2e14b|e2e14b_compiled|\
+demo_student|peers|flash_attn4|peers_build|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_quantized|e2e13b_modes|e2e14b|e2e14b_compiled|\
 families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_mochi|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
@@ -255,6 +258,12 @@ peers_build)  # SpargeAttn compiled (sm90 only) from .whl/peers/spargeattn-src.t
     ln -sf "$(command -v "$PYTHON")" .peers/bin/python  # its setup.py generates kernels with `python`
     step spargeattn_build "${BUILD_SECONDS:-560}" env TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 "$PYTHON" -m pip install \
         --no-build-isolation --no-deps --no-index --target .peers /tmp/spargeattn/SpargeAttn
+    ;;
+flash_attn4)
+    install_peer_wheels  # flash-attn-4 compiles its kernels at first use (about half a minute per shape)
+    step flash_attn4_tests 240 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu --durations=5 \
+        tests/test_flash_attn4.py
+    bench attention_flash_attn4 330
     ;;
 peers)  # the peers' wheels from `python scripts/peer_wheels.py --out .whl/peers`, carried in .whl
     install_peer_wheels  # SpargeAttn is in .peers too, where peers_build compiled it

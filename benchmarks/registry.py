@@ -49,6 +49,12 @@ BENCHMARKS = {
         "quantized and block-sparse peers (SageAttention, FlashInfer's Hopper block-sparse bf16 and Sage FP8, "
         "SpargeAttn, flash-attn-4) beside sparsevid's bf16 and int8 forwards on the same masks, Wan 1.3B padded to "
         "32,768 tokens at 95/90%, 128x64 and 64x128 tiles: what ran, ms, accuracy, why the others did not"),
+    "attention_flash_attn4": Benchmark(
+        "benchmarks.bench_attention_peers",
+        "sparsevid's backend='flash_attn4' (flash-attn-4's block-sparse forward on sparsevid's tables) beside its "
+        "Triton bf16 and int8 forwards and cuDNN, Wan 1.3B at 32,760 tokens and padded to 32,768, 95/90%, 128x64 "
+        "and 128x128 tiles",
+        ("--peers", "flash-attn-4", "--shapes", "wan1.3b-480p-64,wan1.3b-480p", "--blocks", "128x64,128x128")),
     "attention_cpu": Benchmark(
         "benchmarks.bench_attention_cpu",
         "CPU attention at the built-in demo's shape: the gather backend vs dense SDPA and the reference backend"),

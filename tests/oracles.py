@@ -19,6 +19,16 @@ ATTENTION_SHAPES = [
     pytest.param((1, 2, 256, 256, 80, 128, 128), id="even-d80-128x128"),
 ]
 
+# Real-size GPU cases (B, H, N, M, D, block_q, block_k, sparsity): the Wan 1.3B 480p length (ragged), B > 1 with
+# N != M, 64-row blocks, N below one block with every tile kept.
+GPU_ATTENTION_CASES = [
+    pytest.param((1, 2, 32760, 32760, 128, 128, 64, 0.95), id="wan480p-N32760-d128-128x64-95"),
+    pytest.param((1, 2, 32760, 32760, 128, 128, 128, 0.90), id="wan480p-N32760-d128-128x128-90"),
+    pytest.param((2, 3, 4133, 2900, 64, 128, 64, 0.5), id="B2-N4133-M2900-d64-128x64"),
+    pytest.param((1, 4, 333, 200, 64, 64, 128, 0.5), id="N333-M200-d64-64x128"),
+    pytest.param((1, 2, 100, 100, 128, 128, 128, 0.0), id="N-below-block-full"),
+]
+
 
 def dense_masked_attention(q, k, v, mask: SparseMask, scale: float | None = None,
                            compute_dtype: torch.dtype = torch.float64):

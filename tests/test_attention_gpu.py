@@ -9,26 +9,19 @@ import pytest
 import torch
 
 import sparsevid as sv
-from oracles import dense_masked_attention, rel_err
+from oracles import GPU_ATTENTION_CASES, dense_masked_attention, rel_err
 
 pytestmark = pytest.mark.gpu
-
-CASES = [
-    pytest.param((1, 2, 32760, 32760, 128, 128, 64, 0.95), id="wan480p-N32760-d128-128x64-95"),
-    pytest.param((1, 2, 32760, 32760, 128, 128, 128, 0.90), id="wan480p-N32760-d128-128x128-90"),
-    pytest.param((2, 3, 4133, 2900, 64, 128, 64, 0.5), id="B2-N4133-M2900-d64-128x64"),
-    pytest.param((1, 4, 333, 200, 64, 64, 128, 0.5), id="N333-M200-d64-64x128"),
-    pytest.param((1, 2, 100, 100, 128, 128, 128, 0.0), id="N-below-block-full"),
-]
-
 
 def _inputs(b, h, n, m, d):
     q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for t in (n, m, m))
     return q, k, v, torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("case, backend", [pytest.param(c.values[0], "triton", id=f"triton-{c.id}") for c in CASES]
-                         + [pytest.param(CASES[1].values[0], "flex", id=f"flex-{CASES[1].id}")])
+@pytest.mark.parametrize("case, backend",
+                         [pytest.param(c.values[0], "triton", id=f"triton-{c.id}") for c in GPU_ATTENTION_CASES]
+                         + [pytest.param(GPU_ATTENTION_CASES[1].values[0], "flex",
+                                         id=f"flex-{GPU_ATTENTION_CASES[1].id}")])
 def test_bf16_within_budget_of_plain_pytorch(case, backend):
     b, h, n, m, d, block_q, block_k, sparsity = case
     mask = sv.random_block_mask(b, h, n, m, sparsity, block_q, block_k, device="cuda")
@@ -49,7 +42,7 @@ def test_bf16_within_budget_of_plain_pytorch(case, backend):
         assert rel_err(g, ref) <= 3 * rel_err(low, ref)
 
 
-@pytest.mark.parametrize("case", [CASES[2], CASES[3]])
+@pytest.mark.parametrize("case", [GPU_ATTENTION_CASES[2], GPU_ATTENTION_CASES[3]])
 def test_flex_forward_with_64_blocks_and_its_gradients_refused(case):
     """FlexAttention's forward runs 128x64 and 64x128 masks (tiles pinned to 64) within the bf16 budget; its
     backward cannot tile them, so gradients are refused with a clear error."""

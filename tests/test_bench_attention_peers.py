@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import sparsevid as sv
-from benchmarks.bench_attention_peers import PEERS, chosen_peers, figure, flash_attn4_tables, flashinfer_blocks, markdown, sparge_tile
+from benchmarks.bench_attention_peers import PEERS, chosen_peers, figure, flashinfer_blocks, markdown, sparge_tile
 
 
 def test_flashinfer_blocks_repeat_each_query_block_as_64_row_blocks_per_head():
@@ -54,19 +54,6 @@ def test_the_figure_has_one_panel_per_shape_tile_and_sparsity_with_a_bar_per_pee
     assert [ax.get_title() for ax in panels] == ["wan1.3b-480p-64, 128x64 tiles, 95.0% sparse",
                                                  "wan1.3b-480p-64, 64x128 tiles, 95.0% sparse"]
     assert [[bar.get_width() for bar in ax.patches] for ax in panels] == [[0.69, 0.57], [0.86]]
-
-
-def test_flash_attn4_tables_are_the_masks_kept_tiles_as_full_blocks_and_no_partial_ones():
-    keep = torch.rand(2, 3, 4, 6, generator=torch.Generator().manual_seed(0)) < 0.5
-    mask = sv.SparseMask.from_dense(keep, 512, 384, 128, 64)
-    tables = flash_attn4_tables(mask)
-    assert all(t.dtype == torch.int32 for t in tables.values())
-    assert torch.equal(tables["full_block_cnt"], keep.sum(-1).to(torch.int32))
-    for b, h, row in ((0, 0, 0), (1, 2, 3)):
-        kept = tables["full_block_idx"][b, h, row, :tables["full_block_cnt"][b, h, row]]
-        assert torch.equal(kept.long(), keep[b, h, row].nonzero().flatten())
-    assert tables["mask_block_cnt"].shape == (2, 3, 4) and not tables["mask_block_cnt"].any()
-    assert tables["mask_block_idx"].shape == (2, 3, 4, 1)
 
 
 def test_peers_are_chosen_by_parts_of_their_names_and_an_unknown_part_is_refused():

@@ -6,6 +6,8 @@ Backends:
     "flex"       the same mask through PyTorch's FlexAttention;
     "gather"     plain PyTorch over the kept tiles only (gathered key/value blocks), on any device;
     "reference"  plain PyTorch, dense masked scores chunked over query blocks, on any device: the oracle;
+    "flash_attn4"  flash-attn-4's block-sparse forward (optional dependency; Hopper, bf16/fp16, inference):
+                 FlashAttention-3's warp-specialised schedule on the mask's own tables (:mod:`.flash_attn4`);
     "auto"       "triton" on CUDA, "gather" elsewhere.
 """
 from __future__ import annotations
@@ -14,6 +16,7 @@ import functools
 
 import torch
 
+from .flash_attn4 import check_flash_attn4_request, flash_attn4_attention
 from .fp8 import check_fp8_device, check_fp8_head_dim
 from .fp8_reference import fp8_reference_attention
 from .int8 import check_int8_head_dim
@@ -24,7 +27,7 @@ from .reference import reference_block_sparse_attention
 from .validation import (check_backend, check_choice, check_head_tensors, check_scale, check_triton_inputs,
                          grad_requested, resolve_auto)
 
-BACKENDS = ("auto", "triton", "flex", "gather", "reference")
+BACKENDS = ("auto", "triton", "flex", "gather", "reference", "flash_attn4")
 # "native": products in the inputs' dtype (tensor cores for half types); the quantized precisions (forward only,
 # on the "triton" (GPUs of compute capability >= 8.9) and "reference" backends): "fp8", both products on e4m3
 # operands (:mod:`sparsevid.ops.fp8`); "int8", Q K^T on int8 operands and P V on e4m3 (:mod:`sparsevid.ops.int8`).
@@ -221,6 +224,8 @@ def _check_inputs(q, k, v, mask, scale, backend) -> None:
         check_triton_inputs(q)
     if backend == "flex" and grad_requested(q, k, v):
         _check_flex_gradients(mask, q)
+    if backend == "flash_attn4":
+        check_flash_attn4_request(q, k, v)
 
 
 def resolve_backend(backend: str, q: torch.Tensor) -> str:
@@ -279,7 +284,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
         mask: a :class:`SparseMask` for lengths (N, M), broadcastable over B and H.
         scale: softmax scale, default ``D ** -0.5``.
         return_lse: also return the row log-sum-exp (natural log), float32 [B, H, N].
-        backend: "auto" | "triton" | "flex" | "gather" | "reference".
+        backend: "auto" | "triton" | "flex" | "gather" | "reference" | "flash_attn4" (flash-attn-4 installed, a
+            Hopper GPU, bf16 or fp16, inference only; ValueError or ImportError otherwise).
         return_tile_mass: also return the exact softmax mass of every tile, float32 [B, H, QB, KB]: the mean
             over query block i's rows of the probability the row gives key block j (0 for skipped tiles; each
             row-block sums to 1 over its kept tiles, or 0 if it keeps none). Triton, gather and reference backends,
@@ -306,8 +312,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
         Non-finite inputs give what dense attention gives on the kept tiles: a NaN in q makes its row NaN.
 
     Gradients (q, k and v; not with tile masses): "triton" (CUDA, or the CPU under the Triton interpreter)
-    "gather" and "reference" (any device) differentiate everywhere; "flex" only on CUDA and only for 128x128 blocks
-    (ValueError otherwise, before any kernel runs).
+    "gather" and "reference" (any device) differentiate everywhere; "flex" only on CUDA and only for 128x128 blocks;
+    "flash_attn4" never (ValueError otherwise, before any kernel runs).
     """
     check_choice("precision", precision, PRECISIONS)
     # A quantized precision's backend is checked against its own backends below (the native checks would not apply).
@@ -325,6 +331,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
         out, lse, *mass = _triton_backend(q, k, v, mask, scale, return_tile_mass)
     elif backend == "flex":
         (out, lse), mass = _flex_backend(q, k, v, mask, scale), []
+    elif backend == "flash_attn4":
+        (out, lse), mass = flash_attn4_attention(q, k, v, mask, scale), []
     elif backend == "gather":
         out, lse, *mass = gather_block_sparse_attention(q, k, v, mask, scale, return_tile_mass)
     else:

@@ -18,18 +18,18 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..ops.attention import FP8_BACKENDS, PRECISIONS
+from ..ops.attention import BACKENDS, FP8_BACKENDS, PRECISIONS
 from ..ops.mask import SUPPORTED_BLOCK_SIZES as BLOCK_SIZES
 from ..ops.refine import SELECT_FIELDS
 from ..ops.selection import RULES
 from ..ops.settings import DEFAULTS as PREDICT_DEFAULTS
 from ..ops.settings import PredictSettings
 
-BACKENDS = ("auto", "triton", "flex", "gather", "reference")
 SCHEDULES = ("constant", "linear", "cosine", "snr")
 REFRESH_SEARCHES = ("full", "within", "exact")
 # The mask predictor's backend for each attention backend (the predictor has a triton and a reference path).
-PREDICT_BACKENDS = {"auto": "auto", "triton": "triton", "flex": "auto", "gather": "reference", "reference": "reference"}
+PREDICT_BACKENDS = {"auto": "auto", "triton": "triton", "flex": "auto", "gather": "reference", "reference": "reference",
+                    "flash_attn4": "auto"}
 
 
 def _is_int(value) -> bool:
@@ -320,7 +320,8 @@ class SparseConfig:
             per query block (float in (0, 1]) or a count (int); topp a cumulative pooled-attention mass. Either
             may be a list with one value per head (a constant budget; ``from_calibration`` makes such lists).
         block_q, block_k: tile sizes in tokens (64 or 128).
-        backend: block-sparse attention backend ("auto" | "triton" | "flex" | "gather" | "reference").
+        backend: block-sparse attention backend ("auto" | "triton" | "flex" | "gather" | "reference" |
+            "flash_attn4": flash-attn-4's forward, where it is installed, on Hopper, for inference).
         precision: "native" (the inputs' dtype), "fp8" (e4m3 products) or "int8" (int8 Q K^T, e4m3 P V; see
             ``block_sparse_attention``): the quantized ones are inference only (a forward that needs gradients
             raises), on the backends "auto" (CUDA with FP8 tensor cores; "auto" off CUDA raises), "triton" or
