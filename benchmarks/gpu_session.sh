@@ -261,9 +261,9 @@ peers_build)  # SpargeAttn compiled (sm90 only) from .whl/peers/spargeattn-src.t
     ;;
 flash_attn4)
     install_peer_wheels  # flash-attn-4 compiles its kernels at first use (about half a minute per shape)
-    step flash_attn4_tests 240 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu --durations=5 \
+    step flash_attn4_tests 200 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu --durations=5 \
         tests/test_flash_attn4.py
-    bench attention_flash_attn4 330
+    bench attention_flash_attn4 270
     ;;
 peers)  # the peers' wheels from `python scripts/peer_wheels.py --out .whl/peers`, carried in .whl
     install_peer_wheels  # SpargeAttn is in .peers too, where peers_build compiled it
