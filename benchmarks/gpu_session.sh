@@ -259,11 +259,11 @@ peers_build)  # SpargeAttn compiled (sm90 only) from .whl/peers/spargeattn-src.t
     step spargeattn_build "${BUILD_SECONDS:-560}" env TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 "$PYTHON" -m pip install \
         --no-build-isolation --no-deps --no-index --target .peers /tmp/spargeattn/SpargeAttn
     ;;
-flash_attn4)
+flash_attn4)  # env BENCH_SECONDS (270) and TEST_SECONDS (200) bound the two steps
     install_peer_wheels  # flash-attn-4 compiles its kernels at first use (about half a minute per shape)
-    step flash_attn4_tests 200 "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu --durations=5 \
-        tests/test_flash_attn4.py
-    bench attention_flash_attn4 270
+    bench attention_flash_attn4 "${BENCH_SECONDS:-270}"
+    step flash_attn4_tests "${TEST_SECONDS:-200}" "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu \
+        --durations=5 tests/test_flash_attn4.py
     ;;
 peers)  # the peers' wheels from `python scripts/peer_wheels.py --out .whl/peers`, carried in .whl
     install_peer_wheels  # SpargeAttn is in .peers too, where peers_build compiled it
