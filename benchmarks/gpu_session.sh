@@ -82,7 +82,9 @@
 #               arguments go to the benchmark, e.g. `peers --shapes wan1.3b-480p-64,wan1.3b-480p`
 #   flash_attn4 the GPU tests of backend="flash_attn4" and benchmark attention_flash_attn4 (it beside the Triton
 #               forwards and cuDNN); flash-attn-4's wheels joined from .whl/fa4 as for `peers` (two calls on one
-#               machine: one carrying .whl/fa4/1 with another part, then this one carrying .whl/fa4/2)
+#               warm machine, each carrying one folder: `python scripts/peer_wheels.py --flash-attn-4 .whl/fa4
+#               --folder-mib 56`, then any part carrying .whl/fa4/1 (its copy is kept in PEER_CACHE), then this one
+#               carrying .whl/fa4/2)
 #   peers_build compile SpargeAttn for sm90 from the sources peer_wheels.py packed (--spargeattn-git) into .peers,
 #               which `peers` then uses (a separate call on the same warm machine: the build takes minutes)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
@@ -134,20 +136,28 @@ bench() {  # bench NAME SECONDS [OPTIONS...]: the registered benchmark NAME, its
 family_bench() {  # family_bench NAME: a families benchmark; expandable segments keep a freed family's memory reusable
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True bench "$1" 540  # (HunyuanVideo 1.5's dense mask is 24 GiB)
 }
-install_peer_wheels() {  # the wheels of .whl/peers and flash-attn-4's (joined from the folders of .whl/fa4 that
-    # the calls so far carried; scripts/peer_wheels.py) into .peers, an ignored folder that later calls on the same
-    # machine keep, on the paths
-    local wheels=()
-    ls .whl/peers/*.whl > /dev/null 2>&1 && wheels+=(.whl/peers/*.whl)
-    if ls .whl/fa4/*/*.part* > /dev/null 2>&1; then
-        rm -rf /tmp/fa4 && "$PYTHON" scripts/peer_wheels.py --join .whl/fa4 --into /tmp/fa4 && wheels+=(/tmp/fa4/*.whl)
-    fi
-    mkdir -p .peers/bin
-    if [ ${#wheels[@]} -gt 0 ]; then
+install_peer_wheels() {  # the wheels of .whl/peers into .peers (pip), and flash-attn-4's, joined from the folders
+    # of .whl/fa4 that the calls so far carried (scripts/peer_wheels.py), extracted into PEER_CACHE/site (default
+    # /tmp/sparsevid_peer_cache); both on the
+    # paths. A call keeps what it carried of .whl/fa4 in PEER_CACHE (outside the tree: a warm machine keeps it, the
+    # next call's copy of the tree does not), so two calls can each carry one folder.
+    local cache=${PEER_CACHE:-/tmp/sparsevid_peer_cache}
+    mkdir -p .peers/bin "$cache/fa4"
+    if ls .whl/peers/*.whl > /dev/null 2>&1; then
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .peers \
-            "${wheels[@]}"
+            .whl/peers/*.whl
     fi
-    export PYTHONPATH=$PWD/.peers:${PYTHONPATH:-} PATH=$PWD/.peers/bin:$PATH
+    ls .whl/fa4/*/*.part* > /dev/null 2>&1 && cp -r .whl/fa4/* "$cache/fa4/"
+    if ls "$cache"/fa4/*/*.part* > /dev/null 2>&1 && [ ! -d "$cache/site/flash_attn" ]; then
+        rm -rf /tmp/fa4_wheels
+        "$PYTHON" scripts/peer_wheels.py --join "$cache/fa4" --into /tmp/fa4_wheels --unpack "$cache/site" \
+            || echo "flash-attn-4: not every folder of .whl/fa4 carried yet"
+    fi
+    # site.addsitedir runs the .pth files (the CUTLASS DSL puts its package folder on sys.path by one)
+    local paths
+    paths=$("$PYTHON" -c "import site, sys; before = set(sys.path); site.addsitedir('$cache/site'); \
+site.addsitedir('$PWD/.peers'); print(':'.join(p for p in sys.path if p not in before))")
+    export PYTHONPATH=$paths:${PYTHONPATH:-} PATH=$PWD/.peers/bin:$PATH
 }
 claims_variant() {  # claims_variant NAME MINUTES GRID_ARGS...: a variant of the claims grid in OUT/claims_NAME,
     local name=$1 minutes=$2; shift 2  # calibrated as the slice grid was (its masks do not depend on the students)

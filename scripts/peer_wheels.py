@@ -13,7 +13,8 @@ the sources of the one kernel family the benchmark runs (the Hopper block-sparse
 flash-attn-4 (FlashAttention's CuTe DSL kernels) needs NVIDIA's CUTLASS DSL, whose compiler library alone is a
 92 MB wheel that no single carry holds. ``--flash-attn-4 DIR`` downloads its wheels and cuts them into pieces laid
 in order into folders DIR/1, DIR/2, ... of at most ``--folder-mib`` each, one folder per call; on the GPU machine
-``--join DIR --into WHEELS`` puts the wheels back together from the folders the calls left there:
+``--join DIR --into WHEELS [--unpack SITE]`` puts the wheels back together from the folders the calls left there
+(and extracts them into SITE, a folder for PYTHONPATH):
 
     python scripts/peer_wheels.py --flash-attn-4 .whl/fa4    # carry .whl/fa4/1 in one call, .whl/fa4/2 in the next
 """
@@ -37,8 +38,12 @@ SPARGEATTN_PATHS = ("setup.py", "LICENSE", "README.md", "requirements.txt", "csr
 SPARGEATTN_ARCHIVE = "spargeattn-src.tar.gz"
 # flash-attn-4 and what it imports beyond PyTorch and FlashInfer's requirements (apache-tvm-ffi, einops); the CUTLASS
 # DSL's CUDA 13 build, as the GPU machine's PyTorch is.
+# The DSL's Python package (``cutlass.cute``) is in libs-core, which imports the CUDA driver's Python bindings
+# (cuda-bindings 13.0, the GPU machine's driver and PyTorch build) and protobuf.
 FLASH_ATTN4_PACKAGES = ("flash-attn-4==4.0.0b40", "nvidia-cutlass-dsl==4.8.1", "nvidia-cutlass-dsl-libs-base==4.8.1",
-                        "nvidia-cutlass-dsl-libs-cu13==4.8.1", "quack-kernels==0.6.5", "torch-c-dlpack-ext==0.1.5")
+                        "nvidia-cutlass-dsl-libs-core==4.8.1", "nvidia-cutlass-dsl-libs-cu13==4.8.1",
+                        "quack-kernels==0.6.5", "torch-c-dlpack-ext==0.1.5", "cuda-bindings==13.0.3",
+                        "cuda-pathfinder==1.9.1", "protobuf==7.36.2")
 PART_SUFFIX = ".part"
 
 
@@ -139,6 +144,16 @@ def join_parts(folder: Path, into: Path) -> list[Path]:
     return joined
 
 
+def unpack_wheels(wheels: list[Path], target: Path) -> None:
+    """Extract ``wheels`` into ``target``, merging the folders they share. (``pip install --target`` replaces a
+    top-level folder that an earlier wheel of the same call created, and the CUTLASS DSL's wheels all write into
+    ``nvidia_cutlass_dsl/``.) Their ``.pth`` files are not run: ``site.addsitedir(target)`` runs them."""
+    target.mkdir(parents=True, exist_ok=True)
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(target)
+
+
 def fetch_flash_attn4(out: Path, python_version: str, folder_bytes: int) -> list[Path]:
     """flash-attn-4's wheels (:data:`FLASH_ATTN4_PACKAGES`) cut into carry folders under ``out``."""
     download_dir = out / "download"
@@ -160,12 +175,18 @@ def main() -> int:
     parser.add_argument("--folder-mib", type=int, default=48, help="size of each carry folder of --flash-attn-4")
     parser.add_argument("--join", type=Path, help="a --flash-attn-4 folder whose pieces to put back together")
     parser.add_argument("--into", type=Path, help="where --join writes the wheels")
+    parser.add_argument("--unpack", type=Path, help="with --join: a folder to extract the joined wheels into, for "
+                        "PYTHONPATH (see unpack_wheels)")
     args = parser.parse_args()
     if args.join is not None:
         if args.into is None:
             parser.error("--join needs --into")
-        for wheel in join_parts(args.join, args.into):
+        wheels = join_parts(args.join, args.into)
+        for wheel in wheels:
             print(f"{wheel}: {wheel.stat().st_size / 2**20:.1f} MiB")
+        if args.unpack is not None:
+            unpack_wheels(wheels, args.unpack)
+            print(f"{len(wheels)} wheels extracted into {args.unpack}")
         return 0
     if args.flash_attn_4 is not None:
         for folder in fetch_flash_attn4(args.flash_attn_4, args.python_version, args.folder_mib << 20):

@@ -96,3 +96,20 @@ def test_joining_with_a_folder_missing_names_the_file_whose_pieces_are_incomplet
         peer_wheels.join_parts(tmp_path / "carry", tmp_path / "whole")
     with pytest.raises(ValueError, match="folder_bytes"):
         peer_wheels.split_into_folders([tmp_path / "big.whl"], tmp_path / "other", folder_bytes=0)
+
+
+def test_unpacked_wheels_merge_the_folders_they_share_and_keep_their_pth_files(tmp_path):
+    """The CUTLASS DSL's wheels all write into one top-level folder; pip's --target would keep only the last."""
+    contents = {"base.whl": {"pkg/dsl/cutlass/_mlir/ir.py": b"x = 1\n", "pkg_base.dist-info/METADATA": b"Name: b\n"},
+                "core.whl": {"pkg/dsl/cutlass/cute/__init__.py": b"y = 2\n", "pkg.pth": b"import pkg\n"}}
+    wheels = []
+    for name, files in contents.items():
+        wheels.append(tmp_path / name)
+        with zipfile.ZipFile(wheels[-1], "w") as wheel:
+            for member, data in files.items():
+                wheel.writestr(member, data)
+    peer_wheels.unpack_wheels(wheels, tmp_path / "site")
+    site = tmp_path / "site"
+    assert (site / "pkg/dsl/cutlass/_mlir/ir.py").read_bytes() == b"x = 1\n"
+    assert (site / "pkg/dsl/cutlass/cute/__init__.py").read_bytes() == b"y = 2\n"
+    assert (site / "pkg.pth").read_bytes() == b"import pkg\n"
