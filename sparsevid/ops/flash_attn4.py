@@ -9,6 +9,8 @@ flash-attn-4 masks keys past the sequence's end in the first block it takes of a
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .mask import SparseMask
@@ -44,16 +46,27 @@ def check_flash_attn4_request(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
                          f"{FLASH_ATTN4_HEAD_DIM_ALIGNMENT} up to {MAX_FLASH_ATTN4_HEAD_DIM}, got {head_dim}")
     if not q.is_cuda:
         raise ValueError(f"backend='flash_attn4' needs CUDA tensors, q is on {q.device}")
-    capability = torch.cuda.get_device_capability(q.device)
+    problem, missing_package = _device_problem(q.device.index)  # a CUDA tensor's device always has its index
+    if problem:
+        raise (ImportError if missing_package else ValueError)(problem)
+
+
+@torch.compiler.assume_constant_result  # traced as the constant it returns: the machine does not change
+@functools.lru_cache(maxsize=None)
+def _device_problem(device_index: int) -> tuple[str, bool]:
+    """Why flash-attn-4's block-sparse forward cannot run on CUDA device ``device_index`` ("" if it can), and
+    whether the reason is the package missing."""
+    capability = torch.cuda.get_device_capability(device_index)
     if capability != FLASH_ATTN4_CAPABILITY:
-        raise ValueError(f"backend='flash_attn4' runs on Hopper GPUs (compute capability 9.0); "
-                         f"{torch.cuda.get_device_name(q.device)} has {capability[0]}.{capability[1]}: use "
-                         f"backend='triton'")
+        return (f"backend='flash_attn4' runs on Hopper GPUs (compute capability 9.0); "
+                f"{torch.cuda.get_device_name(device_index)} has {capability[0]}.{capability[1]}: use "
+                f"backend='triton'", False)
     try:
         import flash_attn.cute  # noqa: F401
     except ImportError as error:
-        raise ImportError("backend='flash_attn4' needs flash-attn-4 (`pip install flash-attn-4`), which does not "
-                          f"import here: {error}") from error
+        return ("backend='flash_attn4' needs flash-attn-4 (`pip install flash-attn-4`), which does not import here: "
+                f"{error}", True)
+    return "", False
 
 
 @torch.library.custom_op("sparsevid::block_sparse_attn_flash_attn4", mutates_args=())
