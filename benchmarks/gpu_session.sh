@@ -136,18 +136,21 @@ bench() {  # bench NAME SECONDS [OPTIONS...]: the registered benchmark NAME, its
 family_bench() {  # family_bench NAME: a families benchmark; expandable segments keep a freed family's memory reusable
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True bench "$1" 540  # (HunyuanVideo 1.5's dense mask is 24 GiB)
 }
+# Every call, whatever its part, keeps what it carried of .whl/fa4 (flash-attn-4's wheels cut by
+# scripts/peer_wheels.py) in PEER_CACHE, outside the tree: a warm machine keeps it, the next call's copy of the tree
+# does not; so two calls can each carry one folder.
+PEER_CACHE=${PEER_CACHE:-/tmp/sparsevid_peer_cache}
+if ls .whl/fa4/*/*.part* > /dev/null 2>&1; then
+    mkdir -p "$PEER_CACHE/fa4" && cp -r .whl/fa4/* "$PEER_CACHE/fa4/"
+fi
 install_peer_wheels() {  # the wheels of .whl/peers into .peers (pip), and flash-attn-4's, joined from the folders
-    # of .whl/fa4 that the calls so far carried (scripts/peer_wheels.py), extracted into PEER_CACHE/site (default
-    # /tmp/sparsevid_peer_cache); both on the
-    # paths. A call keeps what it carried of .whl/fa4 in PEER_CACHE (outside the tree: a warm machine keeps it, the
-    # next call's copy of the tree does not), so two calls can each carry one folder.
-    local cache=${PEER_CACHE:-/tmp/sparsevid_peer_cache}
-    mkdir -p .peers/bin "$cache/fa4"
+    # kept in PEER_CACHE and extracted into PEER_CACHE/site; both on the paths
+    local cache=$PEER_CACHE
+    mkdir -p .peers/bin
     if ls .whl/peers/*.whl > /dev/null 2>&1; then
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .peers \
             .whl/peers/*.whl
     fi
-    ls .whl/fa4/*/*.part* > /dev/null 2>&1 && cp -r .whl/fa4/* "$cache/fa4/"
     if ls "$cache"/fa4/*/*.part* > /dev/null 2>&1 && [ ! -d "$cache/site/flash_attn" ]; then
         rm -rf /tmp/fa4_wheels
         "$PYTHON" scripts/peer_wheels.py --join "$cache/fa4" --into /tmp/fa4_wheels --unpack "$cache/site" \
