@@ -145,20 +145,19 @@ if ls .whl/fa4/*/*.part* > /dev/null 2>&1; then
 fi
 install_peer_wheels() {  # the wheels of .whl/peers into .peers (pip), and flash-attn-4's, joined from the folders
     # kept in PEER_CACHE and extracted into PEER_CACHE/site; both on the paths
-    local cache=$PEER_CACHE
     mkdir -p .peers/bin
     if ls .whl/peers/*.whl > /dev/null 2>&1; then
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .peers \
             .whl/peers/*.whl
     fi
-    if ls "$cache"/fa4/*/*.part* > /dev/null 2>&1 && [ ! -d "$cache/site/flash_attn" ]; then
+    if ls "$PEER_CACHE"/fa4/*/*.part* > /dev/null 2>&1 && [ ! -d "$PEER_CACHE/site/flash_attn" ]; then
         rm -rf /tmp/fa4_wheels
-        "$PYTHON" scripts/peer_wheels.py --join "$cache/fa4" --into /tmp/fa4_wheels --unpack "$cache/site" \
+        "$PYTHON" scripts/peer_wheels.py --join "$PEER_CACHE/fa4" --into /tmp/fa4_wheels --unpack "$PEER_CACHE/site" \
             || echo "flash-attn-4: not every folder of .whl/fa4 carried yet"
     fi
     # site.addsitedir runs the .pth files (the CUTLASS DSL puts its package folder on sys.path by one)
     local paths
-    paths=$("$PYTHON" -c "import site, sys; before = set(sys.path); site.addsitedir('$cache/site'); \
+    paths=$("$PYTHON" -c "import site, sys; before = set(sys.path); site.addsitedir('$PEER_CACHE/site'); \
 site.addsitedir('$PWD/.peers'); print(':'.join(p for p in sys.path if p not in before))")
     export PYTHONPATH=$paths:${PYTHONPATH:-} PATH=$PWD/.peers/bin:$PATH
 }

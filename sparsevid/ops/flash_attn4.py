@@ -27,8 +27,17 @@ def flash_attn4_tables(kv_count: torch.Tensor, kv_index: torch.Tensor) -> dict[s
     tensors: every kept tile a "full" block (the table as it is; its padding past each count is not read), and no
     partial ("mask") blocks: their counts zero and their index table one column wide (compact tables are
     allowed)."""
-    return {"mask_block_cnt": torch.zeros_like(kv_count), "mask_block_idx": torch.zeros_like(kv_index[..., :1]),
-            "full_block_cnt": kv_count, "full_block_idx": kv_index}
+    no_count, no_index = _no_partial_blocks(tuple(kv_count.shape), kv_count.device)
+    return {"mask_block_cnt": no_count, "mask_block_idx": no_index, "full_block_cnt": kv_count,
+            "full_block_idx": kv_index}
+
+
+@functools.lru_cache(maxsize=16)
+def _no_partial_blocks(count_shape: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero counts int32 [B', H', QB] and a one-column index table int32 [B', H', QB, 1], made once per shape
+    (read-only; called inside the custom op, which torch.compile does not trace), not by two fills per call."""
+    count = torch.zeros(count_shape, dtype=torch.int32, device=device)
+    return count, count.unsqueeze(-1)
 
 
 def check_flash_attn4_request(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
