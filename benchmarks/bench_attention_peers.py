@@ -13,6 +13,10 @@ Peers (each optional: a failed import or call is recorded with its reason and th
 - flash-attn-4 (``flash_attn.cute``, FlashAttention's CuTe DSL kernels: FlashAttention-3's schedule on Hopper) with
   its block sparsity, on sparsevid's own count and index tables (sparsevid's ``backend="flash_attn4"``).
 
+With ``--backward``, forward + backward too for cuDNN, sparsevid's bf16 kernels and flash-attn-4 (its Hopper backward on
+the mask's transposed tables, 128-token key blocks), their gradients against sparsevid's bf16 ones (the largest
+relative L1 of dq, dk, dv).
+
 sparsevid's bf16 and int8 forwards and dense cuDNN SDPA run in the same process on the same Gaussian inputs; the
 mask is ``predict_mask``'s top-k at 1 - sparsity, on each tile grid of ``--blocks`` (128x64, the library's default,
 and 64x128, SpargeAttn's Hopper tile). Accuracy: cosine similarity and relative L1 of each
@@ -25,6 +29,7 @@ Wan 1.3B at 480p padded to 32,768 tokens, a multiple of FlashInfer's 64-token bl
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -103,7 +108,7 @@ def flash_attn4_sparse(q, k, v, mask):
     ``backend="flash_attn4"`` runs it (without the public call's input checks)."""
     from sparsevid.ops.flash_attn4 import check_flash_attn4_request, flash_attn4_attention
 
-    check_flash_attn4_request(q, k, v)
+    check_flash_attn4_request(q, k, v, mask)
     scale = q.shape[-1] ** -0.5
     return lambda: flash_attn4_attention(q, k, v, mask, scale)[0]
 
@@ -144,7 +149,33 @@ def peer_row(name: str, q, k, v, mask, reference: torch.Tensor) -> dict:
             torch.cuda.synchronize()
             return {"peer": name, "ran": True, "ms": bench(call), **output_metrics(out, reference)}
     except Exception as error:  # recorded: the point of this benchmark is what runs where
-        return {"peer": name, "ran": False, "why": f"{type(error).__name__}: {error}"[:300]}
+        return {"peer": name, "ran": False, "why": _why(error)}
+
+
+def _why(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"[:300]
+
+
+# The forward + backward of the competitors that have one: (q, k, v, mask) -> out, differentiable.
+BACKWARD_CALLS = {
+    "sparsevid bf16": lambda q, k, v, mask: sv.block_sparse_attention(q, k, v, mask),
+    "flash-attn-4 block-sparse bf16": lambda q, k, v, mask: sv.block_sparse_attention(q, k, v, mask,
+                                                                                      backend="flash_attn4"),
+}
+
+
+def fwdbwd_fields(attend, q, k, v, grad, reference_grads=None) -> tuple[dict, tuple]:
+    """Forward + backward of ``attend(q, k, v)`` (inputs that require grad, output gradient ``grad``): its ms and,
+    given ``reference_grads``, the largest relative L1 of its (dq, dk, dv) against them; or why it did not run.
+    Returns (fields, its gradients)."""
+    try:
+        grads = torch.autograd.grad(attend(q, k, v), (q, k, v), grad)
+        fields = {"fwdbwd_ms": bench(lambda: attend(q, k, v).backward(grad), grad_to_none=[q, k, v])}
+    except Exception as error:  # recorded, as the forward's failures are
+        return {"fwdbwd_why": _why(error)}, ()
+    if reference_grads:
+        fields["grad_rel_l1"] = max(output_metrics(g, r)["rel_l1"] for g, r in zip(grads, reference_grads))
+    return fields, grads
 
 
 def chosen_peers(names: str) -> list[str]:
@@ -160,8 +191,9 @@ def chosen_peers(names: str) -> list[str]:
 
 
 def rows_for(shape: str, sparsity: float, block_q: int, block_k: int, generator,
-             peers: tuple[str, ...] = tuple(PEERS)) -> list[dict]:
-    """sparsevid's forwards, cuDNN and ``peers`` at one shape and sparsity."""
+             peers: tuple[str, ...] = tuple(PEERS), backward: bool = False) -> list[dict]:
+    """sparsevid's forwards, cuDNN and ``peers`` at one shape and sparsity (with ``backward``, forward + backward
+    too where a competitor has one)."""
     b, h, n, d = PEER_SHAPES[shape]
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=generator) for _ in range(3))
     mask = sv.predict_mask(q, k, rule="topk", topk=1.0 - sparsity, block_q=block_q, block_k=block_k)[0]
@@ -179,24 +211,49 @@ def rows_for(shape: str, sparsity: float, block_q: int, block_k: int, generator,
     for name in peers:
         reference = dense_out if name.endswith("(dense)") else ours
         rows.append({**common, **peer_row(name, q, k, v, mask, reference)})
+    if backward:
+        add_backward(rows, q, k, v, mask, generator)
     kept = 1.0 - mask.sparsity
     for row in rows:
         if row["ran"]:
             row["x_cudnn"] = cudnn_ms / row["ms"]
             if row["peer"].endswith("(dense)"):
                 row["ms_at_kept_share"] = row["ms"] * kept
+        if "fwdbwd_ms" in row:
+            row["x_cudnn_fwdbwd"] = row["cudnn_fwdbwd_ms"] / row["fwdbwd_ms"]
     return rows
 
 
+def add_backward(rows: list[dict], q, k, v, mask, generator) -> None:
+    """Forward + backward of cuDNN (into every row, as cudnn_fwdbwd_ms) and of each row's competitor that has one
+    (gradients against sparsevid bf16's)."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    grad = torch.randn(q.shape, device=q.device, dtype=q.dtype, generator=generator)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        cudnn, _ = fwdbwd_fields(torch.nn.functional.scaled_dot_product_attention, q, k, v, grad)
+    reference_grads = None
+    for row in rows:
+        row["cudnn_fwdbwd_ms"] = cudnn.get("fwdbwd_ms", float("nan"))
+        if row["peer"] in BACKWARD_CALLS:
+            attend = functools.partial(BACKWARD_CALLS[row["peer"]], mask=mask)
+            fields, grads = fwdbwd_fields(attend, q, k, v, grad, reference_grads)
+            reference_grads = reference_grads or grads  # sparsevid bf16's, the first row
+            row.update(fields)
+
+
 def markdown(rows: list[dict]) -> str:
-    lines = ["| shape | tile | sparsity | peer | ms | x cuDNN | dense ms x kept share | cosine / rel L1 | why not |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | tile | sparsity | peer | ms | x cuDNN | dense ms x kept share | cosine / rel L1 | "
+             "fwd+bwd ms | x cuDNN | grads rel L1 | why not |", "|---" * 12 + "|"]
     for r in rows:
         ran = r["ran"]
         accuracy = f"{r['cosine']:.5f} / {r['rel_l1']:.4f}" if "cosine" in r else "-"
         head = f"| {r['shape']} | {r['block']} | {r['sparsity']:.3f} | {r['peer']} |"
-        lines.append(f"{head} {r['ms']:.3f} | {r['x_cudnn']:.1f}x | {r.get('ms_at_kept_share', float('nan')):.3f} | "
-                     f"{accuracy} | |" if ran else f"{head} - | - | - | - | {r['why']} |")
+        forward = (f" {r['ms']:.3f} | {r['x_cudnn']:.1f}x | {r.get('ms_at_kept_share', float('nan')):.3f} | "
+                   f"{accuracy} |" if ran else " - | - | - | - |")
+        backward = (f" {r['fwdbwd_ms']:.3f} | {r['x_cudnn_fwdbwd']:.1f}x | {r.get('grad_rel_l1', float('nan')):.4f} |"
+                    if "fwdbwd_ms" in r else " - | - | - |")
+        why = "; ".join(r[key] for key in ("why", "fwdbwd_why") if key in r)
+        lines.append(f"{head}{forward}{backward} {why} |")
     return "\n".join(lines).replace("| nan |", "| - |")
 
 
@@ -234,6 +291,8 @@ def main() -> int:
     parser.add_argument("--sparsities", default="0.95,0.9")
     parser.add_argument("--peers", default="all", help="comma-separated parts of peer names to run (default all), "
                         "e.g. flash-attn-4 for a shape the others do not take")
+    parser.add_argument("--backward", action="store_true",
+                        help="also forward + backward of cuDNN, sparsevid bf16 and flash-attn-4 (128-token key blocks)")
     parser.add_argument("--blocks", default="128x64,64x128",
                         help="comma-separated block_q x block_k of the masks (FlashInfer takes 64-key blocks, "
                              "SpargeAttn 64x128 on Hopper)")
@@ -247,7 +306,7 @@ def main() -> int:
     rows = []
     for shape in args.shapes.split(","):
         for (block_q, block_k), sparsity in ((b, float(s)) for b in blocks for s in args.sparsities.split(",")):
-            rows += rows_for(shape, sparsity, block_q, block_k, generator, peers)
+            rows += rows_for(shape, sparsity, block_q, block_k, generator, peers, args.backward)
             write_result(args.out, meta, {"rows": rows}, markdown(rows), figure(rows, meta))
     print(json.dumps(meta))
     print(markdown(rows))

@@ -51,10 +51,11 @@ BENCHMARKS = {
         "32,768 tokens at 95/90%, 128x64 and 64x128 tiles: what ran, ms, accuracy, why the others did not"),
     "attention_flash_attn4": Benchmark(
         "benchmarks.bench_attention_peers",
-        "sparsevid's backend='flash_attn4' (flash-attn-4's block-sparse forward on sparsevid's tables) beside its "
-        "Triton bf16 and int8 forwards and cuDNN, Wan 1.3B at 32,760 tokens and padded to 32,768, 95/90%, 128x64 "
-        "and 128x128 tiles",
-        ("--peers", "flash-attn-4", "--shapes", "wan1.3b-480p-64,wan1.3b-480p", "--blocks", "128x64,128x128")),
+        "sparsevid's backend='flash_attn4' (flash-attn-4's block-sparse forward and backward on sparsevid's tables) "
+        "beside its Triton bf16 and int8 forwards and cuDNN, Wan 1.3B at 32,760 tokens and padded to 32,768, 95/90%, "
+        "128x64 and 128x128 tiles; forward + backward too (flash-attn-4's on 128x128)",
+        ("--peers", "flash-attn-4", "--shapes", "wan1.3b-480p-64,wan1.3b-480p", "--blocks", "128x64,128x128",
+         "--backward")),
     "attention_cpu": Benchmark(
         "benchmarks.bench_attention_cpu",
         "CPU attention at the built-in demo's shape: the gather backend vs dense SDPA and the reference backend"),

@@ -30,12 +30,19 @@ def test_the_table_gives_times_for_peers_that_ran_and_the_reason_for_the_others(
                       {**common, "peer": "sageattention (dense)", "ran": True, "ms": 9.0, "x_cudnn": 1.3,
                        "ms_at_kept_share": 0.45, "cosine": 0.9991, "rel_l1": 0.031},
                       {**common, "peer": "flashinfer block-sparse bf16", "ran": False,
-                       "why": "ModuleNotFoundError: No module named 'flashinfer'"}])
+                       "why": "ModuleNotFoundError: No module named 'flashinfer'"},
+                      {**common, "peer": "flash-attn-4 block-sparse bf16", "ran": True, "ms": 0.6, "x_cudnn": 19.3,
+                       "cosine": 0.99999, "rel_l1": 0.003, "fwdbwd_ms": 2.5, "x_cudnn_fwdbwd": 16.1,
+                       "grad_rel_l1": 0.0042},
+                      {**common, "peer": "flash-attn-4 block-sparse bf16", "ran": True, "ms": 0.6, "x_cudnn": 19.3,
+                       "fwdbwd_why": "ValueError: key blocks of 128 tokens"}])
     lines = table.splitlines()
     assert lines[2].startswith("| wan1.3b-480p | 128x64 | 0.950 | sparsevid bf16 |")
-    assert "| 0.690 | 16.8x | - | - | |" in lines[2]
-    assert "| 9.000 | 1.3x | 0.450 | 0.99910 / 0.0310 | |" in lines[3]
-    assert lines[4].endswith("| - | - | - | - | ModuleNotFoundError: No module named 'flashinfer' |")
+    assert "| 0.690 | 16.8x | - | - | - | - | - |  |" in lines[2]
+    assert "| 9.000 | 1.3x | 0.450 | 0.99910 / 0.0310 | - | - | - |  |" in lines[3]
+    assert lines[4].endswith("| - | - | - | - | - | - | - | ModuleNotFoundError: No module named 'flashinfer' |")
+    assert "| 0.99999 / 0.0030 | 2.500 | 16.1x | 0.0042 |  |" in lines[5]
+    assert lines[6].endswith("| - | - | - | ValueError: key blocks of 128 tokens |")
 
 
 def test_sparge_tiles_are_64_by_128_on_hopper_and_128_by_64_elsewhere():

@@ -6,7 +6,7 @@ Backends:
     "flex"       the same mask through PyTorch's FlexAttention;
     "gather"     plain PyTorch over the kept tiles only (gathered key/value blocks), on any device;
     "reference"  plain PyTorch, dense masked scores chunked over query blocks, on any device: the oracle;
-    "flash_attn4"  flash-attn-4's block-sparse forward (optional dependency; Hopper, bf16/fp16, inference):
+    "flash_attn4"  flash-attn-4's block-sparse forward and backward (optional dependency; Hopper, bf16/fp16):
                  FlashAttention-3's warp-specialised schedule on the mask's own tables (:mod:`.flash_attn4`);
     "auto"       "triton" on CUDA, "gather" elsewhere.
 """
@@ -225,7 +225,7 @@ def _check_inputs(q, k, v, mask, scale, backend) -> None:
     if backend == "flex" and grad_requested(q, k, v):
         _check_flex_gradients(mask, q)
     if backend == "flash_attn4":
-        check_flash_attn4_request(q, k, v)
+        check_flash_attn4_request(q, k, v, mask)
 
 
 def resolve_backend(backend: str, q: torch.Tensor) -> str:
@@ -313,7 +313,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
 
     Gradients (q, k and v; not with tile masses): "triton" (CUDA, or the CPU under the Triton interpreter)
     "gather" and "reference" (any device) differentiate everywhere; "flex" only on CUDA and only for 128x128 blocks;
-    "flash_attn4" never (ValueError otherwise, before any kernel runs).
+    "flash_attn4" with the blocks its backward tiles: at head dims up to 128, 128-token key blocks and query blocks
+    a multiple of 64 (ValueError otherwise, before any kernel runs).
     """
     check_choice("precision", precision, PRECISIONS)
     # A quantized precision's backend is checked against its own backends below (the native checks would not apply).

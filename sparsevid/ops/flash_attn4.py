@@ -1,15 +1,21 @@
 """``backend="flash_attn4"``: the block-sparse forward of flash-attn-4 (``pip install flash-attn-4``: FlashAttention's
 CuTe DSL kernels, FlashAttention-3's warp-specialised schedule on Hopper) on the mask's own count and index tables.
 
-An optional dependency, forward only (inference), on Hopper GPUs (compute capability 9.0) with bf16 or fp16 inputs.
-Every kept tile goes in as one of flash-attn-4's "full" blocks (attended without a mask function), so the tables
-need no conversion beyond int32 and no host-side planning: a mask predicted at every step costs nothing more.
-flash-attn-4 masks keys past the sequence's end in the first block it takes of a row, the row's highest index; a
-``SparseMask`` lists each row's blocks in ascending order, so a ragged last key block is masked where it is kept.
+An optional dependency, on Hopper GPUs (compute capability 9.0) with bf16 or fp16 inputs. Every kept tile goes in
+as one of flash-attn-4's "full" blocks (attended without a mask function), so the tables need no conversion beyond
+int32 and no host-side planning: a mask predicted at every step costs nothing more. flash-attn-4 masks keys past the
+sequence's end in the first block it takes of a row, the row's highest index; a ``SparseMask`` lists each row's
+blocks in ascending order, so a ragged last key block is masked where it is kept.
+
+Gradients run flash-attn-4's Hopper backward on the transposed tables (per key block, the query blocks that keep
+it), also as "full" blocks, which it masks at the sequence's end wherever they fall. Its tiles fix the blocks it can
+train with: key blocks exactly its backward tile's width (128 tokens at head dims up to 128) and query blocks a
+multiple of its tile's height (:func:`flash_attn4_backward_blocks`).
 """
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 
@@ -22,31 +28,28 @@ MAX_FLASH_ATTN4_HEAD_DIM = 256
 FLASH_ATTN4_HEAD_DIM_ALIGNMENT = 8  # 16-byte rows of 16-bit elements
 
 
-def flash_attn4_tables(kv_count: torch.Tensor, kv_index: torch.Tensor) -> dict[str, torch.Tensor]:
-    """A mask's tables (int32 kv_count [B', H', QB], kv_index [B', H', QB, KB]) as flash-attn-4's block-sparsity
-    tensors: every kept tile a "full" block (the table as it is; its padding past each count is not read), and no
-    partial ("mask") blocks: their counts zero and their index table one column wide (compact tables are
-    allowed)."""
-    no_count, no_index = _no_partial_blocks(tuple(kv_count.shape), kv_count.device)
-    return {"mask_block_cnt": no_count, "mask_block_idx": no_index, "full_block_cnt": kv_count,
-            "full_block_idx": kv_index}
+def flash_attn4_tables(count: torch.Tensor, index: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One of a mask's tables as flash-attn-4's block-sparsity tensors: the forward's (int32 kv_count [B', H', QB],
+    kv_index [B', H', QB, KB]) or the backward's (q_count [B', H', KB], q_index [B', H', KB, QB]). Every kept tile
+    is a "full" block (the table as it is; its padding past each count is not read), and there are no partial
+    ("mask") blocks: their counts zero and their index table one column wide (compact tables are allowed)."""
+    no_count, no_index = _no_partial_blocks(tuple(count.shape), count.device)
+    return {"mask_block_cnt": no_count, "mask_block_idx": no_index, "full_block_cnt": count,
+            "full_block_idx": index}
 
 
 @functools.lru_cache(maxsize=16)
 def _no_partial_blocks(count_shape: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Zero counts int32 [B', H', QB] and a one-column index table int32 [B', H', QB, 1], made once per shape
-    (read-only; called inside the custom op, which torch.compile does not trace), not by two fills per call."""
+    (read-only; called inside the custom ops, which torch.compile does not trace), not by two fills per call."""
     count = torch.zeros(count_shape, dtype=torch.int32, device=device)
     return count, count.unsqueeze(-1)
 
 
-def check_flash_attn4_request(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def check_flash_attn4_request(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask) -> None:
     """Raise a clear error unless ``backend="flash_attn4"`` can run on q, k, v ([B, H, T, D], already checked as
-    head tensors): flash-attn-4 installed, a Hopper GPU, bf16 or fp16, a supported head dim, no gradients."""
-    if grad_requested(q, k, v):
-        raise ValueError("backend='flash_attn4' is a forward for inference (no backward): call it under "
-                         "torch.no_grad() or with inputs that do not require grad, or use backend='triton' for "
-                         "training")
+    head tensors) and ``mask``: flash-attn-4 installed, a Hopper GPU, bf16 or fp16, a supported head dim, and with
+    gradients requested, blocks its backward can tile."""
     if q.dtype not in FLASH_ATTN4_DTYPES:
         raise TypeError(f"backend='flash_attn4' supports dtypes {FLASH_ATTN4_DTYPES}, got {q.dtype}")
     head_dim = q.shape[-1]
@@ -58,6 +61,23 @@ def check_flash_attn4_request(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
     problem, missing_package = _device_problem(q.device.index)  # a CUDA tensor's device always has its index
     if problem:
         raise (ImportError if missing_package else ValueError)(problem)
+    if grad_requested(q, k, v):
+        tile_q, block_k = flash_attn4_backward_blocks(head_dim, mask.block_q)
+        if mask.block_k != block_k or mask.block_q % tile_q:
+            raise ValueError(f"backend='flash_attn4' computes gradients at head dim {head_dim} for key blocks of "
+                             f"{block_k} tokens and query blocks a multiple of {tile_q} (its backward's tiles), got "
+                             f"a {mask.block_q}x{mask.block_k} mask: use backend='triton', or call under "
+                             f"torch.no_grad()")
+
+
+def flash_attn4_backward_blocks(head_dim: int, block_q: int) -> tuple[int, int]:
+    """(query tile height, key block width) of flash-attn-4's Hopper backward at ``head_dim`` for ``block_q``-row
+    blocks, as flash-attn-4 itself chooses them: query blocks must be a multiple of the first, key blocks equal the
+    second (one sparse key block per tile). Needs flash-attn-4 installed."""
+    from flash_attn.cute.config import select_sm90_bwd_tile
+
+    tile = select_sm90_bwd_tile(head_dim, head_dim, False, False, block_q)
+    return tile["tile_m"], tile["tile_n"]
 
 
 @torch.compiler.assume_constant_result  # traced as the constant it returns: the machine does not change
@@ -80,8 +100,8 @@ def _device_problem(device_index: int) -> tuple[str, bool]:
 
 @torch.library.custom_op("sparsevid::block_sparse_attn_flash_attn4", mutates_args=())
 def _flash_attn4_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
-                    kv_index: torch.Tensor, block_q: int, block_k: int,
-                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    kv_index: torch.Tensor, q_count: Optional[torch.Tensor], q_index: Optional[torch.Tensor],
+                    block_q: int, block_k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
     from flash_attn.cute.interface import flash_attn_func
 
@@ -94,15 +114,60 @@ def _flash_attn4_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count:
 
 
 @_flash_attn4_op.register_fake
-def _(q, k, v, kv_count, kv_index, block_q, block_k, scale):
+def _(q, k, v, kv_count, kv_index, q_count, q_index, block_q, block_k, scale):
     b, h, n, d = q.shape
     return q.new_empty((b, n, h, d)).transpose(1, 2), q.new_empty((b, h, n), dtype=torch.float32)
 
 
+@torch.library.custom_op("sparsevid::block_sparse_attn_flash_attn4_backward", mutates_args=())
+def _flash_attn4_backward_op(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.Tensor,
+                             k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                             q_count: torch.Tensor, q_index: torch.Tensor, block_q: int, block_k: int,
+                             scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+    from flash_attn.cute.interface import _flash_attn_bwd
+
+    sparse = BlockSparseTensorsTorch(**flash_attn4_tables(q_count, q_index), block_size=(block_q, block_k))
+    grads = _flash_attn_bwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), out.transpose(1, 2),
+                            grad_out.transpose(1, 2), lse, scale, block_sparse_tensors=sparse, dlse=grad_lse)
+    return tuple(_strided_like(x, g.transpose(1, 2)) for x, g in zip((q, k, v), grads))
+
+
+def _strided_like(reference: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with ``reference``'s strides (as the fake kernel promises): flash-attn-4 allocates each gradient
+    like its input, so this copies only where it had to make an input contiguous first."""
+    return tensor if tensor.stride() == reference.stride() else torch.empty_like(reference).copy_(tensor)
+
+
+@_flash_attn4_backward_op.register_fake
+def _(grad_out, grad_lse, q, k, v, out, lse, q_count, q_index, block_q, block_k, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, kv_count, kv_index, q_count, q_index, block_q, block_k, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, q_count, q_index)
+    ctx.block_q, ctx.block_k, ctx.scale = block_q, block_k, scale
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, q_count, q_index = ctx.saved_tensors
+    dq, dk, dv = _flash_attn4_backward_op(grad_out, grad_lse, q, k, v, out, lse, q_count, q_index, ctx.block_q,
+                                          ctx.block_k, ctx.scale)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_flash_attn4_op.register_autograd(_backward, setup_context=_setup_context)
+
+
 def flash_attn4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask,
                           scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(scale * q k^T on the kept tiles) @ v by flash-attn-4. q: [B, H, N, D], k, v: [B, H, M, D] (checked
-    by :func:`check_flash_attn4_request`). Returns out [B, H, N, D] (q's dtype; a view of a [B, N, H, D] tensor)
-    and lse float32 [B, H, N]."""
-    return _flash_attn4_op(q, k, v, mask.kv_count.to(torch.int32), mask.kv_index.to(torch.int32), mask.block_q,
-                           mask.block_k, scale)
+    """softmax(scale * q k^T on the kept tiles) @ v by flash-attn-4, differentiable in q, k, v (and through lse).
+    q: [B, H, N, D], k, v: [B, H, M, D] (checked by :func:`check_flash_attn4_request`). Returns out [B, H, N, D]
+    (q's dtype; a view of a [B, N, H, D] tensor) and lse float32 [B, H, N]. The transposed tables the backward
+    reads are made only when gradients are requested."""
+    training = grad_requested(q, k, v)
+    q_count, q_index = (mask.q_count.to(torch.int32), mask.q_index.to(torch.int32)) if training else (None, None)
+    return _flash_attn4_op(q, k, v, mask.kv_count.to(torch.int32), mask.kv_index.to(torch.int32), q_count, q_index,
+                           mask.block_q, mask.block_k, scale)
