@@ -68,13 +68,19 @@ def _hopper_with_flash_attn4() -> None:
     pytest.importorskip("flash_attn.cute", reason="needs flash-attn-4")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_ATTENTION_CASES)
-def test_forward_within_budget_of_plain_pytorch(case):
+def _case_inputs(case, requires_grad=False):
+    """A GPU case's random mask and bf16 q, k, v on CUDA (after skipping unless flash-attn-4 can run)."""
     _hopper_with_flash_attn4()
     b, h, n, m, d, block_q, block_k, sparsity = case
     mask = sv.random_block_mask(b, h, n, m, sparsity, block_q, block_k, device="cuda")
-    q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16) for t in (n, m, m))
+    return mask, *(torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, requires_grad=requires_grad)
+                   for t in (n, m, m))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_ATTENTION_CASES)
+def test_forward_within_budget_of_plain_pytorch(case):
+    mask, q, k, v = _case_inputs(case)
     out, lse = sv.block_sparse_attention(q, k, v, mask, return_lse=True, backend="flash_attn4")
     ref_out, ref_lse = sv.block_sparse_attention(q.double(), k.double(), v.double(), mask, return_lse=True,
                                                  backend="reference")
@@ -108,11 +114,8 @@ TRAINABLE_CASES = [GPU_ATTENTION_CASES[1], GPU_ATTENTION_CASES[4],
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", TRAINABLE_CASES)
 def test_gradients_within_budget_of_plain_pytorch(case):
-    _hopper_with_flash_attn4()
-    b, h, n, m, d, block_q, block_k, sparsity = case
-    mask = sv.random_block_mask(b, h, n, m, sparsity, block_q, block_k, device="cuda")
-    q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for t in (n, m, m))
-    grad_out = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
+    mask, q, k, v = _case_inputs(case, requires_grad=True)
+    grad_out = torch.randn_like(q)
     grads = torch.autograd.grad(sv.block_sparse_attention(q, k, v, mask, backend="flash_attn4"), (q, k, v), grad_out)
     ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
     ref_grads = torch.autograd.grad(sv.block_sparse_attention(*ref_in, mask, backend="reference"), ref_in,
