@@ -84,7 +84,7 @@
 #               forwards and cuDNN); flash-attn-4's wheels joined from .whl/fa4 as for `peers` (two calls on one
 #               warm machine, each carrying one folder: `python scripts/peer_wheels.py --flash-attn-4 .whl/fa4
 #               --folder-mib 56`, then any part carrying .whl/fa4/1 (its copy is kept in PEER_CACHE), then this one
-#               carrying .whl/fa4/2)
+#               carrying .whl/fa4/2); arguments go to the benchmark, e.g. `flash_attn4 --sparsities 0.95`
 #   peers_build compile SpargeAttn for sm90 from the sources peer_wheels.py packed (--spargeattn-git) into .peers,
 #               which `peers` then uses (a separate call on the same warm machine: the build takes minutes)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
@@ -271,9 +271,9 @@ peers_build)  # SpargeAttn compiled (sm90 only) from .whl/peers/spargeattn-src.t
     step spargeattn_build "${BUILD_SECONDS:-560}" env TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 "$PYTHON" -m pip install \
         --no-build-isolation --no-deps --no-index --target .peers /tmp/spargeattn/SpargeAttn
     ;;
-flash_attn4)  # env BENCH_SECONDS (270) and TEST_SECONDS (200) bound the two steps
+flash_attn4)  # env BENCH_SECONDS (270) and TEST_SECONDS (200) bound the two steps; arguments go to the benchmark
     install_peer_wheels  # flash-attn-4 compiles its kernels at first use (about half a minute per shape)
-    bench attention_flash_attn4 "${BENCH_SECONDS:-270}"
+    bench attention_flash_attn4 "${BENCH_SECONDS:-270}" "$@"
     step flash_attn4_tests "${TEST_SECONDS:-200}" "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu \
         --durations=5 tests/test_flash_attn4.py
     ;;
