@@ -70,6 +70,8 @@ def check_flash_attn4_request(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              f"torch.no_grad()")
 
 
+@torch.compiler.assume_constant_result  # traced as its constant: torch.compile need not enter flash-attn-4's config
+@functools.lru_cache(maxsize=None)
 def flash_attn4_backward_blocks(head_dim: int, block_q: int) -> tuple[int, int]:
     """(query tile height, key block width) of flash-attn-4's Hopper backward at ``head_dim`` for ``block_q``-row
     blocks, as flash-attn-4 itself chooses them: query blocks must be a multiple of the first, key blocks equal the
