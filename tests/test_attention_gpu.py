@@ -76,13 +76,9 @@ def test_every_output_element_is_written(monkeypatch):
 
 # --------------------------------------------------------------------------- precision="fp8" (Hopper, Ada)
 
-FP8_CASES = [
-    pytest.param((1, 2, 32760, 32760, 128, 128, 64, 0.95), id="wan480p-N32760-d128-128x64-95"),
-    pytest.param((1, 2, 32760, 32760, 128, 128, 64, 0.0), id="wan480p-N32760-d128-128x64-full"),
-    pytest.param((2, 3, 4133, 2900, 64, 128, 64, 0.5), id="B2-N4133-M2900-d64-128x64"),
-    pytest.param((1, 4, 333, 200, 64, 64, 128, 0.5), id="N333-M200-d64-64x128"),
-    pytest.param((1, 2, 100, 100, 128, 128, 128, 0.0), id="N-below-block-full"),
-]
+FP8_CASES = [GPU_ATTENTION_CASES[0],
+             pytest.param((1, 2, 32760, 32760, 128, 128, 64, 0.0), id="wan480p-N32760-d128-128x64-full"),
+             *GPU_ATTENTION_CASES[2:]]
 
 
 def quantized_case(case, inputs: str):

@@ -285,7 +285,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
         scale: softmax scale, default ``D ** -0.5``.
         return_lse: also return the row log-sum-exp (natural log), float32 [B, H, N].
         backend: "auto" | "triton" | "flex" | "gather" | "reference" | "flash_attn4" (flash-attn-4 installed, a
-            Hopper GPU, bf16 or fp16, inference only; ValueError or ImportError otherwise).
+            Hopper GPU, bf16 or fp16; ValueError or ImportError otherwise; gradients as below).
         return_tile_mass: also return the exact softmax mass of every tile, float32 [B, H, QB, KB]: the mean
             over query block i's rows of the probability the row gives key block j (0 for skipped tiles; each
             row-block sums to 1 over its kept tiles, or 0 if it keeps none). Triton, gather and reference backends,

@@ -169,7 +169,5 @@ def flash_attn4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
     q: [B, H, N, D], k, v: [B, H, M, D] (checked by :func:`check_flash_attn4_request`). Returns out [B, H, N, D]
     (q's dtype; a view of a [B, N, H, D] tensor) and lse float32 [B, H, N]. The transposed tables the backward
     reads are made only when gradients are requested."""
-    training = grad_requested(q, k, v)
-    q_count, q_index = (mask.q_count.to(torch.int32), mask.q_index.to(torch.int32)) if training else (None, None)
-    return _flash_attn4_op(q, k, v, mask.kv_count.to(torch.int32), mask.kv_index.to(torch.int32), q_count, q_index,
-                           mask.block_q, mask.block_k, scale)
+    q_count, q_index = (mask.q_count, mask.q_index) if grad_requested(q, k, v) else (None, None)  # int32 already
+    return _flash_attn4_op(q, k, v, mask.kv_count, mask.kv_index, q_count, q_index, mask.block_q, mask.block_k, scale)
