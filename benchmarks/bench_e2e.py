@@ -1,6 +1,7 @@
 """End-to-end transformer benchmark: Wan2.1 forward, dense (cuDNN SDPA) vs sparsevid at 90% / 95% sparsity,
 eager and compiled (``--compile``: each setting is also timed under ``torch.compile``, dense compiled against
-sparse compiled), at the inputs' precision or quantized (``--precision native,int8``: each sparse setting at each).
+sparse compiled), at the inputs' precision or quantized (``--precision native,int8``: each sparse setting at each),
+on one attention backend or several (``--backend triton,flash_attn4``: each sparse setting on each).
 
 The transformers are built from the Wan2.1 configs with random weights (bf16, the fp32 modules diffusers keeps
 in fp32 stay fp32). Per model and setting it measures the transformer forward (CUDA-event median), the
@@ -11,7 +12,8 @@ time to a 50-step generation with classifier-free guidance. Compiled rows time t
 comes from eager stats) and record the compile time of their first call. Writes its result (rows, Markdown
 table) under --out.
 
-    python -m benchmarks e2e     # also e2e_13b_compiled, e2e_13b_modes, e2e_13b_quantized, e2e_14b, e2e_14b_compiled
+    python -m benchmarks e2e     # also e2e_13b_compiled, e2e_13b_modes, e2e_13b_quantized, e2e_13b_flash_attn4,
+                                 # e2e_14b, e2e_14b_compiled
     # CPU smoke run of the same code path:
     python -m benchmarks --results /tmp/e2e e2e --device cpu --dtype float32 --layers 2 --grid 3x8x8 \
         --heads 2 --models wan1.3b --warmup 0 --iters 1
@@ -41,6 +43,7 @@ MODELS = {
 COMMON = {"patch_size": (1, 2, 2), "in_channels": 16, "out_channels": 16, "text_dim": 4096, "freq_dim": 256,
           "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6}
 TEXT_TOKENS = 512
+E2E_BACKENDS = ("auto", "triton", "flex", "reference", "flash_attn4")  # the sparse settings' (--backend)
 
 
 def parse_grid(text: str) -> tuple[int, int, int]:
@@ -141,22 +144,26 @@ def model_config(name: str, args) -> tuple[dict, tuple[int, int, int], int]:
     return config, grid, grid[0] * grid[1] * grid[2]
 
 
-def sparse_config(sparsity: float | None, num_layers: int, args, precision: str = "native") -> "sv.SparseConfig":
-    """The configuration of one setting: every layer dense (None) or top-k at ``1 - sparsity`` at ``precision``."""
+def sparse_config(sparsity: float | None, num_layers: int, args, precision: str = "native",
+                  backend: str = "auto") -> "sv.SparseConfig":
+    """The configuration of one setting: every layer dense (None) or top-k at ``1 - sparsity`` at ``precision`` on
+    ``backend``."""
     if sparsity is None:
-        return sv.SparseConfig(dense_layers=tuple(range(num_layers)), backend=args.backend)
+        return sv.SparseConfig(dense_layers=tuple(range(num_layers)))
     return sv.SparseConfig(rule="topk", topk=round(1.0 - sparsity, 6), block_q=args.block_q, block_k=args.block_k,
-                           backend=args.backend, tile=args.tile, precision=precision)
+                           backend=backend, tile=args.tile, precision=precision)
 
 
-def settings(args) -> list[tuple[str, float | None, str]]:
-    """(label, sparsity or None for dense, precision) of every timed setting: dense, then each sparsity at each
-    ``--precision``."""
-    rows = [("dense", None, "native")]
+def settings(args) -> list[tuple[str, float | None, str, str]]:
+    """(label, sparsity or None for dense, precision, backend) of every timed setting: dense, then each sparsity on
+    each ``--backend`` at each ``--precision`` (the backend named in the label when there are several)."""
+    rows = [("dense", None, "native", "auto")]
     for sparsity in args.sparsity:
-        for precision in args.precision:
-            suffix = "" if precision == "native" else f" {precision}"
-            rows.append((f"sparse {sparsity:.0%}{suffix}", sparsity, precision))
+        for backend in args.backend:
+            for precision in args.precision:
+                suffix = "" if precision == "native" else f" {precision}"
+                suffix += f" {backend}" if len(args.backend) > 1 else ""
+                rows.append((f"sparse {sparsity:.0%}{suffix}", sparsity, precision, backend))
     return rows
 
 
@@ -186,8 +193,8 @@ def run_model(name: str, args, device, dtype) -> list[dict]:
     inputs_list = [make_inputs(grid, device, dtype, generator) for _ in range(2)]
     rows = []
     with torch.no_grad(), dense_sdpa_context(device, args.dense_backend):
-        for label, sparsity, precision in settings(args):
-            cfg = sparse_config(sparsity, config["num_layers"], args, precision)
+        for label, sparsity, precision, backend in settings(args):
+            cfg = sparse_config(sparsity, config["num_layers"], args, precision, backend)
             for mode in args.compile:
                 if sparsity is not None:
                     sv.apply_sparse_attention(model, cfg)
@@ -273,7 +280,8 @@ def main(argv=None) -> None:
     parser.add_argument("--sparsity", default="0.9,0.95", help="comma list of target sparsities")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--backend", default="auto", choices=["auto", "triton", "flex", "reference"])
+    parser.add_argument("--backend", default="auto",
+                        help=f"comma list of sparse attention backends, of {list(E2E_BACKENDS)}")
     parser.add_argument("--dense-backend", default="cudnn", choices=["cudnn", "flash", "default"],
                         help="SDPA backend of the dense baseline (and of dense text rows)")
     parser.add_argument("--block-q", type=int, default=128)
@@ -298,6 +306,9 @@ def main(argv=None) -> None:
     args.compile = args.compile.split(",")
     args.sparsity = [float(s) for s in args.sparsity.split(",")]
     args.precision = args.precision.split(",")
+    args.backend = args.backend.split(",")
+    if not set(args.backend) <= set(E2E_BACKENDS):
+        parser.error(f"--backend values must be among {list(E2E_BACKENDS)}, got {args.backend}")
     if not set(args.precision) <= {"native", "int8", "fp8"}:
         parser.error(f"--precision values must be 'native', 'int8' or 'fp8', got {args.precision}")
     if not all(0.0 < s < 1.0 for s in args.sparsity):

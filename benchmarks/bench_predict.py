@@ -27,7 +27,8 @@ version and the 95%-sparse attention forward; and attention recall of predicted 
    the kernel tables are measured), back to back (50 calls in a row between two CUDA events: a slow host shows
    here), device time with a GPU spin ahead of each call (``timing.flushed_ms``: whatever the host's launch
    rate) and replayed from a CUDA graph; plus host time per call. The target: predict + forward within 10% of
-   the forward alone.
+   the forward alone. Each attention backend of ``--api-backends`` (default "auto", with what it ran on) is timed;
+   on CUDA also dense cuDNN attention of the same shape, against which predict + forward is compared.
 3. Recall: on the video-like field (amplitude 12) on a Wan-like grid (21x30x52), masks at ~95% sparsity
    (top-k 5%) are predicted in raster order and in several 3D-tile orders, and the exact attention recall
    (true softmax mass kept) of each is measured.
@@ -61,12 +62,15 @@ if not torch.cuda.is_available():
 
 import triton  # noqa: E402
 
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
 import sparsevid as sv  # noqa: E402
 from .report import write_result  # noqa: E402
 from .run_info import run_metadata  # noqa: E402
 from .timing import flushed_ms, median_ms  # noqa: E402
 from sparsevid.eval import attention_recall  # noqa: E402
-from sparsevid.ops import triton_predict  # noqa: E402  (the stages and their candidate configs are timed alone)
+from sparsevid.ops import attention, triton_predict  # noqa: E402  (the stages and their candidate configs are timed alone)
 from sparsevid.ops.mask import kept_index_table  # noqa: E402
 from sparsevid.ops.predict import prediction_options  # noqa: E402
 from sparsevid.ops.tiling import tile_tokens  # noqa: E402
@@ -313,18 +317,21 @@ def back_to_back_ms(fn, calls: int = 50) -> float:
     return start.elapsed_time(end) / calls
 
 
-def api_case(name: str, rule_name: str, blocks: tuple[int, int], device, dtype) -> dict:
-    """predict_mask + block_sparse_attention against block_sparse_attention alone (module docstring, part 2)."""
+def api_case(name: str, rule_name: str, blocks: tuple[int, int], device, dtype, backend: str = "auto") -> dict:
+    """predict_mask + block_sparse_attention on ``backend`` against block_sparse_attention alone (module docstring,
+    part 2), and on CUDA dense cuDNN attention of the same shape."""
     b, h, n, d, _ = SHAPES[name]
     rule = dict(API_RULES[rule_name], block_q=blocks[0], block_k=blocks[1])
     q, k = timing_inputs("video", name, device, dtype)
     v = torch.randn(b, n, h, d, device=device, dtype=dtype).transpose(1, 2)
     mask, stats = sv.predict_mask(q, k, **rule)
-    calls = {"forward": lambda: sv.block_sparse_attention(q, k, v, mask),
-             "predict_forward": lambda: sv.block_sparse_attention(q, k, v, sv.predict_mask(q, k, **rule)[0]),
+    calls = {"forward": lambda: sv.block_sparse_attention(q, k, v, mask, backend=backend),
+             "predict_forward": lambda: sv.block_sparse_attention(q, k, v, sv.predict_mask(q, k, **rule)[0],
+                                                                  backend=backend),
              "predict": lambda: sv.predict_mask(q, k, **rule)}
     row = {"shape": name, "rule_name": rule_name, "B": b, "H": h, "N": n, "D": d, **rule,
-           "dtype": str(dtype).removeprefix("torch."), "sparsity": stats.sparsity}
+           "dtype": str(dtype).removeprefix("torch."), "sparsity": stats.sparsity, "backend": backend,
+           "runs_on": attention._resolve_call_backend(backend, q, k, v, mask, False)}
     measure = functools.partial(median_ms, device=device)
     for label, fn in calls.items():
         row[label] = {"do_bench_ms": measure(fn)}
@@ -334,27 +341,40 @@ def api_case(name: str, rule_name: str, blocks: tuple[int, int], device, dtype) 
     row["ratio"] = {how: row["predict_forward"][how] / row["forward"][how] for how in row["forward"]
                     if how.endswith("_ms") and row["forward"][how] and row["predict_forward"][how]}
     row["within_target"] = {how: ratio <= API_TARGET for how, ratio in row["ratio"].items()}
+    if device.type == "cuda":
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            row["cudnn_ms"] = measure(lambda: F.scaled_dot_product_attention(q, k, v))
+        row["x_cudnn"] = {how: row["cudnn_ms"] / row["predict_forward"][how] for how in row["ratio"]}
     return row
 
 
 def api_table(rows: list[dict]) -> str:
-    """Part 2 as Markdown: per shape, rule and timing method the ms of each call and the ratio to the target."""
-    lines = [f"predict + forward vs forward alone (target: ratio <= {API_TARGET:.2f}); ms, host time in us", "",
-             "| shape | rule | sparsity | timing | forward | predict + forward | predict | ratio |",
-             "|---" * 8 + "|"]
+    """Part 2 as Markdown: per shape, rule, backend and timing method the ms of each call, the ratio to the target
+    and predict + forward against dense cuDNN."""
+    lines = [f"predict + forward vs forward alone (target: ratio <= {API_TARGET:.2f}), and against dense cuDNN "
+             "attention; ms, host time in us; backend: as asked (-> what it ran on)", "",
+             "| shape | rule | backend | sparsity | timing | forward | predict + forward | predict | ratio | "
+             "predict + forward x cuDNN |", "|---" * 10 + "|"]
     for row in rows:
+        backend = f"{row['backend']} -> {row['runs_on']}"
         for how, ratio in row["ratio"].items():
-            lines.append(f"| {row['shape']} | {row['rule_name']} | {row['sparsity']:.3f} | {how} | "
+            x_cudnn = row.get("x_cudnn", {}).get(how)
+            lines.append(f"| {row['shape']} | {row['rule_name']} | {backend} | {row['sparsity']:.3f} | {how} | "
                          f"{row['forward'][how]:.4f} | {row['predict_forward'][how]:.4f} | "
-                         f"{row['predict'].get(how) or float('nan'):.4f} | {ratio:.3f} |")
+                         f"{row['predict'].get(how) or float('nan'):.4f} | {ratio:.3f} | "
+                         f"{'-' if x_cudnn is None else f'{x_cudnn:.1f}x'} |")
         if "host_us" in row["forward"]:
-            lines.append(f"| {row['shape']} | {row['rule_name']} | | host us/call | {row['forward']['host_us']:.1f} | "
-                         f"{row['predict_forward']['host_us']:.1f} | {row['predict']['host_us']:.1f} | |")
+            lines.append(f"| {row['shape']} | {row['rule_name']} | {backend} | | host us/call | "
+                         f"{row['forward']['host_us']:.1f} | {row['predict_forward']['host_us']:.1f} | "
+                         f"{row['predict']['host_us']:.1f} | | |")
+        if "cudnn_ms" in row:
+            lines.append(f"| {row['shape']} | {row['rule_name']} | dense cuDNN | | do_bench_ms | {row['cudnn_ms']:.3f} "
+                         "| | | | |")
     for row in rows:  # where the host time goes (cProfile; its own overhead inflates the figures)
         for label in ("predict", "forward"):
             if "host_profile" in row[label]:
-                lines += ["", f"Host profile of {label}, {row['shape']} {row['rule_name']} (us per call):", "",
-                          "| function | calls | own us | cumulative us |", "|---|---|---|---|"]
+                lines += ["", f"Host profile of {label}, {row['shape']} {row['rule_name']} {row['backend']} "
+                          "(us per call):", "", "| function | calls | own us | cumulative us |", "|---|---|---|---|"]
                 lines += [f"| `{f['function']}` | {f['calls']:g} | {f['own_us']:.1f} | {f['cumulative_us']:.1f} |"
                           for f in row[label]["host_profile"]]
     return "\n".join(lines)
@@ -417,6 +437,8 @@ def main() -> None:
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma list of {list(PARTS)}: the stage timings (1.) and the public-API overhead (2.)")
     parser.add_argument("--api-rules", default=",".join(API_RULES), help=f"comma list of {list(API_RULES)}")
+    parser.add_argument("--api-backends", default="auto",
+                        help="comma list of block_sparse_attention backends the api part times, e.g. triton,flash_attn4")
     args = parser.parse_args()
     parts = [p for p in args.parts.split(",") if p]
     if not set(parts) <= set(PARTS):
@@ -430,13 +452,15 @@ def main() -> None:
     for name in [s for s in args.shapes.split(",") if s]:
         for block in blocks:
             cases = [("stages", kind) for kind in args.inputs.split(",") if kind and "stages" in parts]
-            cases += [("api", rule) for rule in args.api_rules.split(",") if rule and "api" in parts]
+            cases += [("api", (rule, backend)) for rule in args.api_rules.split(",")
+                      for backend in args.api_backends.split(",") if rule and backend and "api" in parts]
             for part, case in cases:
                 started = time.perf_counter()
                 if part == "stages":
                     timing.append(bench_case(name, case, block, device, dtype, attention_ms))
                 else:
-                    api.append(api_case(name, case, block, device, dtype))
+                    rule, backend = case
+                    api.append(api_case(name, rule, block, device, dtype, backend=backend))
                 print(f"{name} {block[0]}x{block[1]} {part} {case}: {time.perf_counter() - started:.1f} s",
                       flush=True)
                 if cuda:

@@ -85,6 +85,14 @@
 #               warm machine, each carrying one folder: `python scripts/peer_wheels.py --flash-attn-4 .whl/fa4
 #               --folder-mib 56`, then any part carrying .whl/fa4/1 (its copy is kept in PEER_CACHE), then this one
 #               carrying .whl/fa4/2); arguments go to the benchmark, e.g. `flash_attn4 --sparsities 0.95`
+#   flash_attn4_14b  benchmark attention_flash_attn4_14b (the same at Wan 14B 720p, 95%), flash-attn-4 as above
+#   flash_attn4_api  benchmark predict_api_flash_attn4 (prediction + forward through the public API on the Triton
+#               kernels and on flash-attn-4 against dense cuDNN, Wan 1.3B and 14B), flash-attn-4 as above
+#   e2e13b_flash_attn4  the GPU tests of backend="flash_attn4", then benchmark e2e_13b_flash_attn4 (the whole Wan
+#               1.3B transformer at 95% on 128x128 blocks, dense against the Triton kernels and flash-attn-4, eager
+#               and compiled); flash-attn-4 as above (its folders carried by earlier calls on the same machine), and
+#               diffusers' wheels installed as for the other e2e parts; arguments go to the benchmark, e.g.
+#               `e2e13b_flash_attn4 --compile eager`
 #   peers_build compile SpargeAttn for sm90 from the sources peer_wheels.py packed (--spargeattn-git) into .peers,
 #               which `peers` then uses (a separate call on the same warm machine: the build takes minutes)
 #   tests       GPU tests (one fixed config per kernel, no tuning)
@@ -117,7 +125,7 @@ OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
 PARTS="kernels|fp8|quantizer|int8_limits|quantized_quality|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|per_head_study|calibrate|training|training_full|training_shift|training_seeds|synthetic|calibrated_students|motion|\
-demo_student|peers|flash_attn4|peers_build|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_quantized|e2e13b_modes|e2e14b|e2e14b_compiled|\
+demo_student|peers|flash_attn4|flash_attn4_14b|flash_attn4_api|e2e13b_flash_attn4|peers_build|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_quantized|e2e13b_modes|e2e14b|e2e14b_compiled|\
 families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_mochi|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
 shift
@@ -160,6 +168,10 @@ install_peer_wheels() {  # the wheels of .whl/peers into .peers (pip), and flash
     paths=$("$PYTHON" -c "import site, sys; before = set(sys.path); site.addsitedir('$PEER_CACHE/site'); \
 site.addsitedir('$PWD/.peers'); print(':'.join(p for p in sys.path if p not in before))")
     export PYTHONPATH=$paths:${PYTHONPATH:-} PATH=$PWD/.peers/bin:$PATH
+}
+flash_attn4_tests() {  # the GPU tests of backend="flash_attn4" (flash-attn-4 on the paths: install_peer_wheels)
+    step flash_attn4_tests "${TEST_SECONDS:-200}" "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu \
+        --durations=5 tests/test_flash_attn4.py
 }
 claims_variant() {  # claims_variant NAME MINUTES GRID_ARGS...: a variant of the claims grid in OUT/claims_NAME,
     local name=$1 minutes=$2; shift 2  # calibrated as the slice grid was (its masks do not depend on the students)
@@ -274,8 +286,20 @@ peers_build)  # SpargeAttn compiled (sm90 only) from .whl/peers/spargeattn-src.t
 flash_attn4)  # env BENCH_SECONDS (270) and TEST_SECONDS (200) bound the two steps; arguments go to the benchmark
     install_peer_wheels  # flash-attn-4 compiles its kernels at first use (about half a minute per shape)
     bench attention_flash_attn4 "${BENCH_SECONDS:-270}" "$@"
-    step flash_attn4_tests "${TEST_SECONDS:-200}" "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu \
-        --durations=5 tests/test_flash_attn4.py
+    flash_attn4_tests
+    ;;
+flash_attn4_14b)
+    install_peer_wheels
+    bench attention_flash_attn4_14b "${BENCH_SECONDS:-300}" "$@"
+    ;;
+flash_attn4_api)
+    install_peer_wheels
+    bench predict_api_flash_attn4 300 "$@"
+    ;;
+e2e13b_flash_attn4)  # env TEST_SECONDS (200) and BENCH_SECONDS (460) bound the two steps
+    install_peer_wheels
+    flash_attn4_tests
+    bench e2e_13b_flash_attn4 "${BENCH_SECONDS:-460}" "$@"
     ;;
 peers)  # the peers' wheels from `python scripts/peer_wheels.py --out .whl/peers`, carried in .whl
     install_peer_wheels  # SpargeAttn is in .peers too, where peers_build compiled it

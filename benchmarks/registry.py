@@ -56,6 +56,11 @@ BENCHMARKS = {
         "128x64 and 128x128 tiles; forward + backward too (flash-attn-4's on 128x128)",
         ("--peers", "flash-attn-4", "--shapes", "wan1.3b-480p-64,wan1.3b-480p", "--blocks", "128x64,128x128",
          "--backward")),
+    "attention_flash_attn4_14b": Benchmark(
+        "benchmarks.bench_attention_peers",
+        "the same at Wan 14B 720p (75,600 tokens), 95%",
+        ("--peers", "flash-attn-4", "--shapes", "wan14b-720p", "--sparsities", "0.95", "--blocks", "128x64,128x128",
+         "--backward")),
     "attention_cpu": Benchmark(
         "benchmarks.bench_attention_cpu",
         "CPU attention at the built-in demo's shape: the gather backend vs dense SDPA and the reference backend"),
@@ -75,6 +80,12 @@ BENCHMARKS = {
         "benchmarks.bench_predict",
         "predict_mask + block_sparse_attention through the public API vs the forward alone (Wan 1.3B shape)",
         ("--parts", "api", "--shapes", "wan1.3b", "--recall-grid", "none")),
+    "predict_api_flash_attn4": Benchmark(
+        "benchmarks.bench_predict",
+        "predict_mask (top-k 5%) + block_sparse_attention through the public API on the Triton kernels and on "
+        "flash-attn-4 (installed), against dense cuDNN; Wan 1.3B and 14B, 128x128 blocks",
+        ("--parts", "api", "--shapes", "wan1.3b,wan14b", "--recall-grid", "none", "--blocks", "128x128",
+         "--api-rules", "topk", "--api-backends", "triton,flash_attn4")),
     "predict_per_head": Benchmark(
         "benchmarks.bench_predict_per_head",
         "per-head vs scalar top-k 5% plans, Wan 1.3B and 14B: predict and predict + forward, eager and compiled"),
@@ -101,6 +112,12 @@ BENCHMARKS = {
         "benchmarks.bench_e2e",
         "Wan 1.3B forward at 95%, eager and torch.compile (default mode): dense against bf16 and int8 sparse",
         ("--models", "wan1.3b", "--sparsity", "0.95", "--compile", "eager,default", "--precision", "native,int8")),
+    "e2e_13b_flash_attn4": Benchmark(
+        "benchmarks.bench_e2e",
+        "Wan 1.3B forward at 95% on 128x128 blocks, eager and torch.compile (default mode): dense against sparse on "
+        "the Triton kernels and on flash-attn-4 (installed)",
+        ("--models", "wan1.3b", "--sparsity", "0.95", "--block-k", "128", "--compile", "eager,default", "--backend",
+         "triton,flash_attn4")),
     "e2e_14b": Benchmark(
         "benchmarks.bench_e2e",
         "Wan 14B 720p forward at 95%, eager, dense against sparse",

@@ -36,14 +36,15 @@ DROPPED_SOURCE_DIRS = ("/csrc/", "/kernel_src/", "flashinfer/experimental/")
 # What SpargeAttn's setup.py builds from (its examples, assets and evaluation videos left out).
 SPARGEATTN_PATHS = ("setup.py", "LICENSE", "README.md", "requirements.txt", "csrc", "spas_sage_attn", "tools")
 SPARGEATTN_ARCHIVE = "spargeattn-src.tar.gz"
-# flash-attn-4 and what it imports beyond PyTorch and FlashInfer's requirements (apache-tvm-ffi, einops); the CUTLASS
-# DSL's CUDA 13 build, as the GPU machine's PyTorch is.
+# flash-attn-4 and what it imports beyond PyTorch (apache-tvm-ffi and einops too, which the peers' wheels also hold:
+# each set installs alone); the CUTLASS DSL's CUDA 13 build, as the GPU machine's PyTorch is.
 # The DSL's Python package (``cutlass.cute``) is in libs-core, which imports the CUDA driver's Python bindings
 # (cuda-bindings 13.0, the GPU machine's driver and PyTorch build) and protobuf.
 FLASH_ATTN4_PACKAGES = ("flash-attn-4==4.0.0b40", "nvidia-cutlass-dsl==4.8.1", "nvidia-cutlass-dsl-libs-base==4.8.1",
                         "nvidia-cutlass-dsl-libs-core==4.8.1", "nvidia-cutlass-dsl-libs-cu13==4.8.1",
                         "quack-kernels==0.6.5", "torch-c-dlpack-ext==0.1.5", "cuda-bindings==13.0.3",
-                        "cuda-pathfinder==1.9.1", "protobuf==7.36.2")
+                        "cuda-pathfinder==1.9.1", "protobuf==7.36.2", "apache-tvm-ffi==0.1.15.post2",
+                        "einops==0.8.2")
 PART_SUFFIX = ".part"
 
 

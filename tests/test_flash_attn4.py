@@ -11,7 +11,8 @@ import torch
 
 import sparsevid as sv
 from oracles import GPU_ATTENTION_CASES, dense_masked_attention, rel_err
-from sparsevid.ops.flash_attn4 import flash_attn4_tables
+from sparsevid.ops import attention
+from sparsevid.ops.flash_attn4 import flash_attn4_problem, flash_attn4_runs, flash_attn4_tables
 
 
 def test_the_tables_are_the_masks_kept_tiles_as_full_blocks_and_no_partial_ones():
@@ -52,6 +53,14 @@ def test_what_it_cannot_run_is_refused_with_a_clear_error(change, error, match):
     q, k, v, mask = _cpu_inputs(**change)
     with pytest.raises(error, match=match):
         sv.block_sparse_attention(q, k, v, mask, backend="flash_attn4")
+
+
+def test_auto_takes_it_only_where_it_runs_the_call():
+    q, k, v, mask = _cpu_inputs()
+    assert isinstance(flash_attn4_problem(q, k, v, mask), ValueError) and not flash_attn4_runs(q, k, v, mask)
+    assert isinstance(flash_attn4_problem(q.float(), k.float(), v.float(), mask), TypeError)
+    assert attention._resolve_call_backend("auto", q, k, v, mask, False) == "gather"
+    assert attention._resolve_call_backend("triton", q, k, v, mask, False) == "triton"
 
 
 def test_a_config_takes_it_and_predicts_its_masks_with_the_default_predictor():
@@ -179,3 +188,52 @@ def test_compiled_call_matches_eager():
     attend = lambda q, k, v: sv.block_sparse_attention(q, k, v, mask, backend="flash_attn4")  # noqa: E731
     compiled = torch.compile(attend, fullgraph=True)
     assert torch.equal(compiled(q, k, v), attend(q, k, v))
+
+
+class _Calls:
+    """flash_attn4_attention as block_sparse_attention calls it, counting the calls."""
+
+    def __init__(self, monkeypatch):
+        self.count, self._real = 0, attention.flash_attn4_attention
+        monkeypatch.setattr(attention, "flash_attn4_attention", self)
+
+    def __call__(self, *args):
+        self.count += 1
+        return self._real(*args)
+
+
+@pytest.mark.gpu
+def test_auto_runs_it_where_it_can_and_triton_for_the_rest(monkeypatch):
+    _hopper_with_flash_attn4()
+    calls = _Calls(monkeypatch)
+    mask = sv.random_block_mask(1, 2, 2048, 2048, 0.7, 128, 64, device="cuda")
+    q, k, v = (torch.randn(1, 2, 2048, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    assert torch.equal(sv.block_sparse_attention(q, k, v, mask), sv.block_sparse_attention(q, k, v, mask,
+                                                                                           backend="flash_attn4"))
+    assert calls.count == 2
+    sv.block_sparse_attention(q, k, v, mask, return_tile_mass=True)  # tile masses: Triton's kernel
+    sv.block_sparse_attention(q.float(), k.float(), v.float(), mask)  # float32: Triton
+    trainable = [t.clone().requires_grad_() for t in (q, k, v)]  # gradients on 128x64 blocks: Triton
+    out = sv.block_sparse_attention(*trainable, mask)
+    assert calls.count == 2
+    assert torch.equal(out, sv.block_sparse_attention(q, k, v, mask, backend="triton"))
+
+
+@pytest.mark.gpu
+def test_a_mask_broadcast_over_batch_and_heads():
+    _hopper_with_flash_attn4()
+    mask = sv.random_block_mask(1, 1, 1500, 1500, 0.6, 128, 128, device="cuda")
+    q, k, v = (torch.randn(2, 3, 1500, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    grad_out = torch.randn_like(q)
+    out = sv.block_sparse_attention(q, k, v, mask, backend="flash_attn4")
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_out = sv.block_sparse_attention(*ref_in, mask, backend="reference")
+    ref_grads = torch.autograd.grad(ref_out, ref_in, grad_out.double())
+    low_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    low_out = dense_masked_attention(*low_in, mask, compute_dtype=torch.bfloat16)[0]
+    low_grads = torch.autograd.grad(low_out, low_in, grad_out)
+    assert rel_err(out, ref_out) <= 2 * rel_err(low_out, ref_out)
+    for g, low, ref in zip(grads, low_grads, ref_grads):
+        assert rel_err(g, ref) <= 3 * rel_err(low, ref)

@@ -8,7 +8,9 @@ Backends:
     "reference"  plain PyTorch, dense masked scores chunked over query blocks, on any device: the oracle;
     "flash_attn4"  flash-attn-4's block-sparse forward and backward (optional dependency; Hopper, bf16/fp16):
                  FlashAttention-3's warp-specialised schedule on the mask's own tables (:mod:`.flash_attn4`);
-    "auto"       "triton" on CUDA, "gather" elsewhere.
+    "auto"       "flash_attn4" where it can run the call (a Hopper GPU with flash-attn-4 installed, bf16/fp16, and
+                 with gradients, blocks its backward tiles; no tile masses asked for): it is the faster of the two
+                 there (docs/performance.md); else "triton" on CUDA, "gather" elsewhere.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import functools
 
 import torch
 
-from .flash_attn4 import check_flash_attn4_request, flash_attn4_attention
+from .flash_attn4 import check_flash_attn4_request, flash_attn4_attention, flash_attn4_runs
 from .fp8 import check_fp8_device, check_fp8_head_dim
 from .fp8_reference import fp8_reference_attention
 from .int8 import check_int8_head_dim
@@ -229,8 +231,16 @@ def _check_inputs(q, k, v, mask, scale, backend) -> None:
 
 
 def resolve_backend(backend: str, q: torch.Tensor) -> str:
-    """The backend "auto" stands for on q's device (others unchanged)."""
+    """The backend "auto" stands for on q's device, before flash-attn-4 is considered (others unchanged)."""
     return resolve_auto(backend, q, "gather")
+
+
+def _resolve_call_backend(backend: str, q, k, v, mask: SparseMask, return_tile_mass: bool) -> str:
+    """The backend a native-precision call runs on: "auto" is "flash_attn4" where that can run the call and no tile
+    masses are asked for, else :func:`resolve_backend`'s."""
+    if backend == "auto" and q.is_cuda and not return_tile_mass and flash_attn4_runs(q, k, v, mask):
+        return "flash_attn4"
+    return resolve_backend(backend, q)
 
 
 def _check_quantized_request(precision: str, backend: str, q, k, v, return_tile_mass: bool) -> None:
@@ -285,7 +295,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
         scale: softmax scale, default ``D ** -0.5``.
         return_lse: also return the row log-sum-exp (natural log), float32 [B, H, N].
         backend: "auto" | "triton" | "flex" | "gather" | "reference" | "flash_attn4" (flash-attn-4 installed, a
-            Hopper GPU, bf16 or fp16; ValueError or ImportError otherwise; gradients as below).
+            Hopper GPU, bf16 or fp16; ValueError or ImportError otherwise; gradients as below). "auto" takes
+            "flash_attn4" where it can run the call (module docstring), else "triton" on CUDA, "gather" elsewhere.
         return_tile_mass: also return the exact softmax mass of every tile, float32 [B, H, QB, KB]: the mean
             over query block i's rows of the probability the row gives key block j (0 for skipped tiles; each
             row-block sums to 1 over its kept tiles, or 0 if it keeps none). Triton, gather and reference backends,
@@ -326,7 +337,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
         _check_quantized_request(precision, backend, q, k, v, return_tile_mass)
         out, lse = _quantized_backend(q, k, v, mask, scale, backend, precision)
         return (out, lse) if return_lse else out
-    backend = resolve_backend(backend, q)
+    backend = _resolve_call_backend(backend, q, k, v, mask, return_tile_mass)
     _check_tile_mass_request(return_tile_mass, backend, q, k, v)
     if backend == "triton":
         out, lse, *mass = _triton_backend(q, k, v, mask, scale, return_tile_mass)
