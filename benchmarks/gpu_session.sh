@@ -169,9 +169,10 @@ install_peer_wheels() {  # the wheels of .whl/peers into .peers (pip), and flash
 site.addsitedir('$PWD/.peers'); print(':'.join(p for p in sys.path if p not in before))")
     export PYTHONPATH=$paths:${PYTHONPATH:-} PATH=$PWD/.peers/bin:$PATH
 }
-flash_attn4_tests() {  # the GPU tests of backend="flash_attn4" (flash-attn-4 on the paths: install_peer_wheels)
-    step flash_attn4_tests "${TEST_SECONDS:-200}" "$PYTHON" -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu \
-        --durations=5 tests/test_flash_attn4.py
+flash_attn4_tests() {  # the GPU tests of backend="flash_attn4" (flash-attn-4 on the paths: install_peer_wheels), one
+    # fixed config per Triton kernel (autotuning the Triton kernels they compare against took minutes)
+    SPARSEVID_AUTOTUNE=off step flash_attn4_tests "${TEST_SECONDS:-200}" "$PYTHON" -m pytest -q -rfE --tb=short \
+        -p no:cacheprovider -m gpu --durations=5 tests/test_flash_attn4.py
 }
 claims_variant() {  # claims_variant NAME MINUTES GRID_ARGS...: a variant of the claims grid in OUT/claims_NAME,
     local name=$1 minutes=$2; shift 2  # calibrated as the slice grid was (its masks do not depend on the students)
