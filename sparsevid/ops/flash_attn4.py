@@ -114,19 +114,26 @@ def _device_problem(device_index: int) -> tuple[str, bool]:
     return "", False
 
 
-@torch.library.custom_op("sparsevid::block_sparse_attn_flash_attn4", mutates_args=())
-def _flash_attn4_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
-                    kv_index: torch.Tensor, q_count: Optional[torch.Tensor], q_index: Optional[torch.Tensor],
-                    block_q: int, block_k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _flash_attn4_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
+                         kv_index: torch.Tensor, block_q: int, block_k: int,
+                         scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash-attn-4's block-sparse forward on the kv tables: out [B, H, N, D] (a view of a contiguous [B, N, H, D]
+    tensor) and lse float32 [B, H, N]."""
     from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
     from flash_attn.cute.interface import flash_attn_func
 
     sparse = BlockSparseTensorsTorch(**flash_attn4_tables(kv_count, kv_index), block_size=(block_q, block_k))
-    # flash-attn-4 takes [B, T, H, D] (sparsevid's [B, H, T, D] as a strided view, no copy) and writes out as a
-    # contiguous [B, N, H, D] tensor, returned as its [B, H, N, D] view; lse float32 [B, H, N]
+    # flash-attn-4 takes [B, T, H, D] (sparsevid's [B, H, T, D] as a strided view, no copy)
     out, lse = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale,
                                block_sparse_tensors=sparse, return_lse=True)
     return out.transpose(1, 2), lse
+
+
+@torch.library.custom_op("sparsevid::block_sparse_attn_flash_attn4", mutates_args=())
+def _flash_attn4_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_count: torch.Tensor,
+                    kv_index: torch.Tensor, q_count: Optional[torch.Tensor], q_index: Optional[torch.Tensor],
+                    block_q: int, block_k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _flash_attn4_forward(q, k, v, kv_count, kv_index, block_q, block_k, scale)
 
 
 @_flash_attn4_op.register_fake
@@ -183,5 +190,11 @@ def flash_attn4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
     q: [B, H, N, D], k, v: [B, H, M, D] (checked by :func:`check_flash_attn4_request`). Returns out [B, H, N, D]
     (q's dtype; a view of a [B, N, H, D] tensor) and lse float32 [B, H, N]. The transposed tables the backward
     reads are made only when gradients are requested."""
-    q_count, q_index = (mask.q_count, mask.q_index) if grad_requested(q, k, v) else (None, None)  # int32 already
-    return _flash_attn4_op(q, k, v, mask.kv_count, mask.kv_index, q_count, q_index, mask.block_q, mask.block_k, scale)
+    if not grad_requested(q, k, v):
+        if not torch.compiler.is_compiling():
+            # Eager inference calls flash-attn-4 directly: the custom ops serve autograd and torch.compile, and their
+            # dispatch costs tens of microseconds of host time per call.
+            return _flash_attn4_forward(q, k, v, mask.kv_count, mask.kv_index, mask.block_q, mask.block_k, scale)
+        return _flash_attn4_op(q, k, v, mask.kv_count, mask.kv_index, None, None, mask.block_q, mask.block_k, scale)
+    return _flash_attn4_op(q, k, v, mask.kv_count, mask.kv_index, mask.q_count, mask.q_index, mask.block_q,
+                           mask.block_k, scale)  # the tables int32 already
