@@ -6,13 +6,15 @@ that of plain PyTorch attention computed in bf16 on the same inputs, each gradie
 """
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
 import sparsevid as sv
 from oracles import GPU_ATTENTION_CASES, dense_masked_attention, rel_err
 from sparsevid.ops import attention
-from sparsevid.ops.flash_attn4 import flash_attn4_problem, flash_attn4_runs, flash_attn4_tables
+from sparsevid.ops.flash_attn4 import _device_problem, flash_attn4_problem, flash_attn4_runs, flash_attn4_tables
 
 
 def test_the_tables_are_the_masks_kept_tiles_as_full_blocks_and_no_partial_ones():
@@ -61,6 +63,33 @@ def test_auto_takes_it_only_where_it_runs_the_call():
     assert isinstance(flash_attn4_problem(q.float(), k.float(), v.float(), mask), TypeError)
     assert attention._resolve_call_backend("auto", q, k, v, mask, False) == "gather"
     assert attention._resolve_call_backend("triton", q, k, v, mask, False) == "triton"
+
+
+class _BrokenInstall:
+    """A meta-path finder for which importing flash_attn fails as a broken install does (not an ImportError)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "flash_attn":
+            raise RuntimeError("CUDA bindings mismatch")
+        return None
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["missing", "broken"])
+def test_a_hopper_gpu_without_a_working_flash_attn4_is_told_to_install_it(monkeypatch, broken):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    for name in [n for n in sys.modules if n.split(".")[0] == "flash_attn"]:
+        monkeypatch.delitem(sys.modules, name)
+    if broken:
+        monkeypatch.setattr(sys, "meta_path", [_BrokenInstall(), *sys.meta_path])
+    else:
+        monkeypatch.setitem(sys.modules, "flash_attn", None)
+    _device_problem.cache_clear()
+    try:
+        problem, missing_package = _device_problem(0)
+    finally:
+        _device_problem.cache_clear()
+    assert missing_package and "pip install flash-attn-4" in problem
+    assert ("RuntimeError: CUDA bindings mismatch" in problem) == broken
 
 
 def test_a_config_takes_it_and_predicts_its_masks_with_the_default_predictor():

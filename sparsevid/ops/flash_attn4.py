@@ -108,9 +108,9 @@ def _device_problem(device_index: int) -> tuple[str, bool]:
                 f"backend='triton'", False)
     try:
         import flash_attn.cute  # noqa: F401
-    except ImportError as error:
+    except Exception as error:  # noqa: BLE001 (a broken install, e.g. mismatched CUDA bindings, raises its own types)
         return ("backend='flash_attn4' needs flash-attn-4 (`pip install flash-attn-4`), which does not import here: "
-                f"{error}", True)
+                f"{type(error).__name__}: {error}", True)
     return "", False
 
 
