@@ -63,7 +63,7 @@ def output_metrics(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 
 def accuracy(q, k, v, mask) -> dict[str, dict[str, float]]:
     """Each quantized precision against the bf16 sparse kernel on the same inputs and mask."""
-    native = sv.block_sparse_attention(q, k, v, mask)
+    native = sv.block_sparse_attention(q, k, v, mask, backend="triton")
     return {p: output_metrics(sv.block_sparse_attention(q, k, v, mask, precision=p), native) for p in QUANTIZED}
 
 
@@ -96,7 +96,7 @@ def time_row(q, k, v, mask, predict, block_q: int, block_k: int) -> dict[str, fl
     x8 = triton_fp8_attention.quantize(q, k, v, block_q, block_k)
     qi, xi = triton_int8_attention.quantize(q, k, v, block_k)
     times = {
-        "bf16_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask)),
+        "bf16_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask, backend="triton")),
         "fp8_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask, precision="fp8")),
         "fp8_kernel_ms": bench(lambda: triton_fp8_attention.fp8_forward(
             x8, mask.kv_count, mask.kv_index, block_q, block_k, d ** -0.5, q)),
@@ -107,7 +107,7 @@ def time_row(q, k, v, mask, predict, block_q: int, block_k: int) -> dict[str, fl
     if predict is not None:
         times["predict_ms"] = bench(predict)
         times["predict_int8_ms"] = bench(lambda: sv.block_sparse_attention(q, k, v, predict(), precision="int8"))
-        times["predict_bf16_ms"] = bench(lambda: sv.block_sparse_attention(q, k, v, predict()))
+        times["predict_bf16_ms"] = bench(lambda: sv.block_sparse_attention(q, k, v, predict(), backend="triton"))
     return times
 
 

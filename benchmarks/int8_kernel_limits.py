@@ -414,12 +414,12 @@ def pairs_label(fold: int, two_term_v: bool = False) -> str:
 def measure(q, k, v, mask, full, bench, variants: str = "all") -> dict:
     """Every timing and error of ``variants`` ("all", "current" or "pairs"; see the module's docstring);
     ``bench`` times a callable in ms."""
-    native, native_full = sv.block_sparse_attention(q, k, v, mask), sv.block_sparse_attention(q, k, v, full)
+    native, native_full = (sv.block_sparse_attention(q, k, v, m, backend="triton") for m in (mask, full))
     qx, x = int8.quantize(q, k, v, mask.block_k)
     blocks = per_block_v_scale(x)
     library = lambda m=mask: int8.int8_forward(qx, x, m.kv_count, m.kv_index, m.block_q, m.block_k,  # noqa: E731
                                                q.shape[-1] ** -0.5, q)
-    result = {"bf16_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask)),
+    result = {"bf16_ms": bench(lambda: sv.block_sparse_attention(q, k, v, mask, backend="triton")),
               "quantize_ms": bench(lambda: int8.quantize(q, k, v, mask.block_k)),
               "library_ms": bench(library), "library_rel_l1": rel_l1(library()[0], native),
               "library_full_ms": bench(lambda: library(full)), "library_full_rel_l1": rel_l1(library(full)[0],

@@ -39,8 +39,9 @@ def write_result(out: str | Path, meta: dict, result: dict, markdown: str, figur
     stem = gpu_slug(meta)
     path = out / f"{stem}.json"
     path.write_text(json.dumps({"meta": meta, **result}, indent=1) + "\n")
-    header = (f"{meta['gpu']}; torch {meta['torch']}, triton {meta['triton']}, diffusers {meta['diffusers']}; "
-              f"commit {meta['commit']}, {meta['time']}.")
+    flash_attn_4 = f", flash-attn-4 {meta['flash_attn_4']}" if meta.get("flash_attn_4") else ""
+    header = (f"{meta['gpu']}; torch {meta['torch']}, triton {meta['triton']}, diffusers {meta['diffusers']}"
+              f"{flash_attn_4}; commit {meta['commit']}, {meta['time']}.")
     (out / f"{stem}.md").write_text(f"{header}\n\n{markdown.strip()}\n")
     png = out / f"{stem}.png"
     if figure is not None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -30,6 +31,14 @@ def _version(module: str) -> str | None:
         return None
 
 
+def _distribution_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` without importing it, or None where it is not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def recorded_args(args) -> dict[str, str]:
     """A command's parsed options as strings for its result record, less ``out``: where this run wrote says
     nothing about what it measured (and names a folder of the machine it ran on)."""
@@ -39,12 +48,13 @@ def recorded_args(args) -> dict[str, str]:
 def run_metadata(device: torch.device | str | None = None, **settings) -> dict:
     """The record every benchmark writes with its results: ``device`` (its type, "cuda" or "cpu"), ``gpu`` (the
     CUDA device's name, else the CPU's), ``torch``, ``triton`` and ``diffusers`` versions (None where not
-    installed), ``python``, ``commit`` (see :func:`git_commit`), ``time`` (UTC, ISO 8601), then the benchmark's
+    installed), ``flash_attn_4`` (its version where installed: ``backend="auto"`` then runs on it where it can),
+    ``python``, ``commit`` (see :func:`git_commit`), ``time`` (UTC, ISO 8601), then the benchmark's
     own ``settings``. ``device``: the device measured; None means the current CUDA device when there is one,
     else the CPU."""
     device = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     return {"device": device.type, "gpu": gpu, "torch": torch.__version__, "triton": _version("triton"),
-            "diffusers": _version("diffusers"), "python": platform.python_version(), "commit": git_commit(),
+            "diffusers": _version("diffusers"), "flash_attn_4": _distribution_version("flash-attn-4"), "python": platform.python_version(), "commit": git_commit(),
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **settings}

@@ -87,7 +87,8 @@ def test_write_result_replaces_the_previous_figure(tmp_path):
 
 def test_run_metadata_names_device_versions_commit_and_time():
     meta = run_metadata("cpu", iters=3)
-    assert {"device", "gpu", "torch", "triton", "diffusers", "python", "commit", "time", "iters"} <= set(meta)
+    assert {"device", "gpu", "torch", "triton", "diffusers", "flash_attn_4", "python", "commit", "time",
+            "iters"} <= set(meta)
     assert meta["iters"] == 3 and meta["commit"] and "T" in meta["time"]
     json.dumps(meta)
 
