@@ -1,7 +1,9 @@
 """Where the quantized forwards' error on Gaussian inputs comes from: P V with P, V or both rounded to e4m3 by the
-kernels' rules (V one power-of-two scale per channel, P cast as P * 448 after the row max is taken off), and with V
-as two e4m3 terms (its rounded value plus the rounded residual: a second fp8 P V product per tile). Everything
-else is exact (float64, dense softmax), so each row isolates one rounding.
+kernels' rules (V one power-of-two scale per channel, P cast as P * 448 after the row max is taken off), with V
+as two e4m3 terms (its rounded value plus the rounded residual: a second fp8 P V product per tile), and with both
+operands as 8-bit integers (P unsigned, round(P * 255) after the row max; V signed, its channel mean taken off and
+one scale per channel: a u8 x s8 product, which Triton's ``tl.dot`` does not take). Everything else is exact
+(float64, dense softmax), so each row isolates one rounding.
 
     python scripts/pv_rounding.py [--tokens 2048] [--heads 4] [--seed 0]
 
@@ -41,12 +43,17 @@ def rounding_errors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[s
     v8 = to_e4m3(v, v_scale)
     residual = v - v8
     v8_lo = to_e4m3(residual, scale_from_amax(residual.abs().amax(dim=2, keepdim=True).float()).double())
+    p_u8 = torch.round(p / row_max * 255) / 255 * row_max
+    v_mean = v.mean(dim=2, keepdim=True)
+    v_step = (v - v_mean).abs().amax(dim=2, keepdim=True) / 127
+    v_i8 = torch.round((v - v_mean) / v_step) * v_step + v_mean
 
     def error(out: torch.Tensor) -> float:
         return float((out - exact).abs().sum() / exact.abs().sum())
 
     return {"P rounded": error(p8 @ v), "V rounded": error(p @ v8), "P and V rounded (the kernels)": error(p8 @ v8),
-            "P rounded, V as two e4m3 terms": error(p8 @ (v8 + v8_lo))}
+            "P rounded, V as two e4m3 terms": error(p8 @ (v8 + v8_lo)),
+            "P as u8, V as int8 per channel": error(p_u8 @ v_i8)}
 
 
 def main() -> int:
