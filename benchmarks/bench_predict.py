@@ -332,7 +332,7 @@ def api_case(name: str, rule_name: str, blocks: tuple[int, int], device, dtype, 
              "predict": lambda: sv.predict_mask(q, k, **rule)}
     row = {"shape": name, "rule_name": rule_name, "B": b, "H": h, "N": n, "D": d, **rule,
            "dtype": str(dtype).removeprefix("torch."), "sparsity": stats.sparsity, "backend": backend,
-           "runs_on": attention._resolve_call_backend(backend, q, k, v, mask, False)}
+           "runs_on": attention.call_backend(q, k, v, mask, backend)}
     measure = functools.partial(median_ms, device=device)
     for label, fn in calls.items():
         row[label] = {"do_bench_ms": measure(fn)}

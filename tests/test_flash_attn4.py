@@ -61,8 +61,8 @@ def test_auto_takes_it_only_where_it_runs_the_call():
     q, k, v, mask = _cpu_inputs()
     assert isinstance(flash_attn4_problem(q, k, v, mask), ValueError) and not flash_attn4_runs(q, k, v, mask)
     assert isinstance(flash_attn4_problem(q.float(), k.float(), v.float(), mask), TypeError)
-    assert attention._resolve_call_backend("auto", q, k, v, mask, False) == "gather"
-    assert attention._resolve_call_backend("triton", q, k, v, mask, False) == "triton"
+    assert attention.call_backend(q, k, v, mask) == "gather"
+    assert attention.call_backend(q, k, v, mask, "triton") == "triton"
 
 
 class _BrokenInstall:

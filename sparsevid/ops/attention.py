@@ -235,9 +235,12 @@ def resolve_backend(backend: str, q: torch.Tensor) -> str:
     return resolve_auto(backend, q, "gather")
 
 
-def _resolve_call_backend(backend: str, q, k, v, mask: SparseMask, return_tile_mass: bool) -> str:
-    """The backend a native-precision call runs on: "auto" is "flash_attn4" where that can run the call and no tile
-    masses are asked for, else :func:`resolve_backend`'s."""
+def call_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask, backend: str = "auto",
+                 return_tile_mass: bool = False) -> str:
+    """The backend a native-precision :func:`block_sparse_attention` call with these arguments runs on: ``backend``
+    itself unless it is "auto", which is "flash_attn4" where that can run the call and no tile masses are asked for,
+    else :func:`resolve_backend`'s choice. (Gradients count as requested when grad mode is on and an input requires
+    grad, as in the call.)"""
     if backend == "auto" and q.is_cuda and not return_tile_mass and flash_attn4_runs(q, k, v, mask):
         return "flash_attn4"
     return resolve_backend(backend, q)
@@ -337,7 +340,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
         _check_quantized_request(precision, backend, q, k, v, return_tile_mass)
         out, lse = _quantized_backend(q, k, v, mask, scale, backend, precision)
         return (out, lse) if return_lse else out
-    backend = _resolve_call_backend(backend, q, k, v, mask, return_tile_mass)
+    backend = call_backend(q, k, v, mask, backend, return_tile_mass)
     _check_tile_mass_request(return_tile_mass, backend, q, k, v)
     if backend == "triton":
         out, lse, *mass = _triton_backend(q, k, v, mask, scale, return_tile_mass)
