@@ -59,10 +59,16 @@ def test_what_it_cannot_run_is_refused_with_a_clear_error(change, error, match):
 
 def test_auto_takes_it_only_where_it_runs_the_call():
     q, k, v, mask = _cpu_inputs()
-    assert isinstance(flash_attn4_problem(q, k, v, mask), ValueError) and not flash_attn4_runs(q, k, v, mask)
-    assert isinstance(flash_attn4_problem(q.float(), k.float(), v.float(), mask), TypeError)
+    assert flash_attn4_problem(q, k, v, mask)[0] is ValueError and not flash_attn4_runs(q, k, v, mask)
+    assert flash_attn4_problem(q.float(), k.float(), v.float(), mask)[0] is TypeError
     assert attention.call_backend(q, k, v, mask) == "gather"
     assert attention.call_backend(q, k, v, mask, "triton") == "triton"
+
+
+def test_auto_asks_whether_it_runs_without_breaking_a_compiled_graph():
+    q, k, v, mask = _cpu_inputs()
+    runs = torch.compile(lambda q, k, v: flash_attn4_runs(q, k, v, mask), backend="eager", fullgraph=True)
+    assert runs(q, k, v) is False
 
 
 class _BrokenInstall:

@@ -52,7 +52,8 @@ def check_flash_attn4_request(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     gradients requested, blocks its backward can tile."""
     problem = flash_attn4_problem(q, k, v, mask)
     if problem is not None:
-        raise problem
+        error_type, message = problem
+        raise error_type(message)
 
 
 def flash_attn4_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask) -> bool:
@@ -60,27 +61,29 @@ def flash_attn4_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Sp
     return flash_attn4_problem(q, k, v, mask) is None
 
 
-def flash_attn4_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask) -> Exception | None:
-    """The error that says why ``backend="flash_attn4"`` cannot run on q, k, v and ``mask``, or None if it can
-    (the checks of :func:`check_flash_attn4_request`, in its order)."""
+def flash_attn4_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        mask: SparseMask) -> tuple[type[Exception], str] | None:
+    """Why ``backend="flash_attn4"`` cannot run on q, k, v and ``mask`` (the error's type and message, the checks of
+    :func:`check_flash_attn4_request` in its order), or None if it can. No exception is made here: torch.compile
+    traces this for ``backend="auto"``."""
     if q.dtype not in FLASH_ATTN4_DTYPES:
-        return TypeError(f"backend='flash_attn4' supports dtypes {FLASH_ATTN4_DTYPES}, got {q.dtype}")
+        return TypeError, f"backend='flash_attn4' supports dtypes {FLASH_ATTN4_DTYPES}, got {q.dtype}"
     head_dim = q.shape[-1]
     if head_dim > MAX_FLASH_ATTN4_HEAD_DIM or head_dim % FLASH_ATTN4_HEAD_DIM_ALIGNMENT:
-        return ValueError(f"backend='flash_attn4' supports head dims that are multiples of "
-                          f"{FLASH_ATTN4_HEAD_DIM_ALIGNMENT} up to {MAX_FLASH_ATTN4_HEAD_DIM}, got {head_dim}")
+        return ValueError, (f"backend='flash_attn4' supports head dims that are multiples of "
+                            f"{FLASH_ATTN4_HEAD_DIM_ALIGNMENT} up to {MAX_FLASH_ATTN4_HEAD_DIM}, got {head_dim}")
     if not q.is_cuda:
-        return ValueError(f"backend='flash_attn4' needs CUDA tensors, q is on {q.device}")
+        return ValueError, f"backend='flash_attn4' needs CUDA tensors, q is on {q.device}"
     problem, missing_package = _device_problem(q.device.index)  # a CUDA tensor's device always has its index
     if problem:
-        return (ImportError if missing_package else ValueError)(problem)
+        return (ImportError if missing_package else ValueError), problem
     if grad_requested(q, k, v):
         tile_q, block_k = flash_attn4_backward_blocks(head_dim, mask.block_q)
         if mask.block_k != block_k or mask.block_q % tile_q:
-            return ValueError(f"backend='flash_attn4' computes gradients at head dim {head_dim} for key blocks of "
-                              f"{block_k} tokens and query blocks a multiple of {tile_q} (its backward's tiles), "
-                              f"got a {mask.block_q}x{mask.block_k} mask: use backend='triton', or call under "
-                              f"torch.no_grad()")
+            return ValueError, (f"backend='flash_attn4' computes gradients at head dim {head_dim} for key blocks of "
+                                f"{block_k} tokens and query blocks a multiple of {tile_q} (its backward's tiles), "
+                                f"got a {mask.block_q}x{mask.block_k} mask: use backend='triton', or call under "
+                                f"torch.no_grad()")
     return None
 
 
