@@ -272,3 +272,22 @@ def test_a_mask_broadcast_over_batch_and_heads():
     assert rel_err(out, ref_out) <= 2 * rel_err(low_out, ref_out)
     for g, low, ref in zip(grads, low_grads, ref_grads):
         assert rel_err(g, ref) <= 3 * rel_err(low, ref)
+
+
+@pytest.mark.gpu
+def test_deterministic_algorithms_keep_gradients_off_its_atomic_backward(monkeypatch):
+    _hopper_with_flash_attn4()
+    calls = _Calls(monkeypatch)
+    mask = sv.random_block_mask(1, 2, 1024, 1024, 0.5, 128, 128, device="cuda")
+    q, k, v = (torch.randn(1, 2, 1024, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    try:
+        torch.use_deterministic_algorithms(True)
+        with pytest.raises(RuntimeError, match="use_deterministic_algorithms"):
+            sv.block_sparse_attention(q, k, v, mask, backend="flash_attn4")
+        out = sv.block_sparse_attention(q, k, v, mask)  # "auto": the Triton kernels
+        assert calls.count == 0 and torch.equal(out, sv.block_sparse_attention(q, k, v, mask, backend="triton"))
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="not deterministic"):
+            sv.block_sparse_attention(q, k, v, mask, backend="flash_attn4")
+    finally:
+        torch.use_deterministic_algorithms(False)

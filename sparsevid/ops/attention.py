@@ -240,8 +240,10 @@ def call_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Sparse
     """The backend a native-precision :func:`block_sparse_attention` call with these arguments runs on: ``backend``
     itself unless it is "auto", which is "flash_attn4" where that can run the call and no tile masses are asked for,
     else :func:`resolve_backend`'s choice. (Gradients count as requested when grad mode is on and an input requires
-    grad, as in the call.)"""
-    if backend == "auto" and q.is_cuda and not return_tile_mass and flash_attn4_runs(q, k, v, mask):
+    grad, as in the call; with gradients under ``torch.use_deterministic_algorithms`` "auto" keeps the Triton kernels,
+    whose backward is deterministic, where flash-attn-4's accumulates dq by atomics.)"""
+    if backend == "auto" and q.is_cuda and not return_tile_mass and flash_attn4_runs(q, k, v, mask) and not (
+            torch.are_deterministic_algorithms_enabled() and grad_requested(q, k, v)):
         return "flash_attn4"
     return resolve_backend(backend, q)
 

@@ -10,11 +10,14 @@ blocks in ascending order, so a ragged last key block is masked where it is kept
 Gradients run flash-attn-4's Hopper backward on the transposed tables (per key block, the query blocks that keep
 it), also as "full" blocks, which it masks at the sequence's end wherever they fall. Its tiles fix the blocks it can
 train with: key blocks exactly its backward tile's width (128 tokens at head dims up to 128) and query blocks a
-multiple of its tile's height (:func:`flash_attn4_backward_blocks`).
+multiple of its tile's height (:func:`flash_attn4_backward_blocks`). Its backward accumulates dq by atomic adds (not
+deterministic): under ``torch.use_deterministic_algorithms(True)`` a request for gradients is refused with a
+RuntimeError (in warn-only mode it runs with a warning), and ``backend="auto"`` keeps the Triton kernels for it.
 """
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Optional
 
 import torch
@@ -54,6 +57,9 @@ def check_flash_attn4_request(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if problem is not None:
         error_type, message = problem
         raise error_type(message)
+    if torch.is_deterministic_algorithms_warn_only_enabled() and grad_requested(q, k, v):
+        warnings.warn("backend='flash_attn4' accumulates dq by atomic adds in no fixed order: its gradients are not "
+                      "deterministic (backend='triton' is)", UserWarning, stacklevel=3)
 
 
 def flash_attn4_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask) -> bool:
