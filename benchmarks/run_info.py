@@ -56,5 +56,6 @@ def run_metadata(device: torch.device | str | None = None, **settings) -> dict:
         "cuda" if torch.cuda.is_available() else "cpu")
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     return {"device": device.type, "gpu": gpu, "torch": torch.__version__, "triton": _version("triton"),
-            "diffusers": _version("diffusers"), "flash_attn_4": _distribution_version("flash-attn-4"), "python": platform.python_version(), "commit": git_commit(),
+            "diffusers": _version("diffusers"), "flash_attn_4": _distribution_version("flash-attn-4"),
+            "python": platform.python_version(), "commit": git_commit(),
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **settings}

@@ -241,9 +241,8 @@ def call_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Sparse
     itself unless it is "auto", which is "flash_attn4" where that can run the call and no tile masses are asked for,
     else :func:`resolve_backend`'s choice. (Gradients count as requested when grad mode is on and an input requires
     grad, as in the call; with gradients under ``torch.use_deterministic_algorithms`` "auto" keeps the Triton kernels,
-    whose backward is deterministic, where flash-attn-4's accumulates dq by atomics.)"""
-    if backend == "auto" and q.is_cuda and not return_tile_mass and flash_attn4_runs(q, k, v, mask) and not (
-            torch.are_deterministic_algorithms_enabled() and grad_requested(q, k, v)):
+    whose backward is deterministic, where flash-attn-4's accumulates dq by atomics: :func:`flash_attn4_runs`.)"""
+    if backend == "auto" and q.is_cuda and not return_tile_mass and flash_attn4_runs(q, k, v, mask):
         return "flash_attn4"
     return resolve_backend(backend, q)
 

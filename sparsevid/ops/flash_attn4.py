@@ -63,8 +63,10 @@ def check_flash_attn4_request(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def flash_attn4_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask) -> bool:
-    """Whether ``backend="flash_attn4"`` can run this call (what ``backend="auto"`` asks before choosing it)."""
-    return flash_attn4_problem(q, k, v, mask) is None
+    """Whether ``backend="auto"`` should run this call on flash-attn-4: it can, and the call does not ask for gradients
+    under ``torch.use_deterministic_algorithms`` (in warn-only mode too; the Triton backward is deterministic)."""
+    deterministic_gradients = torch.are_deterministic_algorithms_enabled() and grad_requested(q, k, v)
+    return not deterministic_gradients and flash_attn4_problem(q, k, v, mask) is None
 
 
 def flash_attn4_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

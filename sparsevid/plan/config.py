@@ -321,7 +321,7 @@ class SparseConfig:
             may be a list with one value per head (a constant budget; ``from_calibration`` makes such lists).
         block_q, block_k: tile sizes in tokens (64 or 128).
         backend: block-sparse attention backend ("auto" | "triton" | "flex" | "gather" | "reference" |
-            "flash_attn4": flash-attn-4's kernels, where it is installed, on Hopper; gradients with 128x128
+            "flash_attn4": flash-attn-4's kernels, where it is installed, on Hopper; gradients with 128-token key
             blocks).
         precision: "native" (the inputs' dtype), "fp8" (e4m3 products) or "int8" (int8 Q K^T, e4m3 P V; see
             ``block_sparse_attention``): the quantized ones are inference only (a forward that needs gradients
