@@ -44,6 +44,10 @@ BENCHMARKS = {
         "benchmarks.int8_kernel_limits",
         "the int8 forward's loop taken apart at Wan 1.3B, 95%: Q quantized before or in the kernel, the logits' "
         "conversion, the promotion of P V, configs; errors against the bf16 kernel at 95% and with the full mask"),
+    "ws_int8_limits": Benchmark(
+        "benchmarks.ws_int8_limits",
+        "the int8 forward warp-specialised in Gluon (a producer warp, two consumer warp groups sharing K/V tiles) "
+        "against the library's Triton int8 forward: agreement on odd shapes, Wan 1.3B at 95%/full and 14B at 95%"),
     "attention_peers": Benchmark(
         "benchmarks.bench_attention_peers",
         "quantized and block-sparse peers (SageAttention, FlashInfer's Hopper block-sparse bf16 and Sage FP8, "
