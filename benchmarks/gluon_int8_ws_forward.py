@@ -120,32 +120,74 @@ if gluon is not None:
                 c += 1
 
     @gluon.jit
-    def _masked_logits(b_s, start, M, o_n):
-        """int32 logits of a sub-tile from key ``start`` as float32 (exact: |logit| <= 127^2 * D < 2^24), keys
-        past M at -inf."""
+    def _logits(b_s, start, M, o_n, MASKED: gl.constexpr):
+        """int32 logits of a sub-tile from key ``start`` as float32 (exact: |logit| <= 127^2 * D < 2^24); where
+        MASKED, keys past M at -inf."""
         b_f = b_s.to(gl.float32)
-        if start + 64 > M:
+        if MASKED:
             b_f = gl.where((start + o_n < M)[None, :], b_f, float("-inf"))
         return b_f
 
     @gluon.jit
-    def _consumer(q_desc, q_smem, q_bar, k_smem, v_smem, ready, empty, QScale, QShift, KScale, VScale, Out, Lse,
-                  KvCount, KvIndex, stride_ob, stride_oh, stride_on, stride_od,
+    def _pair_step(b_m, b_l, b_acc, b_fold, i, c, num_subs, p_index, p_kscale, b_rs, q_smem, p_smem, k_smem, v_smem,
+                   ready, empty, M, o_n, s_zero, o_zero, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                   MASKED: gl.constexpr):
+        """Pair i of the row (pair c over the program's items): issue the pair before's P V (P from p_smem, from
+        zero) and this pair's Q K^T, fold that P V into the accumulator while Q K^T runs, then the softmax, whose
+        P (e4m3) goes to p_smem for the next step. MASKED: the row's last pair, whose keys past M and, in a row
+        with an odd number of sub-tiles, whose second sub-tile (the first loaded again) weigh 0."""
+        block_a, start_a = _sub_block(p_index, 2 * i, BLOCK_N)
+        block_b, start_b = _sub_block(p_index, gl.minimum(2 * i + 1, num_subs - 1), BLOCK_N)
+        rs_a = b_rs * gl.load(p_kscale + block_a)
+        rs_b = b_rs * gl.load(p_kscale + block_b)
+        slot = c % NUM_STAGES
+        prev = (c - (i > 0).to(gl.int32)) % NUM_STAGES  # the pair before's slot (this one's at i = 0)
+        mbarrier.wait(ready.index(slot), (c // NUM_STAGES) & 1)
+        pv = warpgroup_mma(p_smem.index(0), v_smem.index(2 * prev).permute((1, 0)), o_zero, use_acc=False,
+                           is_async=True)
+        pv = warpgroup_mma(p_smem.index(1), v_smem.index(2 * prev + 1).permute((1, 0)), pv, is_async=True)
+        s_a = warpgroup_mma(q_smem, k_smem.index(2 * slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_b = warpgroup_mma(q_smem, k_smem.index(2 * slot + 1).permute((1, 0)), s_zero, use_acc=False,
+                            is_async=True)
+        b_pv = warpgroup_mma_wait(2, deps=[pv])
+        mbarrier.arrive(empty.index(prev), pred=i > 0)  # the pair before's tiles are no longer read
+        b_acc = gl.fma(b_acc, b_fold[:, None], b_pv)
+        b_sa, b_sb = warpgroup_mma_wait(0, deps=[s_a, s_b])
+
+        b_fa = _logits(b_sa, start_a, M, o_n, MASKED)
+        b_fb = _logits(b_sb, start_b, M, o_n, MASKED)
+        if MASKED:
+            if 2 * i + 1 >= num_subs:
+                b_fb = gl.full(b_fb.shape, float("-inf"), gl.float32, b_fb.type.layout)
+        b_m_new = gl.maximum(b_m, gl.maximum(gl.max(b_fa, 1) * rs_a, gl.max(b_fb, 1) * rs_b) - _LOG2_P_SCALE)
+        p_a = gl.exp2(gl.fma(b_fa, rs_a[:, None], -b_m_new[:, None]))
+        p_b = gl.exp2(gl.fma(b_fb, rs_b[:, None], -b_m_new[:, None]))
+        b_alpha = gl.exp2(b_m - b_m_new)
+        b_l = b_l * b_alpha + gl.sum(p_a, 1) + gl.sum(p_b, 1)
+        p_smem.index(0).store(p_a.to(gl.float8e4nv))
+        p_smem.index(1).store(p_b.to(gl.float8e4nv))
+        fence_async_shared()
+        return b_m_new, b_l, b_acc, gl.convert_layout(b_alpha, b_fold.type.layout)
+
+    @gluon.jit
+    def _consumer(q_desc, q_smem, q_bar, p_smem, k_smem, v_smem, ready, empty, QScale, QShift, KScale, VScale, Out,
+                  Lse, KvCount, KvIndex, stride_ob, stride_oh, stride_on, stride_od,
                   stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
                   H, N, M, NUM_KV_BLOCKS, ROW_GROUPS, TOTAL, scale_log2,
                   HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   NUM_STAGES: gl.constexpr):
-        """Rows HALF * 64 to HALF * 64 + 63 of every item: the online softmax over the pairs the producer loads."""
+        """Rows HALF * 64 to HALF * 64 + 63 of every item: the online softmax over the pairs the producer loads;
+        P passes through p_smem (two e4m3 [64, 64] tiles), the left operand of the next step's P V."""
         WARPS: gl.constexpr = gl.num_warps()
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                            instr_shape=[16, 64, 32])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                            instr_shape=[16, HEAD_DIM, 32])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         s_zero = gl.zeros([64, 64], gl.int32, s_layout)
         o_zero = gl.zeros([64, HEAD_DIM], gl.float32, o_layout)
+        p_zero = gl.zeros([64, 64], gl.float32, s_layout).to(gl.float8e4nv)
         o_n = gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
         o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
 
@@ -162,57 +204,30 @@ if gluon is not None:
             p_rows = pid_bh.to(gl.int64) * N + o_m
             b_rs = gl.load(QScale + p_rows, mask=o_m < N, other=1.0) * scale_log2
             p_kscale = KScale + pid_bh.to(gl.int64) * NUM_KV_BLOCKS
-
             b_m = gl.full([64], float("-inf"), gl.float32, row_s)
             b_l = gl.zeros([64], gl.float32, row_s)
             b_acc = gl.zeros([64, HEAD_DIM], gl.float32, o_layout)
             b_fold = gl.zeros([64], gl.float32, row_o)
-            # P of the pair before (zeros before the first: its product with the first pair's V adds nothing)
-            b_pa = gl.convert_layout(gl.zeros([64, 64], gl.float32, s_layout).to(gl.float8e4nv), p_layout)
-            b_pb = b_pa
+            # P before the first pair: zeros (its product with the first pair's V adds nothing)
+            p_smem.index(0).store(p_zero)
+            p_smem.index(1).store(p_zero)
+            fence_async_shared()
             mbarrier.wait(q_bar, item & 1)
             num_pairs = (num_subs + 1) // 2
-            for i in range(num_pairs):
-                block_a, start_a = _sub_block(p_index, 2 * i, BLOCK_N)
-                block_b, start_b = _sub_block(p_index, gl.minimum(2 * i + 1, num_subs - 1), BLOCK_N)
-                ks_a = gl.load(p_kscale + block_a)
-                ks_b = gl.load(p_kscale + block_b)
-                slot = c % NUM_STAGES
-                prev = (c - (i > 0).to(gl.int32)) % NUM_STAGES  # the pair before's slot (this one's at i = 0)
-                mbarrier.wait(ready.index(slot), (c // NUM_STAGES) & 1)
-                pv = warpgroup_mma(b_pa, v_smem.index(2 * prev).permute((1, 0)), o_zero, use_acc=False,
-                                   is_async=True)
-                pv = warpgroup_mma(b_pb, v_smem.index(2 * prev + 1).permute((1, 0)), pv, is_async=True)
-                s_a = warpgroup_mma(q_smem, k_smem.index(2 * slot).permute((1, 0)), s_zero, use_acc=False,
-                                    is_async=True)
-                s_b = warpgroup_mma(q_smem, k_smem.index(2 * slot + 1).permute((1, 0)), s_zero, use_acc=False,
-                                    is_async=True)
-                b_pv = warpgroup_mma_wait(2, deps=[pv])
-                mbarrier.arrive(empty.index(prev), pred=i > 0)  # the pair before's tiles are no longer read
-                b_acc = gl.fma(b_acc, b_fold[:, None], b_pv)
-                b_sa, b_sb = warpgroup_mma_wait(0, deps=[s_a, s_b])
-
-                b_fa = _masked_logits(b_sa, start_a, M, o_n)
-                b_fb = _masked_logits(b_sb, start_b, M, o_n)
-                if 2 * i + 1 >= num_subs:  # an odd row's last pair: its second sub-tile is the first again
-                    b_fb = gl.full([64, 64], float("-inf"), gl.float32, s_layout)
-                rs_a = b_rs * ks_a
-                rs_b = b_rs * ks_b
-                b_m_new = gl.maximum(b_m, gl.maximum(gl.max(b_fa, 1) * rs_a, gl.max(b_fb, 1) * rs_b) - _LOG2_P_SCALE)
-                p_a = gl.exp2(gl.fma(b_fa, rs_a[:, None], -b_m_new[:, None]))
-                p_b = gl.exp2(gl.fma(b_fb, rs_b[:, None], -b_m_new[:, None]))
-                b_alpha = gl.exp2(b_m - b_m_new)
-                b_l = b_l * b_alpha + gl.sum(p_a, 1) + gl.sum(p_b, 1)
-                b_m = b_m_new
-                b_fold = gl.convert_layout(b_alpha, row_o)
-                b_pa = gl.convert_layout(p_a.to(gl.float8e4nv), p_layout)
-                b_pb = gl.convert_layout(p_b.to(gl.float8e4nv), p_layout)
+            for i in range(num_pairs - 1):
+                b_m, b_l, b_acc, b_fold = _pair_step(b_m, b_l, b_acc, b_fold, i, c, num_subs, p_index, p_kscale,
+                                                     b_rs, q_smem, p_smem, k_smem, v_smem, ready, empty, M, o_n,
+                                                     s_zero, o_zero, BLOCK_N, NUM_STAGES, False)
                 c += 1
-            if num_pairs > 0:  # the last pair's product
-                last = (c - 1) % NUM_STAGES
-                pv = warpgroup_mma(b_pa, v_smem.index(2 * last).permute((1, 0)), o_zero, use_acc=False,
+            if num_pairs > 0:  # the last pair, masked, then its product
+                b_m, b_l, b_acc, b_fold = _pair_step(b_m, b_l, b_acc, b_fold, num_pairs - 1, c, num_subs, p_index,
+                                                     p_kscale, b_rs, q_smem, p_smem, k_smem, v_smem, ready, empty, M,
+                                                     o_n, s_zero, o_zero, BLOCK_N, NUM_STAGES, True)
+                last = c % NUM_STAGES
+                c += 1
+                pv = warpgroup_mma(p_smem.index(0), v_smem.index(2 * last).permute((1, 0)), o_zero, use_acc=False,
                                    is_async=True)
-                pv = warpgroup_mma(b_pb, v_smem.index(2 * last + 1).permute((1, 0)), pv, is_async=True)
+                pv = warpgroup_mma(p_smem.index(1), v_smem.index(2 * last + 1).permute((1, 0)), pv, is_async=True)
                 b_pv = warpgroup_mma_wait(0, deps=[pv])
                 mbarrier.arrive(empty.index(last))
                 b_acc = gl.fma(b_acc, b_fold[:, None], b_pv)
@@ -241,6 +256,9 @@ if gluon is not None:
         every num_programs-th; q8 by descriptor over [B*H*N, D] (64-row boxes), k8 over [B*H*M, D], v8 over
         [B*H*D, M] (tokens contiguous). Writes Out [B, H, N, D] (any strides) and Lse float32 [B, H, N]."""
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float8e4nv)
+        p_smem0 = gl.allocate_shared_memory(gl.float8e4nv, [2, 64, 64], p_layout)
+        p_smem1 = gl.allocate_shared_memory(gl.float8e4nv, [2, 64, 64], p_layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [2 * NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
         q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -255,11 +273,11 @@ if gluon is not None:
 
         # (the partitions' argument tuples written out: a tuple concatenation would unwrap the constexprs)
         gl.warp_specialize([
-            (_consumer, (q_desc, q_smem.index(0), q_bars.index(0), k_smem, v_smem, ready, empty, QScale, QShift,
+            (_consumer, (q_desc, q_smem.index(0), q_bars.index(0), p_smem0, k_smem, v_smem, ready, empty, QScale, QShift,
                          KScale, VScale, Out, Lse, KvCount, KvIndex, stride_ob, stride_oh, stride_on, stride_od,
                          stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, H, N, M, NUM_KV_BLOCKS, ROW_GROUPS,
                          TOTAL, scale_log2, 0, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES)),
-            (_consumer, (q_desc, q_smem.index(1), q_bars.index(1), k_smem, v_smem, ready, empty, QScale, QShift,
+            (_consumer, (q_desc, q_smem.index(1), q_bars.index(1), p_smem1, k_smem, v_smem, ready, empty, QScale, QShift,
                          KScale, VScale, Out, Lse, KvCount, KvIndex, stride_ob, stride_oh, stride_on, stride_od,
                          stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, H, N, M, NUM_KV_BLOCKS, ROW_GROUPS,
                          TOTAL, scale_log2, 1, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES)),
