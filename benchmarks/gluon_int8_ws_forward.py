@@ -92,25 +92,36 @@ if gluon is not None:
         return block, block * BLOCK_N + (t % SUBS) * 64
 
     @gluon.jit
-    def _producer(k_desc, v_desc, k_smem, v_smem, ready, empty, KvCount, KvIndex,
+    def _producer(k_desc, v_desc, k_smem, v_smem, meta_smem, ready, empty, KScale, KvCount, KvIndex,
                   stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, H, M, NUM_KV_BLOCKS, ROW_GROUPS, TOTAL,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-        """TMA loads of every item's pairs of sub-tiles into the slots, in the consumers' order."""
+        """TMA loads of every item's pairs of sub-tiles into the slots, in the consumers' order, and each pair's
+        K scales and first keys into meta_smem (float32 [NUM_STAGES, 4]: scale a, scale b, key a, key b), so
+        that the consumers read no global memory in their loop."""
         nbytes: gl.constexpr = 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        meta_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, gl.num_warps()], [1, 0])
+        o_meta = gl.arange(0, 4, layout=gl.SliceLayout(0, meta_layout))[None, :]
         c = 0  # pairs issued so far (over all items): slot c % NUM_STAGES, its use number c // NUM_STAGES
         for w in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
             pid_bh, i_b, i_h, row0 = _work_item(w, ROW_GROUPS, H)
             p_index, num_subs = _row_schedule(KvCount, KvIndex, i_b, i_h, row0 // BLOCK_M, stride_cb, stride_ch,
                                               stride_ib, stride_ih, stride_ir, NUM_KV_BLOCKS, M, BLOCK_N)
+            p_kscale = KScale + pid_bh.to(gl.int64) * NUM_KV_BLOCKS
             kv_row0 = pid_bh * M
             vd_row0 = pid_bh * HEAD_DIM
             for i in range((num_subs + 1) // 2):
+                block_a, start_a = _sub_block(p_index, 2 * i, BLOCK_N)
+                # an odd row's last pair loads its one sub-tile twice (finite values; the consumers weigh it 0)
+                block_b, start_b = _sub_block(p_index, gl.minimum(2 * i + 1, num_subs - 1), BLOCK_N)
+                ks_a = gl.load(p_kscale + block_a)
+                ks_b = gl.load(p_kscale + block_b)
                 slot = c % NUM_STAGES
                 # a fresh barrier counts as having completed the phase before 0: the first round does not wait
                 mbarrier.wait(empty.index(slot), ((c // NUM_STAGES) & 1) ^ 1)
-                _, start_a = _sub_block(p_index, 2 * i, BLOCK_N)
-                # an odd row's last pair loads its one sub-tile twice (finite values; the consumers weigh it 0)
-                _, start_b = _sub_block(p_index, gl.minimum(2 * i + 1, num_subs - 1), BLOCK_N)
+                meta = gl.where(o_meta == 0, ks_a, gl.where(o_meta == 1, ks_b, gl.where(
+                    o_meta == 2, start_a.to(gl.float32), start_b.to(gl.float32))))
+                meta_smem.index(slot).store(meta)
+                gl.thread_barrier()  # every lane's store before the arrival that releases the slot
                 bar = ready.index(slot)
                 mbarrier.expect(bar, nbytes)
                 _tma_load(k_desc, [kv_row0 + start_a, 0], bar, k_smem.index(2 * slot))
@@ -129,20 +140,26 @@ if gluon is not None:
         return b_f
 
     @gluon.jit
-    def _pair_step(b_m, b_l, b_acc, b_fold, i, c, num_subs, p_index, p_kscale, b_rs, q_smem, p_smem, k_smem, v_smem,
-                   ready, empty, M, o_n, s_zero, o_zero, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                   MASKED: gl.constexpr):
+    def _entry(meta, o_meta, j: gl.constexpr):
+        """Entry j of a pair's [1, 4] record (every thread holds all of it) as a scalar."""
+        return gl.sum(gl.sum(gl.where(o_meta == j, meta, 0.0), 1), 0)
+
+    @gluon.jit
+    def _pair_step(b_m, b_l, b_acc, b_fold, i, c, num_subs, b_rs, q_smem, p_smem, k_smem, v_smem, meta_smem,
+                   ready, empty, M, o_n, s_zero, o_zero, NUM_STAGES: gl.constexpr, MASKED: gl.constexpr):
         """Pair i of the row (pair c over the program's items): issue the pair before's P V (P from p_smem, from
         zero) and this pair's Q K^T, fold that P V into the accumulator while Q K^T runs, then the softmax, whose
         P (e4m3) goes to p_smem for the next step. MASKED: the row's last pair, whose keys past M and, in a row
         with an odd number of sub-tiles, whose second sub-tile (the first loaded again) weigh 0."""
-        block_a, start_a = _sub_block(p_index, 2 * i, BLOCK_N)
-        block_b, start_b = _sub_block(p_index, gl.minimum(2 * i + 1, num_subs - 1), BLOCK_N)
-        rs_a = b_rs * gl.load(p_kscale + block_a)
-        rs_b = b_rs * gl.load(p_kscale + block_b)
         slot = c % NUM_STAGES
         prev = (c - (i > 0).to(gl.int32)) % NUM_STAGES  # the pair before's slot (this one's at i = 0)
         mbarrier.wait(ready.index(slot), (c // NUM_STAGES) & 1)
+        # the pair's K scales and first keys, as the producer wrote them (every thread holds all four)
+        meta_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, gl.num_warps()], [1, 0])
+        meta = meta_smem.index(slot).load(meta_layout)
+        o_meta = gl.arange(0, 4, layout=gl.SliceLayout(0, meta_layout))[None, :]
+        rs_a = b_rs * _entry(meta, o_meta, 0)
+        rs_b = b_rs * _entry(meta, o_meta, 1)
         pv = warpgroup_mma(p_smem.index(0), v_smem.index(2 * prev).permute((1, 0)), o_zero, use_acc=False,
                            is_async=True)
         pv = warpgroup_mma(p_smem.index(1), v_smem.index(2 * prev + 1).permute((1, 0)), pv, is_async=True)
@@ -154,6 +171,12 @@ if gluon is not None:
         b_acc = gl.fma(b_acc, b_fold[:, None], b_pv)
         b_sa, b_sb = warpgroup_mma_wait(0, deps=[s_a, s_b])
 
+        if MASKED:
+            start_a = _entry(meta, o_meta, 2).to(gl.int32)
+            start_b = _entry(meta, o_meta, 3).to(gl.int32)
+        else:
+            start_a = 0
+            start_b = 0
         b_fa = _logits(b_sa, start_a, M, o_n, MASKED)
         b_fb = _logits(b_sb, start_b, M, o_n, MASKED)
         if MASKED:
@@ -170,7 +193,7 @@ if gluon is not None:
         return b_m_new, b_l, b_acc, gl.convert_layout(b_alpha, b_fold.type.layout)
 
     @gluon.jit
-    def _consumer(q_desc, q_smem, q_bar, p_smem, k_smem, v_smem, ready, empty, QScale, QShift, KScale, VScale, Out,
+    def _consumer(q_desc, q_smem, q_bar, p_smem, k_smem, v_smem, meta_smem, ready, empty, QScale, QShift, KScale, VScale, Out,
                   Lse, KvCount, KvIndex, stride_ob, stride_oh, stride_on, stride_od,
                   stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
                   H, N, M, NUM_KV_BLOCKS, ROW_GROUPS, TOTAL, scale_log2,
@@ -203,7 +226,6 @@ if gluon is not None:
             o_m = row0 + gl.arange(0, 64, layout=row_s)
             p_rows = pid_bh.to(gl.int64) * N + o_m
             b_rs = gl.load(QScale + p_rows, mask=o_m < N, other=1.0) * scale_log2
-            p_kscale = KScale + pid_bh.to(gl.int64) * NUM_KV_BLOCKS
             b_m = gl.full([64], float("-inf"), gl.float32, row_s)
             b_l = gl.zeros([64], gl.float32, row_s)
             b_acc = gl.zeros([64, HEAD_DIM], gl.float32, o_layout)
@@ -215,14 +237,14 @@ if gluon is not None:
             mbarrier.wait(q_bar, item & 1)
             num_pairs = (num_subs + 1) // 2
             for i in range(num_pairs - 1):
-                b_m, b_l, b_acc, b_fold = _pair_step(b_m, b_l, b_acc, b_fold, i, c, num_subs, p_index, p_kscale,
-                                                     b_rs, q_smem, p_smem, k_smem, v_smem, ready, empty, M, o_n,
-                                                     s_zero, o_zero, BLOCK_N, NUM_STAGES, False)
+                b_m, b_l, b_acc, b_fold = _pair_step(b_m, b_l, b_acc, b_fold, i, c, num_subs, b_rs, q_smem, p_smem,
+                                                     k_smem, v_smem, meta_smem, ready, empty, M, o_n, s_zero, o_zero,
+                                                     NUM_STAGES, False)
                 c += 1
             if num_pairs > 0:  # the last pair, masked, then its product
-                b_m, b_l, b_acc, b_fold = _pair_step(b_m, b_l, b_acc, b_fold, num_pairs - 1, c, num_subs, p_index,
-                                                     p_kscale, b_rs, q_smem, p_smem, k_smem, v_smem, ready, empty, M,
-                                                     o_n, s_zero, o_zero, BLOCK_N, NUM_STAGES, True)
+                b_m, b_l, b_acc, b_fold = _pair_step(b_m, b_l, b_acc, b_fold, num_pairs - 1, c, num_subs, b_rs, q_smem,
+                                                     p_smem, k_smem, v_smem, meta_smem, ready, empty, M, o_n, s_zero,
+                                                     o_zero, NUM_STAGES, True)
                 last = c % NUM_STAGES
                 c += 1
                 pv = warpgroup_mma(p_smem.index(0), v_smem.index(2 * last).permute((1, 0)), o_zero, use_acc=False,
@@ -261,6 +283,7 @@ if gluon is not None:
         p_smem1 = gl.allocate_shared_memory(gl.float8e4nv, [2, 64, 64], p_layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [2 * NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+        meta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -273,15 +296,15 @@ if gluon is not None:
 
         # (the partitions' argument tuples written out: a tuple concatenation would unwrap the constexprs)
         gl.warp_specialize([
-            (_consumer, (q_desc, q_smem.index(0), q_bars.index(0), p_smem0, k_smem, v_smem, ready, empty, QScale, QShift,
+            (_consumer, (q_desc, q_smem.index(0), q_bars.index(0), p_smem0, k_smem, v_smem, meta_smem, ready, empty, QScale, QShift,
                          KScale, VScale, Out, Lse, KvCount, KvIndex, stride_ob, stride_oh, stride_on, stride_od,
                          stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, H, N, M, NUM_KV_BLOCKS, ROW_GROUPS,
                          TOTAL, scale_log2, 0, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES)),
-            (_consumer, (q_desc, q_smem.index(1), q_bars.index(1), p_smem1, k_smem, v_smem, ready, empty, QScale, QShift,
+            (_consumer, (q_desc, q_smem.index(1), q_bars.index(1), p_smem1, k_smem, v_smem, meta_smem, ready, empty, QScale, QShift,
                          KScale, VScale, Out, Lse, KvCount, KvIndex, stride_ob, stride_oh, stride_on, stride_od,
                          stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, H, N, M, NUM_KV_BLOCKS, ROW_GROUPS,
                          TOTAL, scale_log2, 1, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES)),
-            (_producer, (k_desc, v_desc, k_smem, v_smem, ready, empty, KvCount, KvIndex, stride_cb, stride_ch,
+            (_producer, (k_desc, v_desc, k_smem, v_smem, meta_smem, ready, empty, KScale, KvCount, KvIndex, stride_cb, stride_ch,
                          stride_ib, stride_ih, stride_ir, H, M, NUM_KV_BLOCKS, ROW_GROUPS, TOTAL, HEAD_DIM, BLOCK_M,
                          BLOCK_N, NUM_STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -26,7 +26,7 @@ from .report import write_result
 from .run_info import run_metadata
 
 # (stages, persistent, consumer registers, producer registers)
-VARIANTS = ((3, True, 240, 24), (2, True, 240, 24), (4, True, 240, 24), (3, False, 240, 24), (3, True, 232, 40))
+VARIANTS = ((3, True, 240, 24), (2, True, 240, 24), (4, True, 240, 24))
 SMALL_CASES = (  # (batch, heads, N, M, head dim, block_q, block_k, sparsity or None for the full mask)
     (2, 3, 1000, 700, 128, 128, 64, 0.6), (1, 2, 777, 1500, 64, 128, 64, 0.5), (1, 2, 1024, 1024, 128, 128, 128, 0.5),
     (2, 2, 640, 601, 128, 128, 128, None), (1, 4, 2048, 2048, 128, 128, 64, 0.9),

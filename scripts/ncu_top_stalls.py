@@ -29,11 +29,13 @@ def main() -> int:
     args = parser.parse_args()
     with open(args.csv, newline="") as f:
         lines = [line for line in f if line.startswith('"')]  # ncu prints banner lines before the table
-    rows = list(csv.DictReader(lines))
+    # the table's header is the first line naming the samples column (a "Kernel Name" line comes before it)
+    start = next((i for i, line in enumerate(lines) if _SAMPLES in line), 0)
+    rows = list(csv.DictReader(lines[start:]))
     if not rows or _SAMPLES not in rows[0]:
         print(f"no '{_SAMPLES}' column; columns: {list(rows[0]) if rows else None}", file=sys.stderr)
         return 2
-    reasons = [c for c in rows[0] if c.startswith("stall_") or "Stall" in c and c != _SAMPLES and "Not Issued" not in c]
+    reasons = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
     totals = collections.Counter()
     for row in rows:
         for c in reasons:
