@@ -14,7 +14,8 @@ import torch
 import sparsevid as sv
 from oracles import GPU_ATTENTION_CASES, dense_masked_attention, rel_err
 from sparsevid.ops import attention
-from sparsevid.ops.flash_attn4 import _device_problem, flash_attn4_problem, flash_attn4_runs, flash_attn4_tables
+from sparsevid.ops.flash_attn4 import (_device_problem, check_flash_attn4_request, flash_attn4_problem, flash_attn4_runs,
+                                      flash_attn4_tables)
 
 
 def test_the_tables_are_the_masks_kept_tiles_as_full_blocks_and_no_partial_ones():
@@ -69,6 +70,42 @@ def test_auto_asks_whether_it_runs_without_breaking_a_compiled_graph():
     q, k, v, mask = _cpu_inputs()
     runs = torch.compile(lambda q, k, v: flash_attn4_runs(q, k, v, mask), backend="eager", fullgraph=True)
     assert runs(q, k, v) is False
+
+
+@pytest.fixture
+def runnable(monkeypatch):
+    """flash_attn4_problem answering that flash-attn-4 can run any call (the deterministic rule alone checked)."""
+    monkeypatch.setattr("sparsevid.ops.flash_attn4.flash_attn4_problem", lambda q, k, v, mask: None)
+
+
+@pytest.mark.parametrize("mode", ["off", "strict", "warn_only"])
+def test_its_gradients_are_refused_under_deterministic_algorithms(runnable, mode):
+    q, k, v, mask = _cpu_inputs(requires_grad=True)
+    try:
+        torch.use_deterministic_algorithms(mode != "off", warn_only=mode == "warn_only")
+        if mode == "strict":
+            with pytest.raises(RuntimeError, match="use_deterministic_algorithms"):
+                check_flash_attn4_request(q, k, v, mask)
+        elif mode == "warn_only":
+            with pytest.warns(UserWarning, match="not deterministic"):
+                check_flash_attn4_request(q, k, v, mask)
+        else:
+            check_flash_attn4_request(q, k, v, mask)
+        with torch.no_grad():  # no gradients: nothing to refuse
+            check_flash_attn4_request(q, k, v, mask)
+        assert flash_attn4_runs(q, k, v, mask) == (mode == "off")
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_the_explicit_backends_check_traces_in_one_graph(runnable):
+    q, k, v, mask = _cpu_inputs(requires_grad=True)
+
+    def check(q, k, v):
+        check_flash_attn4_request(q, k, v, mask)
+        return q + 1
+
+    assert torch.equal(torch.compile(check, backend="eager", fullgraph=True)(q, k, v), q + 1)
 
 
 class _BrokenInstall:

@@ -57,9 +57,20 @@ def check_flash_attn4_request(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if problem is not None:
         error_type, message = problem
         raise error_type(message)
-    if torch.is_deterministic_algorithms_warn_only_enabled() and grad_requested(q, k, v):
-        warnings.warn("backend='flash_attn4' accumulates dq by atomic adds in no fixed order: its gradients are not "
-                      "deterministic (backend='triton' is)", UserWarning, stacklevel=3)
+    # (torch.compile traces are_deterministic_algorithms_enabled as a guarded constant, the warn-only query not:
+    # it is asked only when deterministic algorithms are on)
+    if torch.are_deterministic_algorithms_enabled() and grad_requested(q, k, v):
+        message = ("backend='flash_attn4' accumulates dq by atomic adds in no fixed order: its gradients are not "
+                   "deterministic, which torch.use_deterministic_algorithms(True) forbids (backend='triton' is "
+                   "deterministic)")
+        if not _deterministic_warn_only():
+            raise RuntimeError(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+@torch.compiler.assume_constant_result  # torch.compile cannot trace the query itself
+def _deterministic_warn_only() -> bool:
+    return torch.is_deterministic_algorithms_warn_only_enabled()
 
 
 def flash_attn4_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask) -> bool:
