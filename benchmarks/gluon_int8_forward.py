@@ -206,10 +206,10 @@ def supported(qx: Int8Queries, x: Int8Inputs, block_q: int, block_k: int) -> boo
         return False
     return (q8.shape[-1] in HEAD_DIMS and block_k == BLOCK_K and block_q % ROWS == 0 and q8.is_contiguous()
             and k8.is_contiguous() and x.k_scale.is_contiguous() and x.v_scale.is_contiguous()
-            and _v_buffer_rows(v8) is not None)
+            and v_buffer_rows(v8) is not None)
 
 
-def _v_buffer_rows(v8: torch.Tensor) -> torch.Tensor | None:
+def v_buffer_rows(v8: torch.Tensor) -> torch.Tensor | None:
     """v8 [B, H, M, D] (a view of a [B, H, D, M'] buffer, tokens contiguous) as the 2-D [B*H*D, M] view the
     kernel's descriptor covers, or None when the buffer's rows are not evenly strided so (e.g. a slice)."""
     b, h, m, d = v8.shape
@@ -239,7 +239,7 @@ def gluon_int8_forward(qx: Int8Queries, x: Int8Inputs, kv_count: torch.Tensor, k
 
     q_desc = descriptor(qx.q8.view(b * h * n, d), [ROWS, d], gl.int8)
     k_desc = descriptor(x.k8.view(b * h * m, d), [block_k, d], gl.int8)
-    v_desc = descriptor(_v_buffer_rows(x.v8), [d, block_k], gl.float8e4nv)
+    v_desc = descriptor(v_buffer_rows(x.v8), [d, block_k], gl.float8e4nv)
     _gluon_int8_fwd_kernel[(triton.cdiv(n, ROWS), b * h)](
         q_desc, k_desc, v_desc, qx.q_scale.contiguous(), qx.q_shift.contiguous(), x.k_scale, x.v_scale, out, lse,
         kv_count, kv_index, *out.stride(), *bf16._table_strides(kv_count, kv_index, b, h),

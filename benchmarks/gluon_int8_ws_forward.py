@@ -9,13 +9,19 @@ One program owns 128 query rows (a query block, or part of one) and runs three p
     consumer 1 (4 warps):  rows 64-127            accumulator per pair, the pair's P V summed from zero by the
                                                    tensor cores and folded into the fp32 accumulator by an FMA)
 
+Measured (``python -m benchmarks ws_int8_limits``, H100, c95893f): level with the library's Triton forward at the
+Wan 1.3B shape at 95% (0.604 against 0.587 ms), 7% faster at Wan 14B (9.16 against 9.89 ms) and 4% with the full
+mask; why it is not faster: benchmarks/NOTES.md, "FlashAttention-3's schedule in Gluon".
+
 The two consumers read the same K and V tiles, so a tile crosses from L2 into shared memory once per 128 rows
 (the Triton forward's programs own 64 rows and load their own), and each consumer has 240 registers (the producer
 gives its share back), so the fresh P V product beside the accumulator does not spill. Inside a consumer each
 step issues the previous pair's P V and this pair's Q K^T asynchronously, folds the P V while Q K^T runs, then
-runs the softmax; the other consumer's tensor-core work fills the softmax's time (ping-pong left to the warp
-schedulers). ``persistent`` programs loop over (head, 128 rows) items, one program per SM, so the prologue
-(barriers, the warp groups' register handover) is paid once per SM.
+runs the softmax, whose P goes through shared memory to the next step's P V (carried in registers as e4m3, its
+bytes were unpacked and repacked at every iteration); the other consumer's tensor-core work fills the softmax's time
+(ping-pong left to the warp schedulers). The producer also writes each pair's K scales and first keys into shared
+memory, so the consumers' loop reads no global memory. ``persistent`` programs loop over (head, 128 rows) items,
+one program per SM, so the prologue (barriers, the warp groups' register handover) is paid once per SM.
 
 Arithmetic: the library's (``sparsevid.ops.triton_int8_attention``: int8 Q K^T, Q per row and K per key block,
 V per head in e4m3, P * P_SCALE in e4m3, base-2 online softmax), with the pairs taken in the row's order across
@@ -40,7 +46,7 @@ from sparsevid.ops.int8 import Int8Inputs, Int8Queries
 from sparsevid.ops.triton_attention import LOG2E
 from sparsevid.ops.triton_launch import INTERPRET
 
-from .gluon_int8_forward import _v_buffer_rows
+from .gluon_int8_forward import v_buffer_rows
 
 try:  # Gluon and its Hopper ops ship with Triton >= 3.5
     from triton.experimental import gluon
@@ -61,6 +67,8 @@ if gluon is not None:
     _LOG2_P_SCALE = gl.constexpr(math.log2(P_SCALE))
     _LN2 = gl.constexpr(math.log(2.0))
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    # the partition's barrier: gl.thread_barrier in Triton 3.6, gl.barrier later
+    _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
     @gluon.jit
     def _work_item(w, ROW_GROUPS, H):
@@ -121,7 +129,7 @@ if gluon is not None:
                 meta = gl.where(o_meta == 0, ks_a, gl.where(o_meta == 1, ks_b, gl.where(
                     o_meta == 2, start_a.to(gl.float32), start_b.to(gl.float32))))
                 meta_smem.index(slot).store(meta)
-                gl.thread_barrier()  # every lane's store before the arrival that releases the slot
+                _barrier()  # every lane's store before the arrival that releases the slot
                 bar = ready.index(slot)
                 mbarrier.expect(bar, nbytes)
                 _tma_load(k_desc, [kv_row0 + start_a, 0], bar, k_smem.index(2 * slot))
@@ -317,7 +325,7 @@ def supported(qx: Int8Queries, x: Int8Inputs, block_q: int, block_k: int) -> boo
         return False
     return (q8.shape[-1] in HEAD_DIMS and block_k in (64, 128) and block_q % GROUP_ROWS == 0
             and q8.is_contiguous() and k8.is_contiguous() and x.k_scale.is_contiguous()
-            and _v_buffer_rows(x.v8) is not None)
+            and v_buffer_rows(x.v8) is not None)
 
 
 def ws_int8_forward(qx: Int8Queries, x: Int8Inputs, kv_count: torch.Tensor, kv_index: torch.Tensor,
@@ -338,7 +346,7 @@ def ws_int8_forward(qx: Int8Queries, x: Int8Inputs, kv_count: torch.Tensor, kv_i
 
     q_desc = descriptor(qx.q8.view(b * h * n, d), [HALF_ROWS, d], gl.int8)
     k_desc = descriptor(x.k8.view(b * h * m, d), [SUB, d], gl.int8)
-    v_desc = descriptor(_v_buffer_rows(x.v8), [d, SUB], gl.float8e4nv)
+    v_desc = descriptor(v_buffer_rows(x.v8), [d, SUB], gl.float8e4nv)
     row_groups = triton.cdiv(n, GROUP_ROWS)
     total = b * h * row_groups
     sms = torch.cuda.get_device_properties(like.device).multi_processor_count

@@ -73,6 +73,8 @@
 #   quantizer   benchmark quantizer_limits (the int8 K/V quantizer's kernel taken apart: what its time is made of)
 #   int8_limits benchmark int8_kernel_limits (the int8 forward's loop taken apart: Q, conversion, promotion, configs;
 #               the same forward pipelined by hand in Gluon); arguments go to it, e.g. `int8_limits --variants pairs`
+#   ws_int8     benchmark ws_int8_limits (the int8 forward warp-specialised in Gluon against the library's: agreement on
+#               odd shapes, Wan 1.3B at 95%/full and 14B at 95%)
 #   peers       benchmark attention_peers (SageAttention, FlashInfer's Hopper block-sparse bf16 and Sage FP8,
 #               SpargeAttn, flash-attn-4 where they are installed, beside the bf16 and int8 forwards on the same
 #               masks; a peer that does not import or run is listed with its error); installs the wheels of .whl/peers
@@ -124,7 +126,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-${TMPDIR:-/tmp}/sparsevid_gpu_session}
 RESULTS=${RESULTS:-benchmarks/results}
 PYTHON=${PYTHON:-python3}
-PARTS="kernels|fp8|quantizer|int8_limits|quantized_quality|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|per_head_study|calibrate|training|training_full|training_shift|training_seeds|synthetic|calibrated_students|motion|\
+PARTS="kernels|fp8|quantizer|int8_limits|ws_int8|quantized_quality|kernels14b|tile_mass|model|throughput|throughput_compiled|throughput14b|throughput14b_compiled|predict|limits|per_head|per_head_study|calibrate|training|training_full|training_shift|training_seeds|synthetic|calibrated_students|motion|\
 demo_student|peers|flash_attn4|flash_attn4_14b|flash_attn4_api|e2e13b_flash_attn4|peers_build|tests|parallel|ddp|runtime|compile|compile_autotune|e2e13b|e2e13b_quantized|e2e13b_modes|e2e14b|e2e14b_compiled|\
 families|families_large|families_extra|families_compiled|families_compiled_large|families_compiled_hunyuan|families_compiled_mochi|families_compiled_cogvideox"
 PART=${1:?usage: gpu_session.sh $PARTS}
@@ -222,6 +224,9 @@ quantizer)
     ;;
 int8_limits)
     bench int8_kernel_limits 300 "$@"
+    ;;
+ws_int8)
+    SPARSEVID_AUTOTUNE=off bench ws_int8_limits 420 "$@"  # the library's fixed config, as the GPU tests run it
     ;;
 quantized_quality)
     step quantized_quality 560 "$PYTHON" -m sparsevid_lab.studies.quantized_quality --out "$OUT/quantized_quality" "$@"

@@ -3,10 +3,11 @@ instructions meant (wgmma): e4m3 x e4m3 -> f32 for precision="fp8"; s8 x s8 -> s
 (P V) for precision="int8". The interpreter (the CPU tests) runs the Python body and accepts what the GPU compiler
 may reject, so each variant is compiled for the real target in a subprocess with the interpreter off: every
 autotuning config of the fp8 forward for a 128x64 mask, with and without tensor descriptors, every config of the
-int8 Triton forward (the first both ways), the quantizers' launches, and the Gluon int8 forward (head dims 64 and
-128, where this Triton has Gluon); ptxas must keep the fp8 and Gluon forwards' MMAs pipelined, and the Gluon
-forward within its registers (no spills), and the int8 forward's MMAs pipelined in its 64-row configs (the ones
-measured fastest; with 128 rows ptxas serialises them for want of registers).
+int8 Triton forward (the first both ways), the quantizers' launches, and the Gluon int8 forwards, pipelined by hand
+and warp-specialised (head dims 64 and 128, where this Triton has Gluon); ptxas must keep the fp8 and Gluon
+forwards' MMAs pipelined, the first Gluon forward within its registers (no spills) and the warp-specialised one's
+loop free of spills, and the int8 forward's MMAs pipelined in its 64-row configs (the ones measured fastest; with
+128 rows ptxas serialises them for want of registers).
 """
 from __future__ import annotations
 
@@ -95,6 +96,42 @@ def compile_gluon_int8() -> None:
               "s8-and-e4m3-wgmma" if wanted else "missing-wgmma", f"spills={spills}")
 
 
+def compile_gluon_ws_int8() -> None:
+    """The warp-specialised Gluon int8 forward (`benchmarks/gluon_int8_ws_forward.py`, a measured alternative) at 3
+    stages, head dims 64 and 128, 64-key blocks: one line each with ptxas's verdict and the spill instructions in
+    the consumers' loop (ptxas spills a few registers outside it, where the partitions start)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from benchmarks import gluon_int8_ws_forward as ws
+    if ws.gluon is None:
+        print("gluon unavailable")
+        return
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sass_loop = _sass_loop()
+    for d in ws.HEAD_DIMS:
+        def descriptor(dtype: str, box: list[int], gl_dtype) -> str:
+            return f"tensordesc<{dtype}{box},{gl.NVMMASharedLayout.get_default_for(box, gl_dtype)!r}>"
+        constexprs = {"HEAD_DIM": d, "BLOCK_M": 128, "BLOCK_N": 64, "NUM_STAGES": 3, "CONSUMER_REGS": 240,
+                      "PRODUCER_REGS": 24}
+        types = {"q_desc": descriptor("i8", [ws.HALF_ROWS, d], gl.int8), "k_desc": descriptor("i8", [ws.SUB, d], gl.int8),
+                 "v_desc": descriptor("fp8e4nv", [d, ws.SUB], gl.float8e4nv), "Out": "*bf16", "KvCount": "*i32",
+                 "KvIndex": "*i32", "scale_log2": "fp32", "QScale": "*fp32", "QShift": "*fp32", "KScale": "*fp32",
+                 "VScale": "*fp32", "Lse": "*fp32"}
+        names = inspect.signature(ws._ws_int8_fwd_kernel.fn).parameters
+        signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in names}
+        kernel = triton.compile(GluonASTSource(fn=ws._ws_int8_fwd_kernel, signature=signature, constexprs=constexprs),
+                                target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": ws.MAXNREG})
+        ptx = kernel.asm["ptx"]
+        analysis = sass_loop.analyse(kernel)
+        loop_spills = analysis["loop"].get("STL", 0) + analysis["loop"].get("LDL", 0)
+        wanted = "wgmma.mma_async" in ptx and ".s32.s8.s8" in ptx and "f32.e4m3.e4m3" in ptx
+        print("compiled gluon ws int8 fwd", d, "serialized" if analysis["serialized"] else "pipelined",
+              "s8-and-e4m3-wgmma" if wanted else "missing-wgmma", f"loop-spills={loop_spills}")
+
+
 def compile_all() -> None:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -171,8 +208,12 @@ def test_fp8_kernels_compile_for_sm90_with_e4m3_wgmma():
         gluon = [line for line in done.stdout.splitlines() if line.startswith("compiled gluon int8 fwd")]
         assert len(gluon) == 2, done.stdout
         assert all("pipelined s8-and-e4m3-wgmma spills=0" in line for line in gluon), done.stdout
+        ws = [line for line in done.stdout.splitlines() if line.startswith("compiled gluon ws int8 fwd")]
+        assert len(ws) == 2, done.stdout
+        assert all("pipelined s8-and-e4m3-wgmma loop-spills=0" in line for line in ws), done.stdout
 
 
 if __name__ == "__main__":
     compile_all()
     compile_gluon_int8()
+    compile_gluon_ws_int8()
