@@ -62,74 +62,66 @@ def wgmma_serialized(ptx: str) -> bool:
     return sass_loop.serialized(sass_loop.ptxas_report(ptx))
 
 
+def _gluon_forward(kernel, constexprs: dict, d: int, q_rows: int, k_rows: int, options: dict):
+    """A Gluon int8 forward compiled for sm_90a: q8 and k8 by int8 descriptors (boxes of q_rows and k_rows x d),
+    v8 by an e4m3 one (d x k_rows), bf16 Out, fp32 scales and lse, int32 tables and sizes."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def descriptor(dtype: str, box: list[int], gl_dtype) -> str:
+        return f"tensordesc<{dtype}{box},{gl.NVMMASharedLayout.get_default_for(box, gl_dtype)!r}>"
+    types = {"q_desc": descriptor("i8", [q_rows, d], gl.int8), "k_desc": descriptor("i8", [k_rows, d], gl.int8),
+             "v_desc": descriptor("fp8e4nv", [d, k_rows], gl.float8e4nv), "Out": "*bf16", "KvCount": "*i32",
+             "KvIndex": "*i32", "scale_log2": "fp32", "QScale": "*fp32", "QShift": "*fp32", "KScale": "*fp32",
+             "VScale": "*fp32", "Lse": "*fp32"}
+    names = inspect.signature(kernel.fn).parameters
+    signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in names}
+    return triton.compile(GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                          target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def _int8_products(ptx: str) -> str:
+    """Whether a PTX's tensor-core products are the int8 forward's: s8 x s8 (Q K^T) and e4m3 x e4m3 (P V) wgmma."""
+    wanted = "wgmma.mma_async" in ptx and ".s32.s8.s8" in ptx and "f32.e4m3.e4m3" in ptx
+    return "s8-and-e4m3-wgmma" if wanted else "missing-wgmma"
+
+
 def compile_gluon_int8() -> None:
     """The Gluon int8 forward (`benchmarks/gluon_int8_forward.py`, a measured alternative) at 3 stages, head dims 64
     and 128: one line each with ptxas's verdict and its spill stores."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     from benchmarks import gluon_int8_forward as g
     if g.gluon is None:
         print("gluon unavailable")
         return
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
+    sass_loop = _sass_loop()
     for d in g.HEAD_DIMS:
-        def descriptor(dtype: str, box: list[int], gl_dtype) -> str:
-            return f"tensordesc<{dtype}{box},{gl.NVMMASharedLayout.get_default_for(box, gl_dtype)!r}>"
         constexprs = {"HEAD_DIM": d, "BLOCK_M": 128, "BLOCK_N": g.BLOCK_K, "ROWS": g.ROWS, "NUM_STAGES": 3}
-        types = {"q_desc": descriptor("i8", [g.ROWS, d], gl.int8), "k_desc": descriptor("i8", [g.BLOCK_K, d], gl.int8),
-                 "v_desc": descriptor("fp8e4nv", [d, g.BLOCK_K], gl.float8e4nv), "Out": "*bf16", "KvCount": "*i32",
-                 "KvIndex": "*i32", "scale_log2": "fp32", "QScale": "*fp32", "QShift": "*fp32", "KScale": "*fp32",
-                 "VScale": "*fp32", "Lse": "*fp32"}
-        names = inspect.signature(g._gluon_int8_fwd_kernel.fn).parameters
-        signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in names}
-        kernel = triton.compile(GluonASTSource(fn=g._gluon_int8_fwd_kernel, signature=signature, constexprs=constexprs),
-                                target=GPUTarget("cuda", 90, 32), options={"num_warps": g.WARPS})
-        ptx = kernel.asm["ptx"]
-        sass_loop = _sass_loop()
-        report = sass_loop.ptxas_report(ptx)
-        spills = sass_loop.spill_bytes(report)
-        wanted = "wgmma.mma_async" in ptx and ".s32.s8.s8" in ptx and "f32.e4m3.e4m3" in ptx
+        kernel = _gluon_forward(g._gluon_int8_fwd_kernel, constexprs, d, g.ROWS, g.BLOCK_K, {"num_warps": g.WARPS})
+        report = sass_loop.ptxas_report(kernel.asm["ptx"])
         print("compiled gluon int8 fwd", d, "serialized" if sass_loop.serialized(report) else "pipelined",
-              "s8-and-e4m3-wgmma" if wanted else "missing-wgmma", f"spills={spills}")
+              _int8_products(kernel.asm["ptx"]), f"spills={sass_loop.spill_bytes(report)}")
 
 
 def compile_gluon_ws_int8() -> None:
     """The warp-specialised Gluon int8 forward (`benchmarks/gluon_int8_ws_forward.py`, a measured alternative) at 3
     stages, head dims 64 and 128, 64-key blocks: one line each with ptxas's verdict and the spill instructions in
     the consumers' loop (ptxas spills a few registers outside it, where the partitions start)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     from benchmarks import gluon_int8_ws_forward as ws
     if ws.gluon is None:
         print("gluon unavailable")
         return
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     sass_loop = _sass_loop()
     for d in ws.HEAD_DIMS:
-        def descriptor(dtype: str, box: list[int], gl_dtype) -> str:
-            return f"tensordesc<{dtype}{box},{gl.NVMMASharedLayout.get_default_for(box, gl_dtype)!r}>"
         constexprs = {"HEAD_DIM": d, "BLOCK_M": 128, "BLOCK_N": 64, "NUM_STAGES": 3, "CONSUMER_REGS": 240,
                       "PRODUCER_REGS": 24}
-        types = {"q_desc": descriptor("i8", [ws.HALF_ROWS, d], gl.int8), "k_desc": descriptor("i8", [ws.SUB, d], gl.int8),
-                 "v_desc": descriptor("fp8e4nv", [d, ws.SUB], gl.float8e4nv), "Out": "*bf16", "KvCount": "*i32",
-                 "KvIndex": "*i32", "scale_log2": "fp32", "QScale": "*fp32", "QShift": "*fp32", "KScale": "*fp32",
-                 "VScale": "*fp32", "Lse": "*fp32"}
-        names = inspect.signature(ws._ws_int8_fwd_kernel.fn).parameters
-        signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in names}
-        kernel = triton.compile(GluonASTSource(fn=ws._ws_int8_fwd_kernel, signature=signature, constexprs=constexprs),
-                                target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": ws.MAXNREG})
-        ptx = kernel.asm["ptx"]
+        kernel = _gluon_forward(ws._ws_int8_fwd_kernel, constexprs, d, ws.HALF_ROWS, ws.SUB,
+                                {"num_warps": 4, "maxnreg": ws.MAXNREG})
         analysis = sass_loop.analyse(kernel)
         loop_spills = analysis["loop"].get("STL", 0) + analysis["loop"].get("LDL", 0)
-        wanted = "wgmma.mma_async" in ptx and ".s32.s8.s8" in ptx and "f32.e4m3.e4m3" in ptx
         print("compiled gluon ws int8 fwd", d, "serialized" if analysis["serialized"] else "pipelined",
-              "s8-and-e4m3-wgmma" if wanted else "missing-wgmma", f"loop-spills={loop_spills}")
+              _int8_products(kernel.asm["ptx"]), f"loop-spills={loop_spills}")
 
 
 def compile_all() -> None:
@@ -170,10 +162,8 @@ def compile_all() -> None:
             kernel = build(fwd.fn, constexprs, "*bf16", config.kwargs["SUB_N"], use_tma, config.num_warps,
                            config.num_stages, types=INT8_TYPES)
             ptx = kernel.asm["ptx"]
-            wanted = "wgmma.mma_async" in ptx and ".s32.s8.s8" in ptx and "f32.e4m3.e4m3" in ptx
             print("compiled int8 fwd", config.kwargs, config.num_warps, config.num_stages, config.maxnreg, use_tma,
-                  "serialized" if wgmma_serialized(ptx) else "pipelined",
-                  "s8-and-e4m3-wgmma" if wanted else "missing-wgmma")
+                  "serialized" if wgmma_serialized(ptx) else "pipelined", _int8_products(ptx))
     fwd = t8._bsa_fp8_fwd_kernel
     for config in fwd.configs:
         if config.kwargs["SUB_N"] > 64:
