@@ -22,6 +22,7 @@ from sparsevid.ops import triton_int8_attention as int8
 from sparsevid.ops.reference import reference_block_sparse_attention
 
 from . import gluon_int8_ws_forward as ws
+from .int8_kernel_limits import rel_l1
 from .report import write_result
 from .run_info import run_metadata
 
@@ -31,10 +32,6 @@ SMALL_CASES = (  # (batch, heads, N, M, head dim, block_q, block_k, sparsity or 
     (2, 3, 1000, 700, 128, 128, 64, 0.6), (1, 2, 777, 1500, 64, 128, 64, 0.5), (1, 2, 1024, 1024, 128, 128, 128, 0.5),
     (2, 2, 640, 601, 128, 128, 128, None), (1, 4, 2048, 2048, 128, 128, 64, 0.9),
 )
-
-
-def rel_l1(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.double() - ref.double()).abs().sum() / ref.double().abs().sum())
 
 
 def agreement(gen: torch.Generator) -> list[dict]:
