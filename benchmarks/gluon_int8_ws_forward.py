@@ -66,6 +66,7 @@ MAXNREG = 168  # 12 warps (two consumer warp groups, one producer warp rounded u
 if gluon is not None:
     _LOG2_P_SCALE = gl.constexpr(math.log2(P_SCALE))
     _LN2 = gl.constexpr(math.log(2.0))
+    _GROUP_ROWS = gl.constexpr(GROUP_ROWS)
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     # the partition's barrier: gl.thread_barrier in Triton 3.6, gl.barrier later
     _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -75,7 +76,7 @@ if gluon is not None:
         """Item w: its head (b*H + h), batch, head and first query row; items of one head are consecutive, so the
         programs running at once share that head's K and V in L2."""
         pid_bh = w // ROW_GROUPS
-        row0 = (w % ROW_GROUPS) * 128
+        row0 = (w % ROW_GROUPS) * _GROUP_ROWS
         return pid_bh, pid_bh // H, pid_bh % H, row0
 
     @gluon.jit
@@ -104,7 +105,7 @@ if gluon is not None:
                   stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, H, M, NUM_KV_BLOCKS, ROW_GROUPS, TOTAL,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
         """TMA loads of every item's pairs of sub-tiles into the slots, in the consumers' order, and each pair's
-        K scales and first keys into meta_smem (float32 [NUM_STAGES, 4]: scale a, scale b, key a, key b), so
+        K scales and first keys into meta_smem (float32 [NUM_STAGES, 1, 4]: scale a, scale b, key a, key b), so
         that the consumers read no global memory in their loop."""
         nbytes: gl.constexpr = 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         meta_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, gl.num_warps()], [1, 0])
@@ -153,6 +154,13 @@ if gluon is not None:
         return gl.sum(gl.sum(gl.where(o_meta == j, meta, 0.0), 1), 0)
 
     @gluon.jit
+    def _issue_pv(p_smem, v_smem, slot, o_zero):
+        """The P V product of the pair in ``slot`` (P from p_smem, from zero), issued asynchronously."""
+        pv = warpgroup_mma(p_smem.index(0), v_smem.index(2 * slot).permute((1, 0)), o_zero, use_acc=False,
+                           is_async=True)
+        return warpgroup_mma(p_smem.index(1), v_smem.index(2 * slot + 1).permute((1, 0)), pv, is_async=True)
+
+    @gluon.jit
     def _pair_step(b_m, b_l, b_acc, b_fold, i, c, num_subs, b_rs, q_smem, p_smem, k_smem, v_smem, meta_smem,
                    ready, empty, M, o_n, s_zero, o_zero, NUM_STAGES: gl.constexpr, MASKED: gl.constexpr):
         """Pair i of the row (pair c over the program's items): issue the pair before's P V (P from p_smem, from
@@ -168,9 +176,7 @@ if gluon is not None:
         o_meta = gl.arange(0, 4, layout=gl.SliceLayout(0, meta_layout))[None, :]
         rs_a = b_rs * _entry(meta, o_meta, 0)
         rs_b = b_rs * _entry(meta, o_meta, 1)
-        pv = warpgroup_mma(p_smem.index(0), v_smem.index(2 * prev).permute((1, 0)), o_zero, use_acc=False,
-                           is_async=True)
-        pv = warpgroup_mma(p_smem.index(1), v_smem.index(2 * prev + 1).permute((1, 0)), pv, is_async=True)
+        pv = _issue_pv(p_smem, v_smem, prev, o_zero)
         s_a = warpgroup_mma(q_smem, k_smem.index(2 * slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_b = warpgroup_mma(q_smem, k_smem.index(2 * slot + 1).permute((1, 0)), s_zero, use_acc=False,
                             is_async=True)
@@ -201,8 +207,8 @@ if gluon is not None:
         return b_m_new, b_l, b_acc, gl.convert_layout(b_alpha, b_fold.type.layout)
 
     @gluon.jit
-    def _consumer(q_desc, q_smem, q_bar, p_smem, k_smem, v_smem, meta_smem, ready, empty, QScale, QShift, KScale, VScale, Out,
-                  Lse, KvCount, KvIndex, stride_ob, stride_oh, stride_on, stride_od,
+    def _consumer(q_desc, q_smem, q_bar, p_smem, k_smem, v_smem, meta_smem, ready, empty, QScale, QShift, VScale,
+                  Out, Lse, KvCount, KvIndex, stride_ob, stride_oh, stride_on, stride_od,
                   stride_cb, stride_ch, stride_ib, stride_ih, stride_ir,
                   H, N, M, NUM_KV_BLOCKS, ROW_GROUPS, TOTAL, scale_log2,
                   HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -227,8 +233,8 @@ if gluon is not None:
         for w in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
             pid_bh, i_b, i_h, row0 = _work_item(w, ROW_GROUPS, H)
             row0 = row0 + HALF * 64
-            p_index, num_subs = _row_schedule(KvCount, KvIndex, i_b, i_h, row0 // BLOCK_M, stride_cb, stride_ch,
-                                              stride_ib, stride_ih, stride_ir, NUM_KV_BLOCKS, M, BLOCK_N)
+            _, num_subs = _row_schedule(KvCount, KvIndex, i_b, i_h, row0 // BLOCK_M, stride_cb, stride_ch,
+                                        stride_ib, stride_ih, stride_ir, NUM_KV_BLOCKS, M, BLOCK_N)
             mbarrier.expect(q_bar, q_desc.block_type.nbytes)
             _tma_load(q_desc, [pid_bh * N + row0, 0], q_bar, q_smem)
             o_m = row0 + gl.arange(0, 64, layout=row_s)
@@ -250,15 +256,12 @@ if gluon is not None:
                                                      NUM_STAGES, False)
                 c += 1
             if num_pairs > 0:  # the last pair, masked, then its product
-                b_m, b_l, b_acc, b_fold = _pair_step(b_m, b_l, b_acc, b_fold, num_pairs - 1, c, num_subs, b_rs, q_smem,
-                                                     p_smem, k_smem, v_smem, meta_smem, ready, empty, M, o_n, s_zero,
-                                                     o_zero, NUM_STAGES, True)
+                b_m, b_l, b_acc, b_fold = _pair_step(b_m, b_l, b_acc, b_fold, num_pairs - 1, c, num_subs, b_rs,
+                                                     q_smem, p_smem, k_smem, v_smem, meta_smem, ready, empty, M, o_n,
+                                                     s_zero, o_zero, NUM_STAGES, True)
                 last = c % NUM_STAGES
                 c += 1
-                pv = warpgroup_mma(p_smem.index(0), v_smem.index(2 * last).permute((1, 0)), o_zero, use_acc=False,
-                                   is_async=True)
-                pv = warpgroup_mma(p_smem.index(1), v_smem.index(2 * last + 1).permute((1, 0)), pv, is_async=True)
-                b_pv = warpgroup_mma_wait(0, deps=[pv])
+                b_pv = warpgroup_mma_wait(0, deps=[_issue_pv(p_smem, v_smem, last, o_zero)])
                 mbarrier.arrive(empty.index(last))
                 b_acc = gl.fma(b_acc, b_fold[:, None], b_pv)
 
@@ -291,7 +294,8 @@ if gluon is not None:
         p_smem1 = gl.allocate_shared_memory(gl.float8e4nv, [2, 64, 64], p_layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [2 * NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
-        meta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        meta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, 4],
+                                              gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -304,17 +308,19 @@ if gluon is not None:
 
         # (the partitions' argument tuples written out: a tuple concatenation would unwrap the constexprs)
         gl.warp_specialize([
-            (_consumer, (q_desc, q_smem.index(0), q_bars.index(0), p_smem0, k_smem, v_smem, meta_smem, ready, empty, QScale, QShift,
-                         KScale, VScale, Out, Lse, KvCount, KvIndex, stride_ob, stride_oh, stride_on, stride_od,
+            (_consumer, (q_desc, q_smem.index(0), q_bars.index(0), p_smem0, k_smem, v_smem, meta_smem, ready,
+                         empty, QScale, QShift, VScale, Out, Lse, KvCount, KvIndex, stride_ob, stride_oh, stride_on,
+                         stride_od,
                          stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, H, N, M, NUM_KV_BLOCKS, ROW_GROUPS,
                          TOTAL, scale_log2, 0, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES)),
-            (_consumer, (q_desc, q_smem.index(1), q_bars.index(1), p_smem1, k_smem, v_smem, meta_smem, ready, empty, QScale, QShift,
-                         KScale, VScale, Out, Lse, KvCount, KvIndex, stride_ob, stride_oh, stride_on, stride_od,
+            (_consumer, (q_desc, q_smem.index(1), q_bars.index(1), p_smem1, k_smem, v_smem, meta_smem, ready,
+                         empty, QScale, QShift, VScale, Out, Lse, KvCount, KvIndex, stride_ob, stride_oh, stride_on,
+                         stride_od,
                          stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, H, N, M, NUM_KV_BLOCKS, ROW_GROUPS,
                          TOTAL, scale_log2, 1, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES)),
-            (_producer, (k_desc, v_desc, k_smem, v_smem, meta_smem, ready, empty, KScale, KvCount, KvIndex, stride_cb, stride_ch,
-                         stride_ib, stride_ih, stride_ir, H, M, NUM_KV_BLOCKS, ROW_GROUPS, TOTAL, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, NUM_STAGES)),
+            (_producer, (k_desc, v_desc, k_smem, v_smem, meta_smem, ready, empty, KScale, KvCount, KvIndex,
+                         stride_cb, stride_ch, stride_ib, stride_ih, stride_ir, H, M, NUM_KV_BLOCKS, ROW_GROUPS, TOTAL,
+                         HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 

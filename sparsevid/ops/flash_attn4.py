@@ -57,15 +57,20 @@ def check_flash_attn4_request(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if problem is not None:
         error_type, message = problem
         raise error_type(message)
-    # (torch.compile traces are_deterministic_algorithms_enabled as a guarded constant, the warn-only query not:
-    # it is asked only when deterministic algorithms are on)
-    if torch.are_deterministic_algorithms_enabled() and grad_requested(q, k, v):
+    if _deterministic_gradients(q, k, v):
         message = ("backend='flash_attn4' accumulates dq by atomic adds in no fixed order: its gradients are not "
                    "deterministic, which torch.use_deterministic_algorithms(True) forbids (backend='triton' is "
                    "deterministic)")
         if not _deterministic_warn_only():
             raise RuntimeError(message)
         warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def _deterministic_gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the call asks for gradients under ``torch.use_deterministic_algorithms`` (strict or warn-only).
+    torch.compile traces are_deterministic_algorithms_enabled as a guarded constant; the warn-only query it cannot
+    trace (:func:`_deterministic_warn_only`) is asked only after this."""
+    return torch.are_deterministic_algorithms_enabled() and grad_requested(q, k, v)
 
 
 @torch.compiler.assume_constant_result  # torch.compile cannot trace the query itself
@@ -76,8 +81,7 @@ def _deterministic_warn_only() -> bool:
 def flash_attn4_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SparseMask) -> bool:
     """Whether ``backend="auto"`` should run this call on flash-attn-4: it can, and the call does not ask for gradients
     under ``torch.use_deterministic_algorithms`` (in warn-only mode too; the Triton backward is deterministic)."""
-    deterministic_gradients = torch.are_deterministic_algorithms_enabled() and grad_requested(q, k, v)
-    return not deterministic_gradients and flash_attn4_problem(q, k, v, mask) is None
+    return not _deterministic_gradients(q, k, v) and flash_attn4_problem(q, k, v, mask) is None
 
 
 def flash_attn4_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
